@@ -1,0 +1,151 @@
+"""The catalog: one SQLite database (WAL) that is the store's single source of truth.
+
+The schema is written once, here, with every column explained. FORMAT_VERSION names
+it; a store of a newer version is refused, an older one is migrated step by step by
+MIGRATIONS (one function per version step) so that no volume is lost to an upgrade.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from casfs.errors import UnsupportedFormat
+
+FORMAT_VERSION = 1
+
+SCHEMA = """
+-- Key/value facts about the store: format_version, created (unix time).
+CREATE TABLE meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+
+-- Every blob the store holds or is about to free. A row holds references on its
+-- children (the ids its plaintext names): inserting a row increments them, and gc
+-- decrements them when it deletes the row. Hence, always:
+--   refs(b) = references from roots + occurrences of b among the children of all rows.
+CREATE TABLE blobs (
+    id     BLOB PRIMARY KEY,       -- BLAKE3-256 of the plaintext
+    kind   INTEGER NOT NULL,       -- 0 data chunk, 1 chunk-map root, 2 chunk-map page, 3 tree
+    refs   INTEGER NOT NULL,       -- 0 means garbage: gc deletes the file, then the row
+    size   INTEGER NOT NULL,       -- plaintext bytes
+    stored INTEGER NOT NULL        -- bytes on disk (compressed, or raw when smaller)
+) WITHOUT ROWID;
+CREATE INDEX blobs_garbage ON blobs (refs) WHERE refs = 0;
+
+-- Immutable imported content. A ready image's root holds one reference.
+CREATE TABLE images (
+    name       TEXT PRIMARY KEY,
+    kind       TEXT NOT NULL CHECK (kind IN ('dir', 'block')),
+    phase      TEXT NOT NULL,      -- importing | verifying | ready | failed
+    root       BLOB,               -- tree (dir) or chunk-map root (block); NULL until ready
+    size       INTEGER NOT NULL DEFAULT 0,   -- logical bytes (file bytes, or the disk size)
+    chunk_size INTEGER NOT NULL,
+    next_ino   INTEGER NOT NULL DEFAULT 2,   -- inode numbers below this are taken (1 is the root)
+    source     TEXT,               -- what it was imported from, for `info`
+    digest     TEXT,               -- blake3:HEX of the source as read (and sha256 when asked)
+    spec       TEXT,               -- JSON of the request, so a repeat can be told from a conflict
+    error      TEXT,               -- why it failed
+    owner_pid  INTEGER,            -- the process doing the current phase's work
+    created    REAL NOT NULL
+);
+
+-- Named, mountable state: a base root plus (while mounted read/write) an overlay.
+CREATE TABLE volumes (
+    name          TEXT PRIMARY KEY,
+    kind          TEXT NOT NULL CHECK (kind IN ('dir', 'block')),
+    mode          TEXT NOT NULL CHECK (mode IN ('rw', 'ro')),
+    phase         TEXT NOT NULL,   -- creating | ready | mounted | snapshotting | deleting
+    base          BLOB NOT NULL,   -- root the overlay applies to; holds one reference
+    origin        TEXT NOT NULL,   -- 'image:NAME', 'snapshot:VOL@N' or 'blank'
+    size          INTEGER NOT NULL, -- logical bytes of the base
+    chunk_size    INTEGER NOT NULL,
+    next_ino      INTEGER NOT NULL DEFAULT 2,
+    next_snapshot INTEGER NOT NULL DEFAULT 1,  -- numbers are never reused
+    spec          TEXT,
+    owner_pid     INTEGER,
+    created       REAL NOT NULL
+);
+
+-- Immutable numbered states of a volume. Each root holds one reference.
+CREATE TABLE snapshots (
+    volume     TEXT NOT NULL REFERENCES volumes (name),
+    n          INTEGER NOT NULL,
+    root       BLOB NOT NULL,
+    size       INTEGER NOT NULL,
+    next_ino   INTEGER NOT NULL,
+    label      TEXT,
+    created    REAL NOT NULL,
+    PRIMARY KEY (volume, n)
+);
+"""
+
+Migration = Callable[[sqlite3.Connection], None]
+# MIGRATIONS[v] upgrades a store of format v to v + 1, inside one transaction.
+MIGRATIONS: dict[int, Migration] = {}
+
+BUSY_TIMEOUT_S = 60.0
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode = WAL")
+    # FULL: a transaction that returned is on disk, which fsync's promise to users needs.
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA foreign_keys = ON")
+    return conn
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """BEGIN IMMEDIATE … COMMIT: takes the write lock up front so readers of a
+    decision (a phase, a refcount) cannot race a second writer."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def create(conn: sqlite3.Connection) -> None:
+    # One script, one transaction: a crash leaves either no schema or all of it.
+    conn.executescript(
+        "BEGIN IMMEDIATE;"
+        + SCHEMA
+        + f"INSERT INTO meta VALUES ('format_version', '{FORMAT_VERSION}');"
+        + f"INSERT INTO meta VALUES ('created', '{time.time()}');"
+        + "COMMIT;"
+    )
+
+
+def format_version(conn: sqlite3.Connection) -> int:
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone()
+    except sqlite3.DatabaseError as e:
+        raise UnsupportedFormat(f"the catalog is not a casfs catalog: {e}") from None
+    if row is None:
+        raise UnsupportedFormat("the catalog has no format version")
+    return int(row[0])
+
+
+def check_and_migrate(conn: sqlite3.Connection, path: Path) -> None:
+    version = format_version(conn)
+    if version > FORMAT_VERSION:
+        raise UnsupportedFormat(
+            f"store at {path.parent} has format {version}; this casfs reads up to "
+            f"{FORMAT_VERSION}: upgrade casfs"
+        )
+    while version < FORMAT_VERSION:
+        step = MIGRATIONS.get(version)
+        if step is None:
+            raise UnsupportedFormat(f"no migration from store format {version}")
+        with transaction(conn):
+            step(conn)
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'format_version'", (str(version + 1),))
+        version += 1

@@ -1,0 +1,1 @@
+"""Refcounts: the increment/decrement ledger, gc and the fsck recount."""

@@ -1,0 +1,131 @@
+"""Writing blobs into the store and counting references to them.
+
+The rule (see catalog.SCHEMA): a catalog row holds references on its children, so
+
+  * Batch.commit inserts a row for each new blob and increments its children, then
+    increments the roots it is given, in one catalog transaction, after the blobs
+    themselves are durable (blob data is durable before the row that names it);
+  * release() decrements roots; nothing is freed there: a row whose count reaches 0
+    is garbage that gc deletes, decrementing its children in turn.
+
+A batch holds the store's shared writer lock from its first put to its commit, and gc
+takes that lock exclusively, so gc never frees a blob a batch is about to reference.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from casfs.errors import MissingBlob
+from casfs.snapshots.kinds import DATA, children
+from casfs.store.ids import ZERO_ID, BlobId, blob_id, is_zero
+
+if TYPE_CHECKING:
+    from casfs.repo import Repository
+
+
+class Batch:
+    """New blobs on their way in. Thread-safe put(); commit() once."""
+
+    def __init__(self, repo: Repository) -> None:
+        self.repo = repo
+        self.lock = repo.writer_lock()
+        self.staging = repo.blobs.staging()
+        self._mutex = threading.Lock()
+        # id -> (kind, plaintext size, stored size, children with multiplicity)
+        self.new: dict[BlobId, tuple[int, int, int, Counter[BlobId]]] = {}
+        self.stored_bytes = 0
+        self.reused = 0
+        self.closed = False
+
+    def put(self, plain: bytes | memoryview, kind: int = DATA) -> BlobId:
+        """Stage a blob unless the store already holds it live; returns its id.
+        All-zero data is a hole: ZERO_ID, nothing stored."""
+        if kind == DATA and is_zero(plain):
+            return ZERO_ID
+        bid = blob_id(plain)
+        with self._mutex:
+            if bid in self.new:
+                return bid
+        if self.repo.is_live(bid):
+            with self._mutex:
+                self.reused += 1
+            return bid
+        kids: Counter[BlobId] = Counter(c for c, _ in children(kind, bytes(plain))) if kind != DATA else Counter()
+        stored = self.staging.add(bid, plain)
+        with self._mutex:
+            if bid not in self.new:
+                self.new[bid] = (kind, len(plain), stored, kids)
+                self.stored_bytes += stored
+        return bid
+
+    def put_kind(self, plain: bytes, kind: int) -> BlobId:
+        """put() with the (plain, kind) order chunkmap.Put expects."""
+        return self.put(plain, kind)
+
+    def commit(
+        self,
+        refs: Mapping[BlobId, int] | None = None,
+        then: Callable[[sqlite3.Connection], None] | None = None,
+    ) -> None:
+        """Publish the blobs, then in one transaction: insert their rows, count their
+        children, add `refs` (root references) and run `then` (the caller's rows)."""
+        try:
+            self.staging.publish()
+            conn = self.repo.conn
+            from casfs.catalog import transaction
+
+            with transaction(conn):
+                increments: Counter[BlobId] = Counter()
+                for bid, (kind, size, stored, kids) in self.new.items():
+                    cur = conn.execute(
+                        "INSERT OR IGNORE INTO blobs (id, kind, refs, size, stored) VALUES (?, ?, 0, ?, ?)",
+                        (bid, kind, size, stored),
+                    )
+                    if cur.rowcount == 1:
+                        increments.update(kids)
+                if refs:
+                    increments.update(refs)
+                add_refs(conn, increments)
+                if then is not None:
+                    then(conn)
+        finally:
+            self.close()
+
+    def abort(self) -> None:
+        self.staging.discard()
+        self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.lock.release()
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.closed:
+            self.abort()
+
+
+def add_refs(conn: sqlite3.Connection, increments: Mapping[BlobId, int]) -> None:
+    rows = [(n, bid) for bid, n in increments.items() if bid != ZERO_ID and n]
+    for n, bid in rows:
+        cur = conn.execute("UPDATE blobs SET refs = refs + ? WHERE id = ?", (n, bid))
+        if cur.rowcount != 1:
+            raise MissingBlob(f"blob {bid.hex()} is referenced but not in the catalog")
+
+
+def release(conn: sqlite3.Connection, roots: Iterable[BlobId]) -> None:
+    """Drop one reference per listed root (inside the caller's transaction)."""
+    add_refs(conn, {bid: -n for bid, n in Counter(r for r in roots if r != ZERO_ID).items()})
+
+
+def retain(conn: sqlite3.Connection, roots: Iterable[BlobId]) -> None:
+    """Add one reference per listed root: a clone is one call here, O(1) in its size."""
+    add_refs(conn, Counter(r for r in roots if r != ZERO_ID))

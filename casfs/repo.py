@@ -1,0 +1,137 @@
+"""A store on disk: its catalog, its blobs and its locks, opened together.
+
+    STORE/catalog.db    the catalog (SQLite, WAL)
+    STORE/blobs/ab/…    one file per blob (store.blobstore.FileBlobStore)
+    STORE/tmp/          staging files of batches in flight
+    STORE/lock          flock: shared by every writer batch, exclusive for gc
+
+SQLite connections are per thread: `conn` belongs to the thread that opened the
+repository, `thread_conn()` gives worker threads their own (read-only use).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from casfs import catalog
+from casfs.errors import Busy, NotFound, UsageError
+from casfs.refcount.ledger import Batch
+from casfs.store.blobstore import FileBlobStore
+from casfs.store.cache import LRU
+from casfs.store.ids import BlobId
+
+ENV_STORE = "CASFS_STORE"
+META_CACHE_BYTES = 64 << 20
+
+
+class FileLock:
+    def __init__(self, path: Path, exclusive: bool, timeout: float | None) -> None:
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        op = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(self.fd, op | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if deadline is not None and time.monotonic() > deadline:
+                    os.close(self.fd)
+                    what = "gc" if exclusive else "a write"
+                    raise Busy(f"the store is locked by another process; {what} cannot start") from None
+                time.sleep(0.02)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Repository:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.blobs = FileBlobStore(path)
+        self.catalog_path = path / "catalog.db"
+        self.lock_path = path / "lock"
+        self._local = threading.local()
+        self.meta_cache: LRU[BlobId, bytes] = LRU(META_CACHE_BYTES)
+        self.conn: sqlite3.Connection = None  # type: ignore[assignment]
+
+    @classmethod
+    def init(cls, path: Path) -> Repository:
+        path = Path(path)
+        if (path / "catalog.db").exists():
+            repo = cls.open(path)
+            return repo
+        if path.exists() and any(path.iterdir()):
+            raise UsageError(f"{path} exists, is not empty and is not a casfs store")
+        path.mkdir(parents=True, exist_ok=True)
+        repo = cls(path)
+        repo.blobs.create()
+        repo.lock_path.touch()
+        repo.conn = catalog.connect(repo.catalog_path)
+        catalog.create(repo.conn)
+        return repo
+
+    @classmethod
+    def open(cls, path: Path) -> Repository:
+        path = Path(path)
+        if not (path / "catalog.db").exists():
+            raise NotFound(f"no casfs store at {path} (create one with `casfs init`)")
+        repo = cls(path)
+        repo.conn = catalog.connect(repo.catalog_path)
+        catalog.check_and_migrate(repo.conn, repo.catalog_path)
+        return repo
+
+    def close(self) -> None:
+        self.conn.close()
+        c = getattr(self._local, "conn", None)
+        if c is not None:
+            c.close()
+
+    def thread_conn(self) -> sqlite3.Connection:
+        c: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if c is None:
+            c = self._local.conn = catalog.connect(self.catalog_path)
+        return c
+
+    # -- blobs ---------------------------------------------------------------
+
+    def is_live(self, bid: BlobId) -> bool:
+        row = self.thread_conn().execute("SELECT refs FROM blobs WHERE id = ?", (bid,)).fetchone()
+        return row is not None and row[0] > 0
+
+    def get(self, bid: BlobId) -> bytes:
+        """Verified plaintext of a blob."""
+        return self.blobs.get(bid)
+
+    def get_meta(self, bid: BlobId) -> bytes:
+        """Verified plaintext of a tree or map blob, through a shared cache."""
+        plain = self.meta_cache.get(bid)
+        if plain is None:
+            plain = self.blobs.get(bid)
+            self.meta_cache.put(bid, plain)
+        return plain
+
+    def batch(self) -> Batch:
+        return Batch(self)
+
+    # -- locks ---------------------------------------------------------------
+
+    def writer_lock(self) -> FileLock:
+        return FileLock(self.lock_path, exclusive=False, timeout=None)
+
+    def exclusive_lock(self, timeout: float = 30.0) -> FileLock:
+        return FileLock(self.lock_path, exclusive=True, timeout=timeout)
+
+
+def store_path(arg: str | None) -> Path:
+    """The store named by -s/--store, else $CASFS_STORE."""
+    value = arg or os.environ.get(ENV_STORE)
+    if not value:
+        raise UsageError(f"no store given: pass -s/--store PATH or set {ENV_STORE}")
+    return Path(value)

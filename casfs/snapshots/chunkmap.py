@@ -1,0 +1,226 @@
+"""Chunk maps: the list of chunk ids that makes a file's or a disk's bytes.
+
+Chunk n covers bytes [n*chunk_size, (n+1)*chunk_size). ZERO_ID marks a hole.
+
+  root (MAP_ROOT)  "CMAP" v1 | depth u8 | chunk_size u32 | size u64 | count u32 | ids
+                   depth 0: ids are chunk ids (at most PAGE_ENTRIES of them)
+                   depth 1: ids are page ids, each page holding PAGE_ENTRIES chunk ids
+  page (MAP_PAGE)  "CPAG" v1 | count u32 | chunk ids
+
+So changing one chunk of a large map rewrites one 32 KiB page and the root. A page
+that is all holes is itself a hole. A file no larger than one chunk skips the map:
+its content id is the chunk id itself (see Content).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from casfs.errors import Corruption
+from casfs.snapshots.kinds import DATA, MAP_PAGE, MAP_ROOT
+from casfs.store.ids import ID_SIZE, ZERO_ID, BlobId
+
+PAGE_ENTRIES = 1024
+_ROOT = struct.Struct("<4sBBIQI")
+_PAGE = struct.Struct("<4sBI")
+_ROOT_MAGIC = b"CMAP"
+_PAGE_MAGIC = b"CPAG"
+_VERSION = 1
+
+Get = Callable[[BlobId], bytes]
+Put = Callable[[bytes, int], BlobId]
+
+
+def n_chunks(size: int, chunk_size: int) -> int:
+    return -(-size // chunk_size)
+
+
+def _pack_ids(ids: Sequence[bytes]) -> bytes:
+    return b"".join(ids)
+
+
+def _unpack_ids(raw: bytes, count: int, what: str) -> list[BlobId]:
+    if len(raw) != count * ID_SIZE:
+        raise Corruption(f"{what}: expected {count} ids, found {len(raw)} bytes")
+    return [BlobId(raw[i : i + ID_SIZE]) for i in range(0, len(raw), ID_SIZE)]
+
+
+@dataclass(frozen=True)
+class MapRoot:
+    depth: int
+    chunk_size: int
+    size: int
+    ids: list[BlobId]
+
+    def encode(self) -> bytes:
+        head = _ROOT.pack(_ROOT_MAGIC, _VERSION, self.depth, self.chunk_size, self.size, len(self.ids))
+        return head + _pack_ids(self.ids)
+
+    @staticmethod
+    def decode(plain: bytes) -> MapRoot:
+        if len(plain) < _ROOT.size:
+            raise Corruption("chunk-map root is truncated")
+        magic, version, depth, chunk_size, size, count = _ROOT.unpack_from(plain)
+        if magic != _ROOT_MAGIC or version != _VERSION or depth > 1 or chunk_size == 0:
+            raise Corruption("not a chunk-map root")
+        return MapRoot(depth, chunk_size, size, _unpack_ids(plain[_ROOT.size :], count, "chunk-map root"))
+
+
+def encode_page(ids: Sequence[bytes]) -> bytes:
+    return _PAGE.pack(_PAGE_MAGIC, _VERSION, len(ids)) + _pack_ids(ids)
+
+
+def decode_page(plain: bytes) -> list[BlobId]:
+    if len(plain) < _PAGE.size:
+        raise Corruption("chunk-map page is truncated")
+    magic, version, count = _PAGE.unpack_from(plain)
+    if magic != _PAGE_MAGIC or version != _VERSION:
+        raise Corruption("not a chunk-map page")
+    return _unpack_ids(plain[_PAGE.size :], count, "chunk-map page")
+
+
+def children(kind: int, plain: bytes) -> Iterator[tuple[BlobId, int]]:
+    if kind == MAP_ROOT:
+        root = MapRoot.decode(plain)
+        child_kind = MAP_PAGE if root.depth else DATA
+        return ((i, child_kind) for i in root.ids if i != ZERO_ID)
+    return ((i, DATA) for i in decode_page(plain) if i != ZERO_ID)
+
+
+def build_map(put: Put, chunk_ids: Sequence[BlobId], size: int, chunk_size: int) -> BlobId:
+    """Store a map over chunk_ids (len == n_chunks(size, chunk_size)); returns its root id."""
+    count = n_chunks(size, chunk_size)
+    if len(chunk_ids) != count:
+        raise ValueError(f"{len(chunk_ids)} chunk ids for {count} chunks")
+    if count <= PAGE_ENTRIES:
+        return put(MapRoot(0, chunk_size, size, list(chunk_ids)).encode(), MAP_ROOT)
+    pages = [_put_page(put, chunk_ids[i : i + PAGE_ENTRIES]) for i in range(0, count, PAGE_ENTRIES)]
+    return put(MapRoot(1, chunk_size, size, pages).encode(), MAP_ROOT)
+
+
+def _put_page(put: Put, ids: Sequence[BlobId]) -> BlobId:
+    if all(i == ZERO_ID for i in ids):
+        return ZERO_ID
+    return put(encode_page(ids), MAP_PAGE)
+
+
+class ChunkMap:
+    """Read side of a stored map, loading pages lazily."""
+
+    def __init__(self, get: Get, root_id: BlobId) -> None:
+        self.get = get
+        self.root_id = root_id
+        self.root = MapRoot.decode(get(root_id))
+        self._pages: dict[int, list[BlobId]] = {}
+
+    @property
+    def size(self) -> int:
+        return self.root.size
+
+    @property
+    def chunk_size(self) -> int:
+        return self.root.chunk_size
+
+    def chunk(self, n: int) -> BlobId:
+        if n < 0 or n >= n_chunks(self.root.size, self.root.chunk_size):
+            return ZERO_ID
+        if self.root.depth == 0:
+            return self.root.ids[n]
+        return self._page(n // PAGE_ENTRIES)[n % PAGE_ENTRIES]
+
+    def _page(self, p: int) -> list[BlobId]:
+        page = self._pages.get(p)
+        if page is None:
+            pid = self.root.ids[p]
+            if pid == ZERO_ID:
+                count = min(PAGE_ENTRIES, n_chunks(self.root.size, self.root.chunk_size) - p * PAGE_ENTRIES)
+                page = [ZERO_ID] * count
+            else:
+                page = decode_page(self.get(pid))
+            if len(self._pages) > 64:
+                self._pages.clear()
+            self._pages[p] = page
+        return page
+
+    def all_chunks(self) -> list[BlobId]:
+        count = n_chunks(self.root.size, self.root.chunk_size)
+        return [self.chunk(n) for n in range(count)]
+
+    def rewrite(self, put: Put, changes: Mapping[int, BlobId], new_size: int) -> BlobId:
+        """Store the map with `changes` applied and the size set; only touched pages
+        (and the root) are written. Chunks past the new end are dropped."""
+        cs = self.root.chunk_size
+        old_count = n_chunks(self.root.size, cs)
+        new_count = n_chunks(new_size, cs)
+        if self.root.depth == 0 or new_count <= PAGE_ENTRIES:
+            ids = [self.chunk(n) if n < old_count else ZERO_ID for n in range(new_count)]
+            for n, cid in changes.items():
+                if n < new_count:
+                    ids[n] = cid
+            return build_map(put, ids, new_size, cs)
+        pages = list(self.root.ids)
+        n_pages = -(-new_count // PAGE_ENTRIES)
+        pages = pages[:n_pages] + [ZERO_ID] * max(0, n_pages - len(pages))
+        touched = {n // PAGE_ENTRIES for n in changes if n < new_count}
+        # A page cut by the new end, or the old last page when growing, changes length.
+        touched.add(n_pages - 1)
+        if old_count < new_count and old_count:
+            touched.add((old_count - 1) // PAGE_ENTRIES)
+        for p in sorted(touched):
+            if p >= n_pages:
+                continue
+            start = p * PAGE_ENTRIES
+            count = min(PAGE_ENTRIES, new_count - start)
+            ids = [self.chunk(start + i) if start + i < old_count else ZERO_ID for i in range(count)]
+            for i in range(count):
+                cid = changes.get(start + i)
+                if cid is not None:
+                    ids[i] = cid
+            pages[p] = _put_page(put, ids)
+        return put(MapRoot(1, cs, new_size, pages).encode(), MAP_ROOT)
+
+
+class Content:
+    """A file's bytes as chunk ids, whichever way they are stored: no blob (ZERO_ID),
+    one direct chunk (size <= chunk_size), or a chunk map."""
+
+    def __init__(self, get: Get, content_id: BlobId, size: int, chunk_size: int) -> None:
+        self.content_id = content_id
+        self.size = size
+        self.chunk_size = chunk_size
+        self.map = ChunkMap(get, content_id) if is_mapped(content_id, size, chunk_size) else None
+
+    def chunk(self, n: int) -> BlobId:
+        if self.map is not None:
+            return self.map.chunk(n)
+        return self.content_id if n == 0 and self.size > 0 else ZERO_ID
+
+    def rewrite(self, put: Put, changes: Mapping[int, BlobId], new_size: int) -> BlobId:
+        if new_size <= self.chunk_size:
+            return changes.get(0, self.chunk(0)) if new_size > 0 else ZERO_ID
+        if self.map is not None:
+            return self.map.rewrite(put, changes, new_size)
+        ids = [self.chunk(n) for n in range(n_chunks(new_size, self.chunk_size))]
+        for n, cid in changes.items():
+            if n < len(ids):
+                ids[n] = cid
+        return build_map(put, ids, new_size, self.chunk_size)
+
+
+def is_mapped(content_id: BlobId, size: int, chunk_size: int) -> bool:
+    return content_id != ZERO_ID and size > chunk_size
+
+
+def build_content(put: Put, chunk_ids: Sequence[BlobId], size: int, chunk_size: int) -> BlobId:
+    if size <= chunk_size:
+        return chunk_ids[0] if chunk_ids else ZERO_ID
+    if all(c == ZERO_ID for c in chunk_ids):
+        return ZERO_ID
+    return build_map(put, chunk_ids, size, chunk_size)
+
+
+def content_kind(size: int, chunk_size: int) -> int:
+    """The blob kind a file's content id names."""
+    return MAP_ROOT if size > chunk_size else DATA

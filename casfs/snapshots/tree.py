@@ -1,0 +1,178 @@
+"""Directory trees: one blob per directory, entries sorted by name.
+
+  "CTRE" v1 | chunk_size u32 | self attrs | count u32 | entries
+  entry:  name_len u16 | name | attrs | data_len u16 | data
+  attrs:  mode u32 uid u32 gid u32 rdev u64 size u64 atime mtime ctime (ns, i64)
+          ino u64 nlink u32 | xattr count u16 | (name_len u16 name value_len u32 value)*
+
+A directory's own attributes live in its own blob (`attrs`), so the root directory
+has a home; its entry in the parent carries only name, type bits of the mode, ino and
+the subtree id. `data` is, by type: regular file - content id (a chunk id, a chunk-map
+root, or ZERO_ID; see chunkmap.Content), directory - subtree id, symlink - the
+target's bytes, anything else - empty. Hardlinks are entries sharing an ino.
+chunk_size is the one of the image or volume, so that children() can tell a file's
+direct chunk from its chunk map.
+"""
+
+from __future__ import annotations
+
+import stat
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+
+from casfs.errors import Corruption
+from casfs.snapshots.chunkmap import content_kind
+from casfs.snapshots.kinds import TREE
+from casfs.store.ids import ZERO_ID, BlobId
+
+_HEAD = struct.Struct("<4sBI")
+_ATTRS = struct.Struct("<IIIQQqqqQIH")
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_XNAME = struct.Struct("<H")
+_XVAL = struct.Struct("<I")
+_MAGIC = b"CTRE"
+_VERSION = 1
+
+XAttrs = tuple[tuple[bytes, bytes], ...]
+
+
+@dataclass(frozen=True)
+class Attrs:
+    mode: int
+    uid: int = 0
+    gid: int = 0
+    rdev: int = 0
+    size: int = 0
+    atime_ns: int = 0
+    mtime_ns: int = 0
+    ctime_ns: int = 0
+    ino: int = 0
+    nlink: int = 1
+    xattrs: XAttrs = ()
+
+    def with_(self, **changes: object) -> Attrs:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: bytes
+    attrs: Attrs
+    data: bytes = b""
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.attrs.mode)
+
+    @property
+    def is_file(self) -> bool:
+        return stat.S_ISREG(self.attrs.mode)
+
+    @property
+    def is_symlink(self) -> bool:
+        return stat.S_ISLNK(self.attrs.mode)
+
+    @property
+    def blob(self) -> BlobId:
+        """The subtree or content id (ZERO_ID when there is none)."""
+        if self.is_dir or self.is_file:
+            return BlobId(self.data) if self.data else ZERO_ID
+        return ZERO_ID
+
+
+@dataclass
+class Tree:
+    attrs: Attrs
+    chunk_size: int
+    entries: list[Entry] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        self.entries.sort(key=lambda e: e.name)
+        parts = [_HEAD.pack(_MAGIC, _VERSION, self.chunk_size), _pack_attrs(self.attrs), _U32.pack(len(self.entries))]
+        for e in self.entries:
+            parts += [_U16.pack(len(e.name)), e.name, _pack_attrs(e.attrs), _U16.pack(len(e.data)), e.data]
+        return b"".join(parts)
+
+    @staticmethod
+    def decode(plain: bytes) -> Tree:
+        try:
+            magic, version, chunk_size = _HEAD.unpack_from(plain)
+            if magic != _MAGIC or version != _VERSION:
+                raise Corruption("not a tree blob")
+            pos = _HEAD.size
+            attrs, pos = _unpack_attrs(plain, pos)
+            (count,) = _U32.unpack_from(plain, pos)
+            pos += 4
+            entries = []
+            for _ in range(count):
+                (n,) = _U16.unpack_from(plain, pos)
+                name = plain[pos + 2 : pos + 2 + n]
+                pos += 2 + n
+                eattrs, pos = _unpack_attrs(plain, pos)
+                (dn,) = _U16.unpack_from(plain, pos)
+                data = plain[pos + 2 : pos + 2 + dn]
+                pos += 2 + dn
+                entries.append(Entry(name, eattrs, data))
+            if pos != len(plain):
+                raise Corruption("tree blob has trailing bytes")
+        except struct.error as e:
+            raise Corruption(f"tree blob is truncated: {e}") from None
+        return Tree(attrs, chunk_size, entries)
+
+    def find(self, name: bytes) -> Entry | None:
+        lo, hi = 0, len(self.entries)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.entries[mid].name < name:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < len(self.entries) and self.entries[lo].name == name:
+            return self.entries[lo]
+        return None
+
+
+def dir_entry(name: bytes, mode: int, ino: int, subtree: BlobId) -> Entry:
+    """A directory's entry in its parent: type bits, ino and subtree only."""
+    return Entry(name, Attrs(mode=stat.S_IFDIR | stat.S_IMODE(mode), ino=ino, nlink=0), subtree)
+
+
+def children(plain: bytes) -> Iterator[tuple[BlobId, int]]:
+    t = Tree.decode(plain)
+    for e in t.entries:
+        if e.is_dir:
+            yield BlobId(e.data), TREE
+        elif e.is_file and e.data and e.data != ZERO_ID:
+            yield BlobId(e.data), content_kind(e.attrs.size, t.chunk_size)
+
+
+def _pack_attrs(a: Attrs) -> bytes:
+    parts = [
+        _ATTRS.pack(
+            a.mode, a.uid, a.gid, a.rdev, a.size, a.atime_ns, a.mtime_ns, a.ctime_ns, a.ino, a.nlink, len(a.xattrs)
+        )
+    ]
+    for name, value in a.xattrs:
+        parts += [_XNAME.pack(len(name)), name, _XVAL.pack(len(value)), value]
+    return b"".join(parts)
+
+
+def _unpack_attrs(plain: bytes, pos: int) -> tuple[Attrs, int]:
+    mode, uid, gid, rdev, size, at, mt, ct, ino, nlink, nx = _ATTRS.unpack_from(plain, pos)
+    pos += _ATTRS.size
+    xattrs = []
+    for _ in range(nx):
+        (n,) = _XNAME.unpack_from(plain, pos)
+        name = plain[pos + 2 : pos + 2 + n]
+        pos += 2 + n
+        (v,) = _XVAL.unpack_from(plain, pos)
+        value = plain[pos + 4 : pos + 4 + v]
+        if len(value) != v:
+            raise Corruption("tree blob is truncated in an xattr")
+        pos += 4 + v
+        xattrs.append((name, value))
+    return Attrs(mode, uid, gid, rdev, size, at, mt, ct, ino, nlink, tuple(xattrs)), pos
+
+

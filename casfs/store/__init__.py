@@ -1,0 +1,1 @@
+"""Blob ids, the codec, verification and the on-disk blob layout."""

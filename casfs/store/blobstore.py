@@ -1,0 +1,246 @@
+"""Where blob bytes live: the small backend interface and the one-file-per-blob store.
+
+Lifecycle of a blob in a backend (containerd's content store is the model):
+
+  stage    bytes are written under a private temporary name; invisible to get/has/list.
+  publish  staged blobs become durable, then visible under their ids, all together.
+           A crash before publish leaves only temporary files (swept at start-up);
+           a crash during publish leaves each blob either absent or whole, never half.
+  get      reads, decodes and re-hashes; wrong bytes are never returned.
+  delete   idempotent: deleting an absent blob is not an error.
+
+The backend knows nothing of refcounts: the catalog decides what is live.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+
+from casfs.errors import Corruption, MissingBlob
+from casfs.store import codec
+from casfs.store.ids import ID_SIZE, BlobId, blob_id
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# Below this many files, fsync each one; above, one syncfs() is far cheaper.
+_SYNCFS_THRESHOLD = 16
+
+
+def syncfs(fd: int) -> None:
+    if _libc.syncfs(fd) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+class Staging(ABC):
+    """A batch of blobs on their way into a backend."""
+
+    @abstractmethod
+    def add(self, bid: BlobId, plain: bytes | memoryview) -> int:
+        """Stage one blob (its id already computed); returns its stored size."""
+
+    @abstractmethod
+    def publish(self) -> None:
+        """Make every staged blob durable and visible. Idempotent."""
+
+    @abstractmethod
+    def discard(self) -> None:
+        """Forget staged blobs that were not published."""
+
+
+class BlobStore(ABC):
+    @abstractmethod
+    def staging(self) -> Staging: ...
+
+    @abstractmethod
+    def get(self, bid: BlobId) -> bytes:
+        """Verified plaintext. Raises MissingBlob, or Corruption naming the blob."""
+
+    @abstractmethod
+    def has(self, bid: BlobId) -> bool: ...
+
+    @abstractmethod
+    def stored_size(self, bid: BlobId) -> int: ...
+
+    @abstractmethod
+    def delete(self, bid: BlobId) -> None: ...
+
+    @abstractmethod
+    def list(self) -> Iterator[BlobId]: ...
+
+    def put(self, plain: bytes) -> BlobId:
+        """Store one blob durably (convenience for small writers)."""
+        bid = blob_id(plain)
+        st = self.staging()
+        st.add(bid, plain)
+        st.publish()
+        return bid
+
+
+class FileBlobStore(BlobStore):
+    """One file per blob: blobs/ab/abcdef…, written to tmp/ and renamed into place.
+
+    Measured against pack files: at 64 KiB chunks a file per blob imports faster than
+    the disk reads (see benchmarks/import_speed.py), and deleting is a plain unlink,
+    so gc needs no repacking.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.blob_dir = root / "blobs"
+        self.tmp_dir = root / "tmp"
+
+    def create(self) -> None:
+        self.blob_dir.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        for i in range(256):
+            (self.blob_dir / f"{i:02x}").mkdir(exist_ok=True)
+
+    def path(self, bid: BlobId) -> Path:
+        h = bid.hex()
+        return self.blob_dir / h[:2] / h
+
+    def staging(self) -> FileStaging:
+        return FileStaging(self)
+
+    def get(self, bid: BlobId) -> bytes:
+        name = bid.hex()
+        try:
+            with open(self.path(bid), "rb") as f:
+                stored = f.read()
+        except FileNotFoundError:
+            raise MissingBlob(f"blob {name} is missing") from None
+        plain = codec.decode(stored, f"blob {name}")
+        if blob_id(plain) != bid:
+            raise Corruption(f"blob {name} is corrupt: its content hashes to {blob_id(plain).hex()}")
+        return plain
+
+    def has(self, bid: BlobId) -> bool:
+        return self.path(bid).exists()
+
+    def stored_size(self, bid: BlobId) -> int:
+        try:
+            return self.path(bid).stat().st_size
+        except FileNotFoundError:
+            raise MissingBlob(f"blob {bid.hex()} is missing") from None
+
+    def delete(self, bid: BlobId) -> None:
+        try:
+            self.path(bid).unlink()
+        except FileNotFoundError:
+            pass
+
+    def list(self) -> Iterator[BlobId]:
+        for sub in sorted(self.blob_dir.iterdir()):
+            for entry in os.scandir(sub):
+                if len(entry.name) == 2 * ID_SIZE:
+                    try:
+                        yield BlobId(bytes.fromhex(entry.name))
+                    except ValueError:
+                        continue
+
+    def sweep_tmp(self, live_pids: set[int] | None = None) -> int:
+        """Remove staging files of dead processes; returns how many were removed."""
+        removed = 0
+        if not self.tmp_dir.exists():
+            return 0
+        for entry in os.scandir(self.tmp_dir):
+            pid_text = entry.name.split("-", 1)[0]
+            if pid_text.isdigit() and _pid_alive(int(pid_text)) and (live_pids is None or int(pid_text) in live_pids):
+                continue
+            for sub in os.scandir(entry.path) if entry.is_dir() else []:
+                os.unlink(sub.path)
+                removed += 1
+            if entry.is_dir():
+                os.rmdir(entry.path)
+            else:
+                os.unlink(entry.path)
+                removed += 1
+        return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class FileStaging(Staging):
+    def __init__(self, store: FileBlobStore) -> None:
+        self.store = store
+        self.dir = store.tmp_dir / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.dir.mkdir()
+        self.pending: dict[BlobId, Path] = {}
+
+    def add(self, bid: BlobId, plain: bytes | memoryview) -> int:
+        if bid in self.pending:
+            return self.pending[bid].stat().st_size
+        stored = codec.encode(plain)
+        tmp = self.dir / bid.hex()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444)
+        try:
+            view = memoryview(stored)
+            while view:
+                view = view[os.write(fd, view) :]
+            if len(self.pending) < _SYNCFS_THRESHOLD:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.pending[bid] = tmp
+        return len(stored)
+
+    def publish(self) -> None:
+        if not self.pending:
+            self._remove_dir()
+            return
+        many = len(self.pending) > _SYNCFS_THRESHOLD
+        dfd = os.open(self.store.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if many:
+                syncfs(dfd)  # every staged file's data reaches disk before any rename
+            touched: set[Path] = set()
+            for bid, tmp in self.pending.items():
+                final = self.store.path(bid)
+                os.rename(tmp, final)
+                touched.add(final.parent)
+            if many:
+                syncfs(dfd)
+            else:
+                for d in touched:
+                    _fsync_dir(d)
+        finally:
+            os.close(dfd)
+        self.pending.clear()
+        self._remove_dir()
+
+    def discard(self) -> None:
+        for tmp in self.pending.values():
+            try:
+                tmp.unlink()
+            except FileNotFoundError:
+                pass
+        self.pending.clear()
+        self._remove_dir()
+
+    def _remove_dir(self) -> None:
+        try:
+            self.dir.rmdir()
+        except FileNotFoundError:
+            pass
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

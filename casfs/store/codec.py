@@ -1,0 +1,64 @@
+"""Encoding blobs for disk: zstd, or raw where that is smaller; strict decoding.
+
+On-disk form: one codec byte, then the payload. Decoding refuses trailing data and
+bounds the output size, so a corrupt or hostile file can neither smuggle extra bytes
+nor balloon memory. zstd (de)compressor objects are not thread-safe: one per thread.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import zstandard
+
+from casfs.errors import Corruption
+
+RAW = 0
+ZSTD = 1
+# No blob casfs writes is larger than this (chunks are at most 4 MiB, pages smaller).
+MAX_PLAIN_SIZE = 64 << 20
+ZSTD_LEVEL = 1
+
+_local = threading.local()
+
+
+def _compressor() -> zstandard.ZstdCompressor:
+    c = getattr(_local, "c", None)
+    if c is None:
+        c = _local.c = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True)
+    return c
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    d = getattr(_local, "d", None)
+    if d is None:
+        d = _local.d = zstandard.ZstdDecompressor()
+    return d
+
+
+def encode(plain: bytes | memoryview) -> bytes:
+    packed = _compressor().compress(plain)
+    if len(packed) < len(plain):
+        return bytes((ZSTD,)) + packed
+    return bytes((RAW,)) + bytes(plain)
+
+
+def decode(stored: bytes, what: str = "blob") -> bytes:
+    """Plaintext of an encoded blob; raises Corruption on any malformation."""
+    if not stored:
+        raise Corruption(f"{what}: empty file")
+    codec = stored[0]
+    if codec == RAW:
+        return stored[1:]
+    if codec == ZSTD:
+        try:
+            # max_output_size only binds frames without a declared size: check that too.
+            declared = zstandard.frame_content_size(stored[1:])
+            if declared > MAX_PLAIN_SIZE:
+                raise Corruption(f"{what}: declares {declared} bytes, over the {MAX_PLAIN_SIZE} limit")
+            return _decompressor().decompress(
+                stored[1:], max_output_size=MAX_PLAIN_SIZE, allow_extra_data=False
+            )
+        except zstandard.ZstdError as e:
+            raise Corruption(f"{what}: zstd frame is corrupt: {e}") from None
+    raise Corruption(f"{what}: unknown codec byte {codec}")
