@@ -51,7 +51,8 @@ class Batch:
         with self._mutex:
             if bid in self.new:
                 return bid
-        if self.repo.is_live(bid):
+        # A live blob has a file: the stat is a cheap filter before the catalog lookup.
+        if self.repo.blobs.has(bid) and self.repo.is_live(bid):
             with self._mutex:
                 self.reused += 1
             return bid

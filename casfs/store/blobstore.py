@@ -93,6 +93,7 @@ class FileBlobStore(BlobStore):
     def __init__(self, root: Path) -> None:
         self.root = root
         self.blob_dir = root / "blobs"
+        self._blob_dir_s = str(self.blob_dir)
         self.tmp_dir = root / "tmp"
 
     def create(self) -> None:
@@ -102,8 +103,11 @@ class FileBlobStore(BlobStore):
             (self.blob_dir / f"{i:02x}").mkdir(exist_ok=True)
 
     def path(self, bid: BlobId) -> Path:
+        return Path(self.path_str(bid))
+
+    def path_str(self, bid: BlobId) -> str:
         h = bid.hex()
-        return self.blob_dir / h[:2] / h
+        return f"{self._blob_dir_s}/{h[:2]}/{h}"
 
     def staging(self) -> FileStaging:
         return FileStaging(self)
@@ -111,7 +115,7 @@ class FileBlobStore(BlobStore):
     def get(self, bid: BlobId) -> bytes:
         name = bid.hex()
         try:
-            with open(self.path(bid), "rb") as f:
+            with open(self.path_str(bid), "rb") as f:
                 stored = f.read()
         except FileNotFoundError:
             raise MissingBlob(f"blob {name} is missing") from None
@@ -121,7 +125,7 @@ class FileBlobStore(BlobStore):
         return plain
 
     def has(self, bid: BlobId) -> bool:
-        return self.path(bid).exists()
+        return os.path.exists(self.path_str(bid))
 
     def stored_size(self, bid: BlobId) -> int:
         try:
@@ -179,13 +183,14 @@ class FileStaging(Staging):
         self.store = store
         self.dir = store.tmp_dir / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.dir.mkdir()
-        self.pending: dict[BlobId, Path] = {}
+        self._dir_s = str(self.dir)
+        self.pending: dict[BlobId, str] = {}
 
     def add(self, bid: BlobId, plain: bytes | memoryview) -> int:
         if bid in self.pending:
-            return self.pending[bid].stat().st_size
+            return os.stat(self.pending[bid]).st_size
         stored = codec.encode(plain)
-        tmp = self.dir / bid.hex()
+        tmp = os.path.join(self._dir_s, bid.hex())
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444)
         try:
             view = memoryview(stored)
@@ -207,11 +212,11 @@ class FileStaging(Staging):
         try:
             if many:
                 syncfs(dfd)  # every staged file's data reaches disk before any rename
-            touched: set[Path] = set()
+            touched: set[str] = set()
             for bid, tmp in self.pending.items():
-                final = self.store.path(bid)
+                final = self.store.path_str(bid)
                 os.rename(tmp, final)
-                touched.add(final.parent)
+                touched.add(os.path.dirname(final))
             if many:
                 syncfs(dfd)
             else:
@@ -225,7 +230,7 @@ class FileStaging(Staging):
     def discard(self) -> None:
         for tmp in self.pending.values():
             try:
-                tmp.unlink()
+                os.unlink(tmp)
             except FileNotFoundError:
                 pass
         self.pending.clear()
@@ -238,7 +243,7 @@ class FileStaging(Staging):
             pass
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync_dir(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

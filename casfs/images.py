@@ -1,0 +1,269 @@
+"""Images: immutable, verified content imported once from a raw file, a directory or a tar.
+
+Phases: importing -> verifying -> ready. The row is written (phase importing, with the
+owner's pid) before any work, so a second caller sees the import in progress. A failed
+import (bad digest, hostile or corrupt archive, I/O error) removes its row and
+discards its staged blobs: the store is left exactly as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from casfs.catalog import transaction
+from casfs.errors import Busy, Conflict, NotFound, UsageError
+from casfs.refcount import ledger
+from casfs.repo import Repository
+from casfs.store.ids import BlobId
+from casfs.store.verify import HashingReader, parse_expect
+from casfs.units import check_name
+
+DEFAULT_CHUNK_SIZE = 64 << 10
+FORMATS = ("auto", "raw", "tar", "dir")
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+Progress = Callable[[int], None]
+
+
+@dataclass
+class ImageInfo:
+    name: str
+    kind: str
+    phase: str
+    size: int
+    chunk_size: int
+    source: str | None
+    digest: str | None
+    root: str | None
+    created: float
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def detect_format(source: Path) -> str:
+    if source.is_dir():
+        return "dir"
+    with open(source, "rb") as f:
+        head = f.read(512)
+    if head.startswith(_GZIP_MAGIC) or head.startswith(_ZSTD_MAGIC):
+        return "tar"
+    # POSIX and GNU tar headers carry "ustar" at 257; pre-POSIX archives need --format tar.
+    if head[257:262] == b"ustar":
+        return "tar"
+    return "raw"
+
+
+def _row_to_info(row: sqlite3.Row | tuple[Any, ...]) -> ImageInfo:
+    name, kind, phase, size, chunk_size, source, digest, root, created, error = row
+    return ImageInfo(name, kind, phase, size, chunk_size, source, digest, root.hex() if root else None, created, error)
+
+
+_COLUMNS = "name, kind, phase, size, chunk_size, source, digest, root, created, error"
+
+
+def list_images(repo: Repository) -> list[ImageInfo]:
+    return [_row_to_info(r) for r in repo.conn.execute(f"SELECT {_COLUMNS} FROM images ORDER BY name")]
+
+
+def get_image(repo: Repository, name: str) -> ImageInfo:
+    row = repo.conn.execute(f"SELECT {_COLUMNS} FROM images WHERE name = ?", (name,)).fetchone()
+    if row is None:
+        raise NotFound(f"no image named {name!r}")
+    return _row_to_info(row)
+
+
+def import_image(
+    repo: Repository,
+    name: str,
+    source: Path,
+    expect: str | None = None,
+    fmt: str = "auto",
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    allow_devices: bool = False,
+    progress: Progress | None = None,
+) -> tuple[ImageInfo, bool]:
+    """Import `source` as image `name`. Returns (info, created): created is False when
+    an identical import already exists (a repeat is not an error)."""
+    check_name(name, "image")
+    if fmt not in FORMATS:
+        raise UsageError(f"invalid format {fmt!r}: one of {', '.join(FORMATS)}")
+    if chunk_size < 4096 or chunk_size > (4 << 20) or chunk_size & (chunk_size - 1):
+        raise UsageError("chunk size must be a power of two from 4 KiB to 4 MiB")
+    expected = parse_expect(expect) if expect else None
+    source = Path(source)
+    if not source.exists() and not source.is_symlink():
+        raise NotFound(f"source {source} does not exist")
+    fmt = detect_format(source) if fmt == "auto" else fmt
+    if fmt == "dir" and expected:
+        raise UsageError("--expect checks a file's bytes; a directory source has none to check")
+    kind = "block" if fmt == "raw" else "dir"
+    spec = json.dumps(
+        {"source": str(source.resolve()), "format": fmt, "expect": expect, "chunk_size": chunk_size},
+        sort_keys=True,
+    )
+    existing = _claim(repo, name, kind, spec, str(source), chunk_size)
+    if existing is not None:
+        return existing, False
+    try:
+        _do_import(repo, name, source, fmt, expected, chunk_size, allow_devices, progress)
+    except BaseException:
+        with transaction(repo.conn):
+            repo.conn.execute("DELETE FROM images WHERE name = ? AND phase != 'ready'", (name,))
+        raise
+    return get_image(repo, name), True
+
+
+def _claim(repo: Repository, name: str, kind: str, spec: str, source: str, chunk_size: int) -> ImageInfo | None:
+    """Record the import (phase importing) before starting; or find it already done."""
+    conn = repo.conn
+    with transaction(conn):
+        row = conn.execute("SELECT phase, spec, owner_pid FROM images WHERE name = ?", (name,)).fetchone()
+        if row is not None:
+            phase, old_spec, pid = row
+            if phase == "ready":
+                if old_spec == spec:
+                    return get_image(repo, name)
+                raise Conflict(f"image {name!r} already exists with a different source or options")
+            if phase in ("importing", "verifying") and pid and _alive(pid):
+                raise Busy(f"image {name!r} is being imported by process {pid}")
+            conn.execute("DELETE FROM images WHERE name = ?", (name,))
+        conn.execute(
+            "INSERT INTO images (name, kind, phase, chunk_size, source, spec, owner_pid, created) "
+            "VALUES (?, ?, 'importing', ?, ?, ?, ?, ?)",
+            (name, kind, chunk_size, source, spec, os.getpid(), time.time()),
+        )
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _do_import(
+    repo: Repository,
+    name: str,
+    source: Path,
+    fmt: str,
+    expected: tuple[str, str] | None,
+    chunk_size: int,
+    allow_devices: bool,
+    progress: Progress | None,
+) -> None:
+    with repo.batch() as batch:
+        reader: HashingReader | None = None
+        if fmt == "dir":
+            from casfs.importers.dirtree import import_dir
+
+            built = import_dir(batch, source, chunk_size, progress)
+            root, size, next_ino = built.root, built.size, built.next_ino
+        else:
+            with open(source, "rb") as raw:
+                reader = HashingReader(raw, sha256=expected is not None and expected[0] == "sha256")
+                if fmt == "raw":
+                    from casfs.importers.raw import import_raw
+
+                    root, size = import_raw(batch, _as_binary(reader), chunk_size, progress)
+                    next_ino = 2
+                else:
+                    from casfs.importers.tarball import import_tar
+
+                    built = import_tar(batch, _as_binary(reader), chunk_size, allow_devices, progress)
+                    root, size, next_ino = built.root, built.size, built.next_ino
+                reader.drain()
+            _set_phase(repo, name, "verifying")
+            reader.check(expected)
+        digest = f"blake3:{reader.digests()['blake3']}" if reader else None
+
+        def finish(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE images SET phase = 'ready', root = ?, size = ?, next_ino = ?, digest = ?, "
+                "owner_pid = NULL WHERE name = ?",
+                (root, size, next_ino, digest, name),
+            )
+
+        batch.commit({root: 1}, then=finish)
+
+
+def _as_binary(reader: HashingReader) -> BinaryIO:
+    return reader  # type: ignore[return-value]
+
+
+def _set_phase(repo: Repository, name: str, phase: str) -> None:
+    with transaction(repo.conn):
+        repo.conn.execute("UPDATE images SET phase = ? WHERE name = ?", (phase, name))
+
+
+def image_users(conn: sqlite3.Connection, name: str) -> list[str]:
+    return [v for (v,) in conn.execute("SELECT name FROM volumes WHERE origin = ? ORDER BY name", (f"image:{name}",))]
+
+
+def remove_image(repo: Repository, name: str, if_exists: bool = False) -> bool:
+    """Delete an image; refused while a volume was made from it. Frees nothing itself:
+    its root loses one reference, and gc frees what no longer has any."""
+    conn = repo.conn
+    with transaction(conn):
+        row = conn.execute("SELECT phase, root, owner_pid FROM images WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            if if_exists:
+                return False
+            raise NotFound(f"no image named {name!r}")
+        phase, root, pid = row
+        if phase in ("importing", "verifying") and pid and _alive(pid):
+            raise Busy(f"image {name!r} is being imported by process {pid}")
+        users = image_users(conn, name)
+        if users:
+            raise Busy(f"image {name!r} is in use by volume(s): {', '.join(users)}")
+        if root is not None:
+            ledger.release(conn, [BlobId(root)])
+        conn.execute("DELETE FROM images WHERE name = ?", (name,))
+    return True
+
+
+def image_root(repo: Repository, name: str) -> tuple[BlobId, str, int]:
+    info = get_image(repo, name)
+    if info.phase != "ready" or info.root is None:
+        raise Busy(f"image {name!r} is not ready (phase {info.phase})")
+    return BlobId(bytes.fromhex(info.root)), info.kind, info.chunk_size
+
+
+def export_root(repo: Repository, kind: str, root: BlobId, chunk_size: int, dest: Path, fmt: str = "auto") -> str:
+    """Write content out: a block root as a raw file; a tree as a directory or a tar."""
+    from casfs import exporters
+
+    if kind == "block":
+        if fmt not in ("auto", "raw"):
+            raise UsageError("a block image exports only as a raw file")
+        exporters.export_raw(repo.get, root, dest)
+        return "raw"
+    if fmt == "auto":
+        fmt = "tar" if dest.name.endswith((".tar", ".tar.gz", ".tgz", ".tar.zst")) else "dir"
+    if fmt == "tar":
+        exporters.export_tar(repo.get, root, chunk_size, dest)
+    elif fmt == "dir":
+        exporters.export_dir(repo.get, root, chunk_size, dest)
+    else:
+        raise UsageError(f"a directory image exports as 'dir' or 'tar', not {fmt!r}")
+    return fmt
+
+
+def export_image(repo: Repository, name: str, dest: Path, fmt: str = "auto") -> str:
+    root, kind, chunk_size = image_root(repo, name)
+    if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
+        raise Conflict(f"{dest} already exists")
+    return export_root(repo, kind, root, chunk_size, dest, fmt)
