@@ -15,8 +15,9 @@ from pathlib import Path
 
 from casfs.errors import UnsupportedFormat
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
+# The format-1 schema; later formats add to it (see MIGRATIONS).
 SCHEMA = """
 -- Key/value facts about the store: format_version, created (unix time).
 CREATE TABLE meta (
@@ -84,9 +85,53 @@ CREATE TABLE snapshots (
 );
 """
 
+# Format 2: the durable overlay of mounted read/write volumes.
+OVERLAY_SCHEMA = """
+-- Inodes of a read/write volume changed (or copied up) since its base: the whole
+-- inode, so a row never needs its base entry. A directory's children are copied up
+-- with it, so every inode an overlay listing names has a row here.
+CREATE TABLE overlay_inodes (
+    volume     TEXT NOT NULL,
+    ino        INTEGER NOT NULL,
+    mode       INTEGER NOT NULL,
+    uid        INTEGER NOT NULL,
+    gid        INTEGER NOT NULL,
+    rdev       INTEGER NOT NULL,
+    size       INTEGER NOT NULL,
+    atime_ns   INTEGER NOT NULL,
+    mtime_ns   INTEGER NOT NULL,
+    ctime_ns   INTEGER NOT NULL,
+    nlink      INTEGER NOT NULL,
+    xattrs     BLOB NOT NULL,      -- encoded (name, value) pairs
+    base       BLOB NOT NULL,      -- file: content id in the base, dir: base subtree id, ZERO_ID: none
+    base_limit INTEGER NOT NULL,   -- file: base chunks at or past this number are gone (truncated)
+    target     BLOB NOT NULL,      -- symlink target
+    parent     INTEGER NOT NULL,   -- directory: its parent's ino (the root is its own parent)
+    listing    BLOB,               -- directory: encoded (cookie, name, ino) entries, NULL: the base subtree's
+    PRIMARY KEY (volume, ino)
+) WITHOUT ROWID;
+
+-- Chunks written since the base: each non-hole chunk id holds one reference.
+CREATE TABLE overlay_chunks (
+    volume TEXT NOT NULL,
+    ino    INTEGER NOT NULL,
+    n      INTEGER NOT NULL,       -- chunk number within the file
+    chunk  BLOB NOT NULL,          -- ZERO_ID: a hole (hides the base's chunk)
+    PRIMARY KEY (volume, ino, n)
+) WITHOUT ROWID;
+"""
+
+
+def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
+    # Split on ';' (no comment holds one): executescript would commit the transaction.
+    for statement in OVERLAY_SCHEMA.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
 Migration = Callable[[sqlite3.Connection], None]
 # MIGRATIONS[v] upgrades a store of format v to v + 1, inside one transaction.
-MIGRATIONS: dict[int, Migration] = {}
+MIGRATIONS: dict[int, Migration] = {1: _migrate_1_to_2}
 
 BUSY_TIMEOUT_S = 60.0
 
@@ -118,6 +163,7 @@ def create(conn: sqlite3.Connection) -> None:
     conn.executescript(
         "BEGIN IMMEDIATE;"
         + SCHEMA
+        + OVERLAY_SCHEMA
         + f"INSERT INTO meta VALUES ('format_version', '{FORMAT_VERSION}');"
         + f"INSERT INTO meta VALUES ('created', '{time.time()}');"
         + "COMMIT;"

@@ -1,16 +1,16 @@
 """One error hierarchy for casfs, mapped to errno (FUSE) and exit codes (CLI).
 
-    CasfsError                      errno EIO,     exit 1
-    ├── UsageError                  EINVAL,        exit 2   bad arguments or values
-    ├── NotFound                    ENOENT,        exit 3
-    ├── Conflict                    EEXIST,        exit 4   name taken with another spec
-    ├── Busy                        EBUSY,         exit 4   in use, locked, or phase in progress
-    ├── ReadOnly                    EROFS,         exit 4
-    ├── Corruption                  EIO,           exit 5   a blob failed verification
-    │   └── MissingBlob             EIO,           exit 5
-    ├── DigestMismatch              EIO,           exit 5   imported content is not what was expected
-    ├── HostileArchive              EINVAL,        exit 2   a tar member that would escape or is refused
-    └── UnsupportedFormat           EIO,           exit 1   a store of an unknown (newer) format
+CasfsError                      errno EIO,     exit 1
+├── UsageError                  EINVAL,        exit 2   bad arguments or values
+├── NotFound                    ENOENT,        exit 3
+├── Conflict                    EEXIST,        exit 4   name taken with another spec
+├── Busy                        EBUSY,         exit 4   in use, locked, or phase in progress
+├── ReadOnly                    EROFS,         exit 4
+├── Corruption                  EIO,           exit 5   a blob failed verification
+│   └── MissingBlob             EIO,           exit 5
+├── DigestMismatch              EIO,           exit 5   imported content is not what was expected
+├── HostileArchive              EINVAL,        exit 2   a tar member that would escape or is refused
+└── UnsupportedFormat           EIO,           exit 1   a store of an unknown (newer) format
 """
 
 from __future__ import annotations

@@ -65,7 +65,9 @@ def detect_format(source: Path) -> str:
 
 def _row_to_info(row: sqlite3.Row | tuple[Any, ...]) -> ImageInfo:
     name, kind, phase, size, chunk_size, source, digest, root, created, error = row
-    return ImageInfo(name, kind, phase, size, chunk_size, source, digest, root.hex() if root else None, created, error)
+    return ImageInfo(
+        name, kind, phase, size, chunk_size, source, digest, root.hex() if root else None, created, error
+    )
 
 
 _COLUMNS = "name, kind, phase, size, chunk_size, source, digest, root, created, error"
@@ -123,7 +125,9 @@ def import_image(
     return get_image(repo, name), True
 
 
-def _claim(repo: Repository, name: str, kind: str, spec: str, source: str, chunk_size: int) -> ImageInfo | None:
+def _claim(
+    repo: Repository, name: str, kind: str, spec: str, source: str, chunk_size: int
+) -> ImageInfo | None:
     """Record the import (phase importing) before starting; or find it already done."""
     conn = repo.conn
     with transaction(conn):
@@ -210,7 +214,12 @@ def _set_phase(repo: Repository, name: str, phase: str) -> None:
 
 
 def image_users(conn: sqlite3.Connection, name: str) -> list[str]:
-    return [v for (v,) in conn.execute("SELECT name FROM volumes WHERE origin = ? ORDER BY name", (f"image:{name}",))]
+    return [
+        v
+        for (v,) in conn.execute(
+            "SELECT name FROM volumes WHERE origin = ? ORDER BY name", (f"image:{name}",)
+        )
+    ]
 
 
 def remove_image(repo: Repository, name: str, if_exists: bool = False) -> bool:
@@ -242,7 +251,9 @@ def image_root(repo: Repository, name: str) -> tuple[BlobId, str, int]:
     return BlobId(bytes.fromhex(info.root)), info.kind, info.chunk_size
 
 
-def export_root(repo: Repository, kind: str, root: BlobId, chunk_size: int, dest: Path, fmt: str = "auto") -> str:
+def export_root(
+    repo: Repository, kind: str, root: BlobId, chunk_size: int, dest: Path, fmt: str = "auto"
+) -> str:
     """Write content out: a block root as a raw file; a tree as a directory or a tar."""
     from casfs import exporters
 

@@ -1,7 +1,8 @@
 """Every root reference the catalog holds, in one place (gc and fsck both count from here).
 
 A root reference is a catalog row, other than a blob row, that keeps a blob alive:
-a ready image's root, a volume's base, a snapshot's root.
+a ready image's root, a volume's base, a snapshot's root, a chunk written to a
+mounted volume's overlay (holes, ZERO_ID, hold nothing).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ ROOT_QUERIES = (
     "SELECT root FROM images WHERE root IS NOT NULL",
     "SELECT base FROM volumes",
     "SELECT root FROM snapshots",
+    "SELECT chunk FROM overlay_chunks",
 )
 
 

@@ -96,17 +96,30 @@ def get_volume(repo: Repository, name: str) -> VolumeInfo:
 def _blank_tree(chunk_size: int) -> bytes:
     now = time.time_ns()
     attrs = Attrs(
-        mode=stat.S_IFDIR | 0o755, uid=os.getuid(), gid=os.getgid(),
-        atime_ns=now, mtime_ns=now, ctime_ns=now, ino=1, nlink=2,
+        mode=stat.S_IFDIR | 0o755,
+        uid=os.getuid(),
+        gid=os.getgid(),
+        atime_ns=now,
+        mtime_ns=now,
+        ctime_ns=now,
+        ino=1,
+        nlink=2,
     )
     return Tree(attrs, chunk_size).encode()
 
 
-def create_volume(repo: Repository, name: str, source: Source, read_only: bool = False) -> tuple[VolumeInfo, bool]:
+def create_volume(
+    repo: Repository, name: str, source: Source, read_only: bool = False
+) -> tuple[VolumeInfo, bool]:
     """Create a volume; returns (info, created). Repeating an identical create
     succeeds and changes nothing (created False); a different one is a Conflict."""
     check_name(name, "volume")
-    chosen = [source.image is not None, source.snapshot is not None, source.blank_dir, source.blank_block is not None]
+    chosen = [
+        source.image is not None,
+        source.snapshot is not None,
+        source.blank_dir,
+        source.blank_block is not None,
+    ]
     if sum(chosen) != 1:
         raise UsageError("give exactly one of --from IMAGE, --from VOL@N, --blank-dir, --blank-block SIZE")
     mode = "ro" if read_only else "rw"
@@ -130,7 +143,10 @@ def create_volume(repo: Repository, name: str, source: Source, read_only: bool =
                     raise UsageError(f"a block volume is at most {MAX_BLOCK_SIZE >> 40} TiB")
                 holes = [ZERO_ID] * chunkmap.n_chunks(size, chunk_size)
                 base = chunkmap.build_map(batch.put_kind, holes, size, chunk_size)
-            batch.commit({base: 1}, then=lambda c: _insert(c, name, kind, mode, base, "blank", size, chunk_size, 2, spec))
+            batch.commit(
+                {base: 1},
+                then=lambda c: _insert(c, name, kind, mode, base, "blank", size, chunk_size, 2, spec),
+            )
         return get_volume(repo, name), True
 
     with transaction(conn):
@@ -158,8 +174,16 @@ def create_volume(repo: Repository, name: str, source: Source, read_only: bool =
 
 
 def _insert(
-    conn: sqlite3.Connection, name: str, kind: str, mode: str, base: BlobId, origin: str,
-    size: int, chunk_size: int, next_ino: int, spec: str,
+    conn: sqlite3.Connection,
+    name: str,
+    kind: str,
+    mode: str,
+    base: BlobId,
+    origin: str,
+    size: int,
+    chunk_size: int,
+    next_ino: int,
+    spec: str,
 ) -> None:
     if conn.execute("SELECT 1 FROM volumes WHERE name = ?", (name,)).fetchone():
         raise Conflict(f"volume {name!r} already exists")
@@ -172,7 +196,8 @@ def _insert(
 
 def _volume_row(conn: sqlite3.Connection, name: str) -> tuple[Any, ...]:
     row = conn.execute(
-        "SELECT phase, base, size, next_ino, next_snapshot, mode, owner_pid FROM volumes WHERE name = ?", (name,)
+        "SELECT phase, base, size, next_ino, next_snapshot, mode, owner_pid FROM volumes WHERE name = ?",
+        (name,),
     ).fetchone()
     if row is None:
         raise NotFound(f"no volume named {name!r}")
@@ -184,7 +209,9 @@ def _snapshot_users(conn: sqlite3.Connection, volume: str, n: int | None = None)
         pattern, args = "origin LIKE ? ESCAPE '\\'", (f"snapshot:{_like_escape(volume)}@%",)
     else:
         pattern, args = "origin = ?", (f"snapshot:{volume}@{n}",)
-    return [v for (v,) in conn.execute(f"SELECT name FROM volumes WHERE {pattern} AND name != ?", (*args, volume))]
+    return [
+        v for (v,) in conn.execute(f"SELECT name FROM volumes WHERE {pattern} AND name != ?", (*args, volume))
+    ]
 
 
 def _like_escape(text: str) -> str:
@@ -216,8 +243,9 @@ def remove_volume(repo: Repository, name: str, if_exists: bool = False) -> bool:
     return True
 
 
-def record_snapshot(conn: sqlite3.Connection, volume: str, root: BlobId, size: int, next_ino: int,
-                    label: str | None) -> int:
+def record_snapshot(
+    conn: sqlite3.Connection, volume: str, root: BlobId, size: int, next_ino: int, label: str | None
+) -> int:
     """Add snapshot n+1 of `volume` with `root` (inside the caller's transaction): one
     reference on the root, whatever the volume's size."""
     (n,) = conn.execute("SELECT next_snapshot FROM volumes WHERE name = ?", (volume,)).fetchone()

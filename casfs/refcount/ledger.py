@@ -56,7 +56,9 @@ class Batch:
             with self._mutex:
                 self.reused += 1
             return bid
-        kids: Counter[BlobId] = Counter(c for c, _ in children(kind, bytes(plain))) if kind != DATA else Counter()
+        kids: Counter[BlobId] = (
+            Counter(c for c, _ in children(kind, bytes(plain))) if kind != DATA else Counter()
+        )
         stored = self.staging.add(bid, plain)
         with self._mutex:
             if bid not in self.new:

@@ -175,9 +175,9 @@ class ChunkMap:
             count = min(PAGE_ENTRIES, new_count - start)
             ids = [self.chunk(start + i) if start + i < old_count else ZERO_ID for i in range(count)]
             for i in range(count):
-                cid = changes.get(start + i)
-                if cid is not None:
-                    ids[i] = cid
+                changed = changes.get(start + i)
+                if changed is not None:
+                    ids[i] = changed
             pages[p] = _put_page(put, ids)
         return put(MapRoot(1, cs, new_size, pages).encode(), MAP_ROOT)
 
@@ -186,16 +186,22 @@ class Content:
     """A file's bytes as chunk ids, whichever way they are stored: no blob (ZERO_ID),
     one direct chunk (size <= chunk_size), or a chunk map."""
 
-    def __init__(self, get: Get, content_id: BlobId, size: int, chunk_size: int) -> None:
+    def __init__(
+        self, get: Get, content_id: BlobId, size: int, chunk_size: int, mapped: bool | None = None
+    ) -> None:
+        """`mapped` overrides the size rule, for a file whose size changed since
+        `content_id` was written (the catalog's blob kind tells)."""
         self.content_id = content_id
         self.size = size
         self.chunk_size = chunk_size
-        self.map = ChunkMap(get, content_id) if is_mapped(content_id, size, chunk_size) else None
+        if mapped is None:
+            mapped = is_mapped(content_id, size, chunk_size)
+        self.map = ChunkMap(get, content_id) if mapped and content_id != ZERO_ID else None
 
     def chunk(self, n: int) -> BlobId:
         if self.map is not None:
             return self.map.chunk(n)
-        return self.content_id if n == 0 and self.size > 0 else ZERO_ID
+        return self.content_id if n == 0 else ZERO_ID
 
     def rewrite(self, put: Put, changes: Mapping[int, BlobId], new_size: int) -> BlobId:
         if new_size <= self.chunk_size:

@@ -90,7 +90,11 @@ class Tree:
 
     def encode(self) -> bytes:
         self.entries.sort(key=lambda e: e.name)
-        parts = [_HEAD.pack(_MAGIC, _VERSION, self.chunk_size), _pack_attrs(self.attrs), _U32.pack(len(self.entries))]
+        parts = [
+            _HEAD.pack(_MAGIC, _VERSION, self.chunk_size),
+            _pack_attrs(self.attrs),
+            _U32.pack(len(self.entries)),
+        ]
         for e in self.entries:
             parts += [_U16.pack(len(e.name)), e.name, _pack_attrs(e.attrs), _U16.pack(len(e.data)), e.data]
         return b"".join(parts)
@@ -151,7 +155,17 @@ def children(plain: bytes) -> Iterator[tuple[BlobId, int]]:
 def _pack_attrs(a: Attrs) -> bytes:
     parts = [
         _ATTRS.pack(
-            a.mode, a.uid, a.gid, a.rdev, a.size, a.atime_ns, a.mtime_ns, a.ctime_ns, a.ino, a.nlink, len(a.xattrs)
+            a.mode,
+            a.uid,
+            a.gid,
+            a.rdev,
+            a.size,
+            a.atime_ns,
+            a.mtime_ns,
+            a.ctime_ns,
+            a.ino,
+            a.nlink,
+            len(a.xattrs),
         )
     ]
     for name, value in a.xattrs:
@@ -174,5 +188,3 @@ def _unpack_attrs(plain: bytes, pos: int) -> tuple[Attrs, int]:
         pos += 4 + v
         xattrs.append((name, value))
     return Attrs(mode, uid, gid, rdev, size, at, mt, ct, ino, nlink, tuple(xattrs)), pos
-
-

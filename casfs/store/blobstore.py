@@ -155,7 +155,11 @@ class FileBlobStore(BlobStore):
             return 0
         for entry in os.scandir(self.tmp_dir):
             pid_text = entry.name.split("-", 1)[0]
-            if pid_text.isdigit() and _pid_alive(int(pid_text)) and (live_pids is None or int(pid_text) in live_pids):
+            if (
+                pid_text.isdigit()
+                and _pid_alive(int(pid_text))
+                and (live_pids is None or int(pid_text) in live_pids)
+            ):
                 continue
             for sub in os.scandir(entry.path) if entry.is_dir() else []:
                 os.unlink(sub.path)

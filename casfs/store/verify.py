@@ -71,4 +71,6 @@ class HashingReader:
         algo, want = expect
         got = self.digests()[algo]
         if got != want:
-            raise DigestMismatch(f"digest mismatch: expected {algo}:{want}, got {algo}:{got}; nothing was stored")
+            raise DigestMismatch(
+                f"digest mismatch: expected {algo}:{want}, got {algo}:{got}; nothing was stored"
+            )

@@ -1,0 +1,206 @@
+"""The inodes of a read/write volume, in memory and as overlay rows."""
+
+from __future__ import annotations
+
+import stat
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from casfs.snapshots.tree import Attrs, Entry, Tree
+from casfs.store.ids import ZERO_ID, BlobId
+from casfs.vfs.api import Stat
+
+_XHEAD = struct.Struct("<HI")
+_LHEAD = struct.Struct("<QQH")  # cookie, ino, name length
+
+# No chunk limit: a file that was never truncated reads every base chunk.
+NO_LIMIT = 1 << 62
+
+
+@dataclass
+class Listing:
+    """A directory's entries with stable readdir cookies: an entry keeps its cookie
+    while others come and go, so a reader that resumes at a cookie skips nothing."""
+
+    entries: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # name -> (cookie, ino)
+    next_cookie: int = 1
+
+    def add(self, name: bytes, ino: int) -> None:
+        self.entries[name] = (self.next_cookie, ino)
+        self.next_cookie += 1
+
+    def ino(self, name: bytes) -> int | None:
+        item = self.entries.get(name)
+        return item[1] if item else None
+
+    def replace(self, name: bytes, ino: int) -> None:
+        cookie, _ = self.entries[name]
+        self.entries[name] = (cookie, ino)
+
+    def encode(self) -> bytes:
+        parts = [struct.pack("<Q", self.next_cookie)]
+        for name, (cookie, ino) in self.entries.items():
+            parts += [_LHEAD.pack(cookie, ino, len(name)), name]
+        return b"".join(parts)
+
+    @staticmethod
+    def decode(raw: bytes) -> Listing:
+        (next_cookie,) = struct.unpack_from("<Q", raw)
+        pos = 8
+        entries: dict[bytes, tuple[int, int]] = {}
+        while pos < len(raw):
+            cookie, ino, n = _LHEAD.unpack_from(raw, pos)
+            pos += _LHEAD.size
+            entries[raw[pos : pos + n]] = (cookie, ino)
+            pos += n
+        return Listing(entries, next_cookie)
+
+
+@dataclass
+class Node:
+    ino: int
+    mode: int
+    uid: int = 0
+    gid: int = 0
+    rdev: int = 0
+    size: int = 0
+    atime_ns: int = 0
+    mtime_ns: int = 0
+    ctime_ns: int = 0
+    nlink: int = 1
+    xattrs: dict[bytes, bytes] = field(default_factory=dict)
+    base: BlobId = ZERO_ID  # file: base content id; dir: base subtree id
+    base_limit: int = NO_LIMIT
+    target: bytes = b""
+    parent: int = 0
+    listing: Listing | None = None  # directories whose entries changed
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
+
+    @property
+    def is_file(self) -> bool:
+        return stat.S_ISREG(self.mode)
+
+    def stat(self) -> Stat:
+        return Stat(
+            self.ino,
+            self.mode,
+            self.nlink,
+            self.uid,
+            self.gid,
+            self.rdev,
+            self.size,
+            self.atime_ns,
+            self.mtime_ns,
+            self.ctime_ns,
+        )
+
+    def attrs(self) -> Attrs:
+        return Attrs(
+            self.mode,
+            self.uid,
+            self.gid,
+            self.rdev,
+            self.size,
+            self.atime_ns,
+            self.mtime_ns,
+            self.ctime_ns,
+            self.ino,
+            self.nlink,
+            tuple(sorted(self.xattrs.items())),
+        )
+
+    def row(self, volume: str) -> tuple[object, ...]:
+        return (
+            volume,
+            self.ino,
+            self.mode,
+            self.uid,
+            self.gid,
+            self.rdev,
+            self.size,
+            self.atime_ns,
+            self.mtime_ns,
+            self.ctime_ns,
+            self.nlink,
+            encode_xattrs(self.xattrs),
+            self.base,
+            min(self.base_limit, NO_LIMIT),
+            self.target,
+            self.parent,
+            self.listing.encode() if self.listing is not None else None,
+        )
+
+    @staticmethod
+    def from_row(row: tuple[Any, ...]) -> Node:
+        _, ino, mode, uid, gid, rdev, size, at, mt, ct, nlink, xattrs, base, limit, target, parent, lst = row
+        return Node(
+            ino, mode, uid, gid, rdev, size, at, mt, ct, nlink, decode_xattrs(xattrs), BlobId(base), limit,
+            target, parent, Listing.decode(lst) if lst is not None else None,
+        )  # fmt: skip
+
+    @staticmethod
+    def from_entry(entry: Entry, parent: int, chunk_size: int) -> Node:
+        """A base entry copied up (a directory's own attrs come from its tree)."""
+        a = entry.attrs
+        node = Node(
+            a.ino,
+            a.mode,
+            a.uid,
+            a.gid,
+            a.rdev,
+            a.size,
+            a.atime_ns,
+            a.mtime_ns,
+            a.ctime_ns,
+            a.nlink,
+            dict(a.xattrs),
+            entry.blob,
+            NO_LIMIT,
+            entry.data if entry.is_symlink else b"",
+            parent,
+        )
+        return node
+
+    @staticmethod
+    def from_tree(tree: Tree, subtree: BlobId, parent: int) -> Node:
+        a = tree.attrs
+        subdirs = sum(1 for e in tree.entries if e.is_dir)
+        return Node(
+            a.ino,
+            a.mode,
+            a.uid,
+            a.gid,
+            a.rdev,
+            0,
+            a.atime_ns,
+            a.mtime_ns,
+            a.ctime_ns,
+            2 + subdirs,
+            dict(a.xattrs),
+            subtree,
+            NO_LIMIT,
+            b"",
+            parent,
+        )
+
+
+def encode_xattrs(x: dict[bytes, bytes]) -> bytes:
+    parts = []
+    for name, value in sorted(x.items()):
+        parts += [_XHEAD.pack(len(name), len(value)), name, value]
+    return b"".join(parts)
+
+
+def decode_xattrs(raw: bytes) -> dict[bytes, bytes]:
+    out = {}
+    pos = 0
+    while pos < len(raw):
+        n, v = _XHEAD.unpack_from(raw, pos)
+        pos += _XHEAD.size
+        out[raw[pos : pos + n]] = raw[pos + n : pos + n + v]
+        pos += n + v
+    return out
