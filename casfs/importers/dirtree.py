@@ -1,0 +1,149 @@
+"""Import a local directory tree: lstat walk, nothing followed, everything kept.
+
+Modes, owners, device numbers, atime and mtime (ns), xattrs of every readable
+namespace, symlinks, fifos, sockets, devices and hardlinks (by st_dev/st_ino) are
+kept; names are bytes, whatever they hold. Files and directories are read with
+O_NOATIME where allowed, so importing does not change the atimes it records.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from casfs.errors import UsageError
+from casfs.importers import Built
+from casfs.importers.treebuilder import Node, Parts, Piece, TreeBuilder
+from casfs.refcount.ledger import Batch
+from casfs.snapshots.tree import Attrs, XAttrs
+
+Progress = Callable[[int], None]
+
+
+def import_dir(batch: Batch, path: Path, chunk_size: int, progress: Progress | None = None) -> Built:
+    top = os.fsencode(os.path.realpath(path))  # the top may be reached through a symlink; nothing below
+    st = os.lstat(top)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{path} is not a directory")
+    b = TreeBuilder(batch, chunk_size)
+    b.add_dir((), _attrs(top, st))
+    links: dict[tuple[int, int], Node] = {}
+    stack: list[tuple[Parts, bytes]] = [((), top)]
+    while stack:
+        parts, full = stack.pop()
+        for name in _listdir(full):
+            p, f = (*parts, name), full + b"/" + name
+            st = os.lstat(f)
+            key = (st.st_dev, st.st_ino)
+            if not stat.S_ISDIR(st.st_mode) and key in links:
+                b.add_link(p, links[key])
+                continue
+            attrs = _attrs(f, st)
+            if stat.S_ISDIR(st.st_mode):
+                b.add_dir(p, attrs)
+                stack.append((p, f))
+                continue
+            if stat.S_ISREG(st.st_mode):
+                node = b.add_file(p, attrs, _pieces(f, st.st_size, chunk_size, progress))
+            elif stat.S_ISLNK(st.st_mode):
+                node = b.add_symlink(p, attrs, os.readlink(f))
+            else:
+                node = b.add_special(p, attrs)
+            if st.st_nlink > 1:
+                links[key] = node
+    return b.finish()
+
+
+def _attrs(path: bytes, st: os.stat_result) -> Attrs:
+    dev = stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+    return Attrs(
+        mode=st.st_mode,
+        uid=st.st_uid,
+        gid=st.st_gid,
+        rdev=st.st_rdev if dev else 0,
+        atime_ns=st.st_atime_ns,
+        mtime_ns=st.st_mtime_ns,
+        xattrs=_xattrs(path),
+    )
+
+
+def _xattrs(path: bytes) -> XAttrs:
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError as e:
+        if e.errno in (errno.ENOTSUP, errno.EPERM):
+            return ()
+        raise
+    out = []
+    for name in names:
+        try:
+            value = os.getxattr(path, name, follow_symlinks=False)
+        except OSError as e:
+            if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EPERM, errno.EACCES):
+                continue  # removed meanwhile, or a namespace we may list but not read
+            raise
+        out.append((os.fsencode(name), value))
+    return tuple(out)
+
+
+def _open(path: bytes, flags: int) -> int:
+    flags |= os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags | os.O_NOATIME)
+    except PermissionError:  # O_NOATIME needs ownership or CAP_FOWNER
+        return os.open(path, flags)
+
+
+def _listdir(path: bytes) -> list[bytes]:
+    fd = _open(path, os.O_DIRECTORY)
+    try:
+        return [os.fsencode(n) for n in os.listdir(fd)]
+    finally:
+        os.close(fd)
+
+
+def _pieces(path: bytes, size: int, chunk_size: int, progress: Progress | None) -> Iterator[Piece]:
+    """A file's content chunk by chunk; chunks lying in a hole (SEEK_DATA/SEEK_HOLE)
+    are yielded as lengths, unread."""
+    fd = _open(path, 0)
+    try:
+        data_start = data_end = 0  # the data extent known to cover the current offset
+        for off in range(0, size, chunk_size):
+            n = min(chunk_size, size - off)
+            if off >= data_end:
+                data_start, data_end = _extent(fd, off, size)
+            if off + n <= data_start:
+                yield n
+                continue
+            piece = _pread(fd, n, off, path)
+            if progress is not None:
+                progress(n)
+            yield piece
+    finally:
+        os.close(fd)
+
+
+def _extent(fd: int, off: int, size: int) -> tuple[int, int]:
+    """(start, end) of the first data extent at or after off."""
+    try:
+        start = os.lseek(fd, off, os.SEEK_DATA)
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # only a hole up to the end
+            return size, size
+        if e.errno == errno.EINVAL:  # no hole support: all data
+            return off, size
+        raise
+    return start, os.lseek(fd, start, os.SEEK_HOLE)
+
+
+def _pread(fd: int, n: int, off: int, path: bytes) -> bytes:
+    piece = os.pread(fd, n, off)
+    while len(piece) < n:
+        more = os.pread(fd, n - len(piece), off + len(piece))
+        if not more:
+            raise UsageError(f"{os.fsdecode(path)} shrank while it was being imported")
+        piece += more
+    return piece

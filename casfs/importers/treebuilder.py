@@ -1,0 +1,222 @@
+"""Builds a directory image from entries added by path, in any order.
+
+Paths are tuples of name components (bytes), () being the root. Every non-directory
+is a Node; hardlinks are the same Node placed under several names. Nothing but file
+content touches the batch until finish(), which numbers inodes and writes the trees.
+
+Inode numbers depend only on the finished namespace, not on the order entries were
+added: the root is 1, then a depth-first walk in name order numbers each directory
+and each Node at its first link. So a tree imported from a directory and from a tar
+of it gives the same blobs.
+
+ctime cannot be restored by any exporter, so every entry's ctime is its mtime: the
+same tree imported twice, or re-imported after an export, gives the same blobs.
+"""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from casfs.errors import UsageError
+from casfs.importers import Built
+from casfs.refcount.ledger import Batch
+from casfs.snapshots import chunkmap, tree
+from casfs.snapshots.kinds import TREE
+from casfs.store.ids import ZERO_ID, BlobId
+
+Parts = tuple[bytes, ...]
+# A piece of file content: bytes, or the length of a run of zeros (a hole).
+Piece = bytes | int
+
+IMPLIED_DIR = tree.Attrs(mode=stat.S_IFDIR | 0o755)
+
+
+class PathConflict(UsageError):
+    """An entry cannot be placed: a parent is not a directory, or it would replace a
+    directory that has entries."""
+
+
+@dataclass(eq=False)
+class Node:
+    """A non-directory inode: a file, symlink, device, fifo or socket."""
+
+    attrs: tree.Attrs
+    data: bytes = b""  # content id of a file, target of a symlink
+    ino: int = 0
+    links: int = 0
+
+
+@dataclass(eq=False)
+class Dir:
+    attrs: tree.Attrs
+    entries: dict[bytes, Dir | Node] = field(default_factory=dict)
+    ino: int = 0
+    tree_id: BlobId | None = None
+
+
+class TreeBuilder:
+    def __init__(self, batch: Batch, chunk_size: int, implied: tree.Attrs = IMPLIED_DIR) -> None:
+        self.batch = batch
+        self.chunk_size = chunk_size
+        self.implied = _normal(implied)
+        self.root = Dir(self.implied)
+
+    # -- adding ----------------------------------------------------------------
+
+    def add_dir(self, parts: Parts, attrs: tree.Attrs) -> Dir:
+        """Create a directory, or set the attributes of an existing one (keeping its entries)."""
+        attrs = _normal(attrs)
+        if not parts:
+            self.root.attrs = attrs
+            return self.root
+        parent = self._parent(parts)
+        old = parent.entries.get(parts[-1])
+        if isinstance(old, Dir):
+            old.attrs = attrs
+            return old
+        d = Dir(attrs)
+        parent.entries[parts[-1]] = d
+        return d
+
+    def add_file(self, parts: Parts, attrs: tree.Attrs, pieces: Iterable[Piece]) -> Node:
+        """Store a file's content from `pieces` (each at most chunk_size long; holes as
+        ints) and place it. Only one chunk is held in memory at a time."""
+        self._parent(parts)  # refuse before reading content, not after
+        content, size = self.put_content(pieces)
+        node = Node(_normal(attrs).with_(size=size), content)
+        return self.add_link(parts, node)
+
+    def add_symlink(self, parts: Parts, attrs: tree.Attrs, target: bytes) -> Node:
+        mode = stat.S_IFLNK | stat.S_IMODE(attrs.mode)
+        return self.add_link(parts, Node(_normal(attrs).with_(mode=mode, size=len(target)), target))
+
+    def add_special(self, parts: Parts, attrs: tree.Attrs) -> Node:
+        """A fifo, socket, or character or block device (attrs.mode says which)."""
+        return self.add_link(parts, Node(_normal(attrs).with_(size=0)))
+
+    def add_link(self, parts: Parts, node: Node) -> Node:
+        """Place `node` under another name (a hardlink), replacing what was there."""
+        if not parts:
+            raise PathConflict("the root must be a directory")
+        parent = self._parent(parts)
+        old = parent.entries.get(parts[-1])
+        if isinstance(old, Dir) and old.entries:
+            raise PathConflict(f"{_show(parts)} would replace a directory that has entries")
+        parent.entries[parts[-1]] = node
+        return node
+
+    def lookup(self, parts: Parts) -> Dir | Node | None:
+        """The entry at a path, following no symlinks."""
+        cur: Dir | Node = self.root
+        for name in parts:
+            if not isinstance(cur, Dir):
+                return None
+            nxt = cur.entries.get(name)
+            if nxt is None:
+                return None
+            cur = nxt
+        return cur
+
+    def put_content(self, pieces: Iterable[Piece]) -> tuple[BlobId, int]:
+        """Store content chunk by chunk; returns (content id, size)."""
+        ids: list[BlobId] = []
+        size = 0
+        for piece in pieces:
+            if size % self.chunk_size or (not isinstance(piece, int) and len(piece) > self.chunk_size):
+                raise ValueError("pieces must be whole chunks, but for a file's last")
+            if isinstance(piece, int):
+                ids.append(ZERO_ID)
+                size += piece
+            else:
+                ids.append(self.batch.put(piece))
+                size += len(piece)
+        return chunkmap.build_content(self.batch.put_kind, ids, size, self.chunk_size), size
+
+    def _parent(self, parts: Parts) -> Dir:
+        """The directory that holds `parts`, creating implied directories on the way."""
+        cur = self.root
+        for i, name in enumerate(parts[:-1]):
+            nxt = cur.entries.get(name)
+            if nxt is None:
+                nxt = cur.entries[name] = Dir(self.implied)
+            elif not isinstance(nxt, Dir):
+                kind = "a symlink" if stat.S_ISLNK(nxt.attrs.mode) else "not a directory"
+                raise PathConflict(f"{_show(parts)}: its parent {_show(parts[: i + 1])} is {kind}")
+            cur = nxt
+        return cur
+
+    # -- finishing -------------------------------------------------------------
+
+    def finish(self) -> Built:
+        """Number the inodes and write every tree, children before parents."""
+        next_ino, size = self._number()
+        for d in _postorder(self.root):
+            subdirs = sum(isinstance(c, Dir) for c in d.entries.values())
+            attrs = d.attrs.with_(ino=d.ino, nlink=2 + subdirs, size=0)
+            t = tree.Tree(attrs, self.chunk_size, [_entry(name, c) for name, c in d.entries.items()])
+            d.tree_id = self.batch.put(t.encode(), TREE)
+        assert self.root.tree_id is not None
+        return Built(self.root.tree_id, size, next_ino)
+
+    def _number(self) -> tuple[int, int]:
+        """Give inode numbers in depth-first name order and count links; returns the
+        next free ino and the logical size."""
+        ino = 1
+        size = 0
+        self.root.ino = ino
+        stack: list[Iterator[Dir | Node]] = [_children(self.root)]
+        while stack:
+            child = next(stack[-1], None)
+            if child is None:
+                stack.pop()
+                continue
+            if isinstance(child, Dir):
+                ino += 1
+                child.ino = ino
+                stack.append(_children(child))
+                continue
+            if child.links == 0:  # first link of this inode
+                ino += 1
+                child.ino = ino
+                if stat.S_ISREG(child.attrs.mode):
+                    size += child.attrs.size
+            child.links += 1
+        return ino + 1, size
+
+
+def _children(d: Dir) -> Iterator[Dir | Node]:
+    return (d.entries[name] for name in sorted(d.entries))
+
+
+def _postorder(root: Dir) -> Iterator[Dir]:
+    """Every directory after all of its subdirectories (iterative: trees can be deep)."""
+    stack: list[tuple[Dir, Iterator[Dir]]] = [(root, _subdirs(root))]
+    while stack:
+        d, it = stack[-1]
+        sub = next(it, None)
+        if sub is None:
+            stack.pop()
+            yield d
+        else:
+            stack.append((sub, _subdirs(sub)))
+
+
+def _subdirs(d: Dir) -> Iterator[Dir]:
+    return (c for c in d.entries.values() if isinstance(c, Dir))
+
+
+def _entry(name: bytes, c: Dir | Node) -> tree.Entry:
+    if isinstance(c, Dir):
+        assert c.tree_id is not None
+        return tree.dir_entry(name, c.attrs.mode, c.ino, c.tree_id)
+    return tree.Entry(name, c.attrs.with_(ino=c.ino, nlink=c.links), c.data)
+
+
+def _normal(attrs: tree.Attrs) -> tree.Attrs:
+    return attrs.with_(ctime_ns=attrs.mtime_ns, xattrs=tuple(sorted(attrs.xattrs)))
+
+
+def _show(parts: Parts) -> str:
+    return b"/".join(parts).decode("utf-8", "backslashreplace")
