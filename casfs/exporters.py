@@ -11,6 +11,7 @@ of tar exports (as GNU tar does).
 from __future__ import annotations
 
 import errno
+import gzip
 import io
 import os
 import stat
@@ -18,7 +19,9 @@ import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, cast
+
+import zstandard
 
 from casfs.errors import Corruption, UsageError
 from casfs.snapshots.chunkmap import ChunkMap, Content
@@ -184,16 +187,24 @@ def _set_attrs(path: bytes, a: Attrs) -> None:
 def export_tar(get: Get, root: BlobId, chunk_size: int, dest: Path | BinaryIO) -> None:
     """A PAX tar of the image: the root as ".", then every entry depth-first in name
     order; times to the ns, xattrs as SCHILY.xattr.*, hardlinks as hardlinks, numeric
-    owners. Written as a stream, so dest may be a pipe."""
-    if isinstance(dest, Path):
-        try:
-            with open(dest, "wb") as f:
-                _write_tar(get, root, chunk_size, f)
-        except BaseException:
-            dest.unlink(missing_ok=True)  # no half archive left looking like a whole one
-            raise
-    else:
+    owners. Written as a stream, so dest may be a pipe. A path ending in .gz or .tgz
+    is gzip-compressed, one ending in .zst zstd-compressed; a stream is plain tar."""
+    if not isinstance(dest, Path):
         _write_tar(get, root, chunk_size, dest)
+        return
+    try:
+        with open(dest, "wb") as f:
+            if dest.name.endswith((".gz", ".tgz")):
+                with gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as gz:  # mtime 0: same image, same bytes
+                    _write_tar(get, root, chunk_size, cast(BinaryIO, gz))
+            elif dest.name.endswith(".zst"):
+                with zstandard.ZstdCompressor().stream_writer(f, closefd=False) as zw:
+                    _write_tar(get, root, chunk_size, zw)
+            else:
+                _write_tar(get, root, chunk_size, f)
+    except BaseException:
+        dest.unlink(missing_ok=True)  # no half archive left looking like a whole one
+        raise
 
 
 def _write_tar(get: Get, root: BlobId, chunk_size: int, out: BinaryIO) -> None:

@@ -16,6 +16,7 @@ import pytest
 import zstandard
 from treecompare import compare
 
+from casfs.errors import Corruption
 from casfs.exporters import export_dir, export_raw, export_tar
 from casfs.importers import Built
 from casfs.importers.dirtree import import_dir
@@ -306,6 +307,16 @@ def test_tar_export_round_trips(repo: Repository, src: Path, tmp_path: Path) -> 
     assert compare(src, out, ignore={"atime"}) == []
 
 
+@pytest.mark.parametrize("name", ["image.tar.gz", "image.tgz", "image.tar.zst"])
+def test_tar_export_compresses_by_file_name(repo: Repository, src: Path, tmp_path: Path, name: str) -> None:
+    built = import_tree(repo, src)
+    dest = tmp_path / name
+    export_tar(repo.get, built.root, CHUNK, dest)
+    magic = b"\x28\xb5\x2f\xfd" if name.endswith(".zst") else b"\x1f\x8b"
+    assert dest.read_bytes().startswith(magic)
+    assert import_tarball(repo, dest.read_bytes()) == built
+
+
 def test_tar_round_trip_with_a_small_chunk_size(repo: Repository, src: Path, tmp_path: Path) -> None:
     built = import_tree(repo, src, 4096)
     stream = io.BytesIO()
@@ -345,6 +356,25 @@ def _add(tf: tarfile.TarFile, name: str, data: bytes, kind: bytes = tarfile.REGT
     ti = tarfile.TarInfo(name)
     ti.type, ti.size, ti.linkname = kind, len(data), link
     tf.addfile(ti, io.BytesIO(data) if data else None)
+
+
+def test_a_short_chunk_fails_the_export_and_leaves_no_half_tar(
+    repo: Repository, src: Path, tmp_path: Path
+) -> None:
+    built = import_tree(repo, src)
+    hello = Tree.decode(repo.get(built.root)).find(b"hello.txt")
+    assert hello is not None
+
+    def short(bid: BlobId) -> bytes:  # a store that lost the end of one chunk
+        data = repo.get(bid)
+        return data[:-1] if bid == hello.blob else data
+
+    dest = tmp_path / "out.tar"
+    with pytest.raises(Corruption, match="holds 5 bytes where 6 are expected"):
+        export_tar(short, built.root, CHUNK, dest)
+    assert not dest.exists()
+    with pytest.raises(Corruption):
+        export_dir(short, built.root, CHUNK, tmp_path / "out")
 
 
 # -- raw -----------------------------------------------------------------------------
