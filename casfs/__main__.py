@@ -1,0 +1,7 @@
+"""`python -m casfs …`: the same as the `casfs` console script."""
+
+import sys
+
+from casfs.cli import main
+
+sys.exit(main())

@@ -1,0 +1,181 @@
+"""Space accounting: what a set of roots costs the store, and what removing it would free.
+
+For roots R (an image's root; a volume's base plus its snapshots' roots):
+
+  logical   the sizes the catalog records for those roots, added up (a volume with two
+            snapshots counts three states: what they would take without casfs)
+  stored    bytes on disk of every blob reachable from R, each blob counted once
+  unique    bytes on disk that removing R would free: gc's cascade, simulated. A blob is
+            freed when every reference it holds (`blobs.refs`) comes from R itself or
+            from blobs that are freed in turn, multiplicity counted.
+
+The walk reads only metadata blobs (trees and chunk maps), through the repository's
+verified cache; data chunks are never read. A mounted volume's overlay chunks count as
+roots of logical size 0 (their bytes are counted when a snapshot folds them in).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from casfs.errors import Corruption
+from casfs.repo import Repository
+from casfs.snapshots.kinds import DATA, children
+from casfs.store.ids import ZERO_ID, BlobId
+
+_IN_BATCH = 500
+
+
+@dataclass(frozen=True)
+class Root:
+    blob: BlobId
+    size: int  # logical bytes the catalog records for this root
+
+
+@dataclass(frozen=True)
+class Usage:
+    logical: int
+    stored: int
+    unique: int
+    unreadable: int = 0  # metadata blobs that could not be read: the figures are a lower bound
+
+    @property
+    def ratio(self) -> float:
+        """Logical bytes per stored byte (holes, compression and dedup together)."""
+        return self.logical / self.stored if self.stored else 0.0
+
+
+@dataclass(frozen=True)
+class StoreUsage:
+    logical: int  # sizes of ready images, volumes and snapshots, added up
+    stored: int  # every blob file, garbage included
+    garbage: int  # stored bytes at refcount 0: what `casfs gc` would free now
+    blobs: int
+    images: int
+    volumes: int
+    snapshots: int
+
+    @property
+    def ratio(self) -> float:
+        return self.logical / self.stored if self.stored else 0.0
+
+
+@dataclass
+class _Row:
+    kind: int
+    refs: int
+    stored: int
+
+
+def _rows(conn: sqlite3.Connection, ids: Sequence[BlobId]) -> Iterator[tuple[BlobId, _Row]]:
+    for i in range(0, len(ids), _IN_BATCH):
+        part = ids[i : i + _IN_BATCH]
+        marks = ",".join("?" * len(part))
+        for bid, kind, refs, stored in conn.execute(
+            f"SELECT id, kind, refs, stored FROM blobs WHERE id IN ({marks})", part
+        ):
+            yield BlobId(bytes(bid)), _Row(kind, refs, stored)
+
+
+def usage(repo: Repository, roots: Iterable[Root]) -> Usage:
+    roots = list(roots)
+    conn = repo.thread_conn()
+    root_refs: Counter[BlobId] = Counter(r.blob for r in roots if r.blob != ZERO_ID)
+    rows: dict[BlobId, _Row] = {}
+    edges: dict[BlobId, Counter[BlobId]] = {}  # metadata blob -> children with multiplicity
+    unreadable = 0
+    frontier = list(root_refs)
+    while frontier:
+        found = dict(_rows(conn, [b for b in frontier if b not in rows]))
+        rows.update(found)
+        nxt: list[BlobId] = []
+        for bid, row in found.items():
+            if row.kind == DATA:
+                continue
+            try:
+                kids: Counter[BlobId] = Counter(c for c, _ in children(row.kind, repo.get_meta(bid)))
+            except (Corruption, ValueError):
+                unreadable += 1
+                continue
+            edges[bid] = kids
+            nxt.extend(c for c in kids if c not in rows)
+        frontier = list(dict.fromkeys(nxt))
+
+    # gc's cascade on a copy of the counts: drop the roots' references, free what reaches 0.
+    remaining = {bid: row.refs - root_refs[bid] for bid, row in rows.items()}
+    queue = [bid for bid, n in remaining.items() if n == 0 and bid in root_refs]
+    freed: set[BlobId] = set()
+    while queue:
+        bid = queue.pop()
+        freed.add(bid)
+        for child, n in edges.get(bid, Counter()).items():
+            if child in remaining:
+                remaining[child] -= n
+                if remaining[child] == 0:
+                    queue.append(child)
+    return Usage(
+        logical=sum(r.size for r in roots),
+        stored=sum(row.stored for row in rows.values()),
+        unique=sum(rows[b].stored for b in freed),
+        unreadable=unreadable,
+    )
+
+
+def image_roots(conn: sqlite3.Connection, name: str) -> list[Root]:
+    row = conn.execute(
+        "SELECT root, size FROM images WHERE name = ? AND root IS NOT NULL", (name,)
+    ).fetchone()
+    return [Root(BlobId(bytes(row[0])), row[1])] if row else []
+
+
+def volume_roots(conn: sqlite3.Connection, name: str) -> list[Root]:
+    """A volume's base, its snapshots' roots, and the chunks in its overlay (each holds
+    a reference of its own until a snapshot folds it into the base)."""
+    out = [
+        Root(BlobId(bytes(b)), s)
+        for b, s in conn.execute("SELECT base, size FROM volumes WHERE name = ?", (name,))
+    ]
+    out += [
+        Root(BlobId(bytes(r)), s)
+        for r, s in conn.execute("SELECT root, size FROM snapshots WHERE volume = ? ORDER BY n", (name,))
+    ]
+    try:
+        chunks = conn.execute(
+            "SELECT chunk FROM overlay_chunks WHERE volume = ? AND chunk != ?", (name, ZERO_ID)
+        )
+        out += [Root(BlobId(bytes(c)), 0) for (c,) in chunks]
+    except sqlite3.OperationalError:  # a format-1 catalog: no overlay table
+        pass
+    return out
+
+
+def snapshot_roots(conn: sqlite3.Connection, volume: str, n: int) -> list[Root]:
+    row = conn.execute("SELECT root, size FROM snapshots WHERE volume = ? AND n = ?", (volume, n)).fetchone()
+    return [Root(BlobId(bytes(row[0])), row[1])] if row else []
+
+
+def store_usage(repo: Repository) -> StoreUsage:
+    conn = repo.thread_conn()
+    images, image_bytes = conn.execute(
+        "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM images WHERE phase = 'ready'"
+    ).fetchone()
+    volumes, volume_bytes = conn.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM volumes").fetchone()
+    snapshots, snapshot_bytes = conn.execute(
+        "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM snapshots"
+    ).fetchone()
+    blobs, stored, garbage = conn.execute(
+        "SELECT COUNT(*), COALESCE(SUM(stored), 0), "
+        "COALESCE(SUM(CASE WHEN refs = 0 THEN stored END), 0) FROM blobs"
+    ).fetchone()
+    return StoreUsage(
+        logical=image_bytes + volume_bytes + snapshot_bytes,
+        stored=stored,
+        garbage=garbage,
+        blobs=blobs,
+        images=images,
+        volumes=volumes,
+        snapshots=snapshots,
+    )

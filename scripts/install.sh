@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Install what casfs needs on Debian or Ubuntu, then .venv with casfs (editable) and its
+# test extras. Idempotent: apt runs only when a package is missing, the venv is created
+# only when absent, and pip runs only when pyproject.toml changed since the last install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+    fuse3 libfuse3-dev pkg-config attr bindfs fio qemu-utils e2fsprogs sqlite3 zstd
+    python3 python3-venv python3-dev gcc   # pyfuse3 builds from source against libfuse3
+)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "install.sh: installing ${missing[*]}"
+    sudo=()
+    [[ $(id -u) -eq 0 ]] || sudo=(sudo)
+    "${sudo[@]}" apt-get update
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "${APT_PACKAGES[@]}"
+fi
+
+PYTHON=${PYTHON:-python3}
+if [[ ! -x .venv/bin/python ]]; then
+    echo "install.sh: creating .venv with $("$PYTHON" --version)"
+    "$PYTHON" -m venv .venv
+fi
+
+stamp=.venv/.casfs-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -e '.[test]'
+    echo "$want" > "$stamp"
+fi
+echo "install.sh: ready ($(.venv/bin/casfs --version))"
