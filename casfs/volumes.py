@@ -237,7 +237,10 @@ def remove_volume(repo: Repository, name: str, if_exists: bool = False) -> bool:
         if users:
             raise Busy(f"volume {name!r} has snapshots that volume(s) {', '.join(users)} were made from")
         roots = [BlobId(r) for (r,) in conn.execute("SELECT root FROM snapshots WHERE volume = ?", (name,))]
-        ledger.release(conn, [BlobId(base), *roots])
+        chunks = [BlobId(c) for (c,) in conn.execute("SELECT chunk FROM overlay_chunks WHERE volume = ?", (name,))]
+        ledger.release(conn, [BlobId(base), *roots, *chunks])
+        conn.execute("DELETE FROM overlay_chunks WHERE volume = ?", (name,))
+        conn.execute("DELETE FROM overlay_inodes WHERE volume = ?", (name,))
         conn.execute("DELETE FROM snapshots WHERE volume = ?", (name,))
         conn.execute("DELETE FROM volumes WHERE name = ?", (name,))
     return True
@@ -258,8 +261,27 @@ def record_snapshot(
     return int(n)
 
 
+def has_overlay(conn: sqlite3.Connection, volume: str) -> bool:
+    return conn.execute("SELECT 1 FROM overlay_inodes WHERE volume = ? LIMIT 1", (volume,)).fetchone() is not None
+
+
+def settle(repo: Repository, volume: str, label: str | None = None) -> int | None:
+    """Fold what a crashed mount left in a volume's overlay into a snapshot, as its
+    unmount would have; returns the snapshot number, or None if there was nothing."""
+    phase, *_ = _volume_row(repo.conn, volume)
+    if not has_overlay(repo.conn, volume):
+        return None
+    _require_at_rest(phase, volume)
+    from casfs.vfs.volume import VolumeView
+
+    return VolumeView(repo, volume).snapshot_sync(label)
+
+
 def create_snapshot(repo: Repository, volume: str, label: str | None = None) -> int:
-    """Snapshot a volume at rest: its base becomes snapshot n+1."""
+    """Snapshot a volume at rest: its base (with any overlay a crash left) becomes snapshot n+1."""
+    settled = settle(repo, volume, label)
+    if settled is not None:
+        return settled
     conn = repo.conn
     with transaction(conn):
         phase, base, size, next_ino, *_ = _volume_row(conn, volume)
@@ -295,7 +317,9 @@ def remove_snapshot(repo: Repository, ref: str, if_exists: bool = False) -> bool
 
 
 def rollback(repo: Repository, volume: str, n: int) -> None:
-    """Make snapshot n the volume's base again (the volume must not be mounted rw)."""
+    """Make snapshot n the volume's base again (the volume must not be mounted rw).
+    Changes a crashed mount left behind are kept as a snapshot first, never dropped."""
+    settle(repo, volume)
     conn = repo.conn
     with transaction(conn):
         phase, base, *_rest = _volume_row(conn, volume)

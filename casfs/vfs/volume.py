@@ -443,6 +443,8 @@ class VolumeView:
             return  # the same inode: POSIX says do nothing
         if src.is_dir and self._is_ancestor(src.ino, new_parent):
             raise fs_error(errno.EINVAL, "cannot move a directory into itself")
+        if dst is not None and dst.is_dir and self._is_ancestor(dst.ino, old_parent) and not flags:
+            raise fs_error(errno.ENOTEMPTY)  # the target holds the source (the kernel checks first)
         if flags & RENAME_EXCHANGE:
             if dst is None:
                 raise fs_error(errno.ENOENT)

@@ -1,0 +1,241 @@
+"""A read/write volume (without a mount) against a plain directory, under random operations.
+
+Hypothesis drives the same operations on casfs.vfs.volume.VolumeView and on a real
+directory; after every step the two trees must match (names, types, modes, sizes,
+bytes, xattrs, link counts). Flushes, snapshots and crash-restarts (a new view opened
+from the catalog after a flush) are operations too, so the overlay's durability and
+the fold are checked against the same model.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from casfs import volumes
+from casfs.repo import Repository
+from casfs.vfs.api import ROOT_INO, assemble
+from casfs.vfs.volume import VolumeView
+
+NAMES = st.sampled_from([b"a", b"b", b"c", b"d\nx", b"\xff"])
+CHUNK = 64 << 10
+OFFSETS = st.sampled_from([0, 1, 4095, CHUNK - 3, CHUNK, 2 * CHUNK + 17, 5 * CHUNK])
+DATA = st.one_of(st.binary(min_size=1, max_size=300), st.sampled_from([b"\0" * CHUNK, b"z" * (CHUNK + 5)]))
+
+
+def tree_of_dir(root: Path) -> dict[bytes, tuple[object, ...]]:
+    out: dict[bytes, tuple[object, ...]] = {}
+    base = os.fsencode(root)
+    for dirpath, dirnames, filenames in os.walk(base):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st_ = os.lstat(p)
+            rel = os.path.relpath(p, base)
+            xattrs = tuple(sorted((os.fsencode(x), os.getxattr(p, x, follow_symlinks=False))
+                                  for x in os.listxattr(p, follow_symlinks=False)))
+            if stat.S_ISREG(st_.st_mode):
+                with open(p, "rb") as f:
+                    body: object = f.read()
+            elif stat.S_ISLNK(st_.st_mode):
+                body = os.readlink(p)
+            else:
+                body = None
+            nlink = st_.st_nlink
+            out[rel] = (stat.S_IFMT(st_.st_mode), stat.S_IMODE(st_.st_mode), st_.st_size if body is not None
+                        and not stat.S_ISDIR(st_.st_mode) else None, body, xattrs, nlink)
+    return out
+
+
+def tree_of_view(v: VolumeView, repo: Repository) -> dict[bytes, tuple[object, ...]]:
+    out: dict[bytes, tuple[object, ...]] = {}
+
+    def walk(ino: int, prefix: bytes) -> None:
+        for name, s, _ in list(v.readdir(ino, 0)):
+            rel = prefix + name
+            if stat.S_ISREG(s.mode):
+                body: object = assemble(v.read_plan(s.ino, 0, s.size), repo.get)
+            elif stat.S_ISLNK(s.mode):
+                body = v.readlink(s.ino)
+            else:
+                body = None
+            xattrs = tuple(sorted((n, v.getxattr(s.ino, n)) for n in v.listxattr(s.ino)))
+            out[rel] = (stat.S_IFMT(s.mode), stat.S_IMODE(s.mode), s.size if body is not None
+                        and not stat.S_ISDIR(s.mode) else None, body, xattrs, s.nlink)
+            if stat.S_ISDIR(s.mode):
+                walk(s.ino, rel + b"/")
+
+    walk(ROOT_INO, b"")
+    return out
+
+
+class VolumeModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp(prefix="casfs-model-"))
+        self.model = self.tmp / "model"
+        self.model.mkdir()
+        os.chmod(self.model, 0o755)
+        self.repo = Repository.init(self.tmp / "store")
+        volumes.create_volume(self.repo, "v", volumes.Source(blank_dir=True))
+        self.view = VolumeView(self.repo, "v")
+        self.durable: Path | None = None  # a copy of the model as of the last flush
+
+    def teardown(self) -> None:
+        self.repo.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _dirs(self) -> list[bytes]:
+        found = [b""]
+        for rel, info in tree_of_dir(self.model).items():
+            if info[0] == stat.S_IFDIR:
+                found.append(rel + b"/")
+        return sorted(found)
+
+    def _files(self) -> list[bytes]:
+        return sorted(rel for rel, info in tree_of_dir(self.model).items() if info[0] == stat.S_IFREG)
+
+    def _ino(self, rel: bytes) -> int:
+        ino = ROOT_INO
+        for part in [p for p in rel.split(b"/") if p]:
+            ino = self.view.lookup(ino, part).ino
+        return ino
+
+    def _both(self, model_op, view_op) -> None:  # type: ignore[no-untyped-def]
+        try:
+            model_op()
+        except OSError as e:
+            want = e.errno
+        else:
+            want = None
+        try:
+            view_op()
+        except OSError as e:
+            assert e.errno == want, f"view raised {e}, model {want}"
+        else:
+            assert want is None, f"view succeeded where the model raised errno {want}"
+
+    def _mp(self, rel: bytes) -> bytes:
+        return os.path.join(os.fsencode(self.model), rel)
+
+    # -- operations ------------------------------------------------------------------
+
+    @rule(d=st.data(), name=NAMES)
+    def create_file(self, d: st.DataObject, name: bytes) -> None:
+        parent = d.draw(st.sampled_from(self._dirs()))
+        path = self._mp(parent + name)
+        self._both(lambda: os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640)),
+                   lambda: self.view.mknod(self._ino(parent), name, stat.S_IFREG | 0o640, 0, 0, 0))
+
+    @rule(d=st.data(), name=NAMES)
+    def mkdir(self, d: st.DataObject, name: bytes) -> None:
+        parent = d.draw(st.sampled_from(self._dirs()))
+        self._both(lambda: os.mkdir(self._mp(parent + name), 0o750),
+                   lambda: self.view.mkdir(self._ino(parent), name, 0o750, 0, 0))
+
+    @precondition(lambda self: self._files())
+    @rule(d=st.data(), offset=OFFSETS, data=DATA)
+    def write(self, d: st.DataObject, offset: int, data: bytes) -> None:
+        rel = d.draw(st.sampled_from(self._files()))
+        fd = os.open(self._mp(rel), os.O_WRONLY)
+        try:
+            os.pwrite(fd, data, offset)
+        finally:
+            os.close(fd)
+        self.view.write_sync(self._ino(rel), offset, data)
+
+    @precondition(lambda self: self._files())
+    @rule(d=st.data(), size=OFFSETS)
+    def truncate(self, d: st.DataObject, size: int) -> None:
+        rel = d.draw(st.sampled_from(self._files()))
+        os.truncate(self._mp(rel), size)
+        self.view.truncate_sync(self._ino(rel), size)
+
+    @rule(d=st.data(), name=NAMES)
+    def unlink(self, d: st.DataObject, name: bytes) -> None:
+        parent = d.draw(st.sampled_from(self._dirs()))
+        self._both(lambda: os.unlink(self._mp(parent + name)),
+                   lambda: self.view.unlink(self._ino(parent), name))
+
+    @rule(d=st.data(), name=NAMES)
+    def rmdir(self, d: st.DataObject, name: bytes) -> None:
+        parent = d.draw(st.sampled_from(self._dirs()))
+        self._both(lambda: os.rmdir(self._mp(parent + name)),
+                   lambda: self.view.rmdir(self._ino(parent), name))
+
+    @rule(d=st.data(), a=NAMES, b=NAMES)
+    def rename(self, d: st.DataObject, a: bytes, b: bytes) -> None:
+        pa = d.draw(st.sampled_from(self._dirs()))
+        pb = d.draw(st.sampled_from(self._dirs()))
+        self._both(lambda: os.rename(self._mp(pa + a), self._mp(pb + b)),
+                   lambda: self.view.rename(self._ino(pa), a, self._ino(pb), b))
+
+    @precondition(lambda self: self._files())
+    @rule(d=st.data(), name=NAMES)
+    def link(self, d: st.DataObject, name: bytes) -> None:
+        rel = d.draw(st.sampled_from(self._files()))
+        parent = d.draw(st.sampled_from(self._dirs()))
+        self._both(lambda: os.link(self._mp(rel), self._mp(parent + name)),
+                   lambda: self.view.link(self._ino(rel), self._ino(parent), name))
+
+    @rule(d=st.data(), name=NAMES, dest=st.sampled_from([b"a", b"../b", b"/etc/x"]))
+    def symlink(self, d: st.DataObject, name: bytes, dest: bytes) -> None:
+        parent = d.draw(st.sampled_from(self._dirs()))
+        self._both(lambda: os.symlink(dest, self._mp(parent + name)),
+                   lambda: self.view.symlink(self._ino(parent), name, dest, 0, 0))
+
+    @precondition(lambda self: self._files())
+    @rule(d=st.data(), value=st.binary(max_size=20), mode=st.sampled_from([0o600, 0o4755, 0o644]))
+    def attrs(self, d: st.DataObject, value: bytes, mode: int) -> None:
+        rel = d.draw(st.sampled_from(self._files()))
+        os.setxattr(self._mp(rel), b"user.k", value)
+        os.chmod(self._mp(rel), mode)
+        ino = self._ino(rel)
+        self.view.setxattr(ino, b"user.k", value)
+        self.view.setattr(ino, mode=mode)
+
+    @rule()
+    def flush(self) -> None:
+        self.view.flush_sync()
+        self._remember_durable()
+
+    @rule()
+    def snapshot(self) -> None:
+        self.view.snapshot_sync()
+        self._remember_durable()
+
+    @precondition(lambda self: self.durable is not None)
+    @rule()
+    def crash_and_reopen(self) -> None:
+        """The daemon dies; what the last flush made durable must come back, exactly."""
+        assert self.durable is not None
+        self.view = VolumeView(self.repo, "v")
+        shutil.rmtree(self.model)
+        subprocess.run(["cp", "-a", str(self.durable), str(self.model)], check=True)
+
+    def _remember_durable(self) -> None:
+        copy = self.tmp / "durable"
+        shutil.rmtree(copy, ignore_errors=True)
+        # cp -a keeps hardlinks, which copytree does not.
+        subprocess.run(["cp", "-a", str(self.model), str(copy)], check=True)
+        self.durable = copy
+
+    @invariant()
+    def same_tree(self) -> None:
+        assert tree_of_view(self.view, self.repo) == tree_of_dir(self.model)
+
+
+TestVolumeModel = VolumeModel.TestCase
+TestVolumeModel.settings = settings(
+    max_examples=int(os.environ.get("CASFS_MODEL_EXAMPLES", "20")), stateful_step_count=25, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
