@@ -188,8 +188,8 @@ def _insert(
     if conn.execute("SELECT 1 FROM volumes WHERE name = ?", (name,)).fetchone():
         raise Conflict(f"volume {name!r} already exists")
     conn.execute(
-        "INSERT INTO volumes (name, kind, mode, phase, base, origin, size, chunk_size, next_ino, spec, created) "
-        "VALUES (?, ?, ?, 'ready', ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO volumes (name, kind, mode, phase, base, origin, size, chunk_size, next_ino, spec, "
+        "created) VALUES (?, ?, ?, 'ready', ?, ?, ?, ?, ?, ?, ?)",
         (name, kind, mode, base, origin, size, chunk_size, next_ino, spec, time.time()),
     )
 
@@ -237,7 +237,9 @@ def remove_volume(repo: Repository, name: str, if_exists: bool = False) -> bool:
         if users:
             raise Busy(f"volume {name!r} has snapshots that volume(s) {', '.join(users)} were made from")
         roots = [BlobId(r) for (r,) in conn.execute("SELECT root FROM snapshots WHERE volume = ?", (name,))]
-        chunks = [BlobId(c) for (c,) in conn.execute("SELECT chunk FROM overlay_chunks WHERE volume = ?", (name,))]
+        chunks = [
+            BlobId(c) for (c,) in conn.execute("SELECT chunk FROM overlay_chunks WHERE volume = ?", (name,))
+        ]
         ledger.release(conn, [BlobId(base), *roots, *chunks])
         conn.execute("DELETE FROM overlay_chunks WHERE volume = ?", (name,))
         conn.execute("DELETE FROM overlay_inodes WHERE volume = ?", (name,))
@@ -254,7 +256,8 @@ def record_snapshot(
     (n,) = conn.execute("SELECT next_snapshot FROM volumes WHERE name = ?", (volume,)).fetchone()
     ledger.retain(conn, [root])
     conn.execute(
-        "INSERT INTO snapshots (volume, n, root, size, next_ino, label, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO snapshots (volume, n, root, size, next_ino, label, created) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
         (volume, n, root, size, next_ino, label, time.time()),
     )
     conn.execute("UPDATE volumes SET next_snapshot = ? WHERE name = ?", (n + 1, volume))
@@ -262,7 +265,10 @@ def record_snapshot(
 
 
 def has_overlay(conn: sqlite3.Connection, volume: str) -> bool:
-    return conn.execute("SELECT 1 FROM overlay_inodes WHERE volume = ? LIMIT 1", (volume,)).fetchone() is not None
+    return (
+        conn.execute("SELECT 1 FROM overlay_inodes WHERE volume = ? LIMIT 1", (volume,)).fetchone()
+        is not None
+    )
 
 
 def settle(repo: Repository, volume: str, label: str | None = None) -> int | None:

@@ -39,8 +39,12 @@ def tree_of_dir(root: Path) -> dict[bytes, tuple[object, ...]]:
             p = os.path.join(dirpath, name)
             st_ = os.lstat(p)
             rel = os.path.relpath(p, base)
-            xattrs = tuple(sorted((os.fsencode(x), os.getxattr(p, x, follow_symlinks=False))
-                                  for x in os.listxattr(p, follow_symlinks=False)))
+            xattrs = tuple(
+                sorted(
+                    (os.fsencode(x), os.getxattr(p, x, follow_symlinks=False))
+                    for x in os.listxattr(p, follow_symlinks=False)
+                )
+            )
             if stat.S_ISREG(st_.st_mode):
                 with open(p, "rb") as f:
                     body: object = f.read()
@@ -49,8 +53,14 @@ def tree_of_dir(root: Path) -> dict[bytes, tuple[object, ...]]:
             else:
                 body = None
             nlink = st_.st_nlink
-            out[rel] = (stat.S_IFMT(st_.st_mode), stat.S_IMODE(st_.st_mode), st_.st_size if body is not None
-                        and not stat.S_ISDIR(st_.st_mode) else None, body, xattrs, nlink)
+            out[rel] = (
+                stat.S_IFMT(st_.st_mode),
+                stat.S_IMODE(st_.st_mode),
+                st_.st_size if body is not None and not stat.S_ISDIR(st_.st_mode) else None,
+                body,
+                xattrs,
+                nlink,
+            )
     return out
 
 
@@ -67,8 +77,14 @@ def tree_of_view(v: VolumeView, repo: Repository) -> dict[bytes, tuple[object, .
             else:
                 body = None
             xattrs = tuple(sorted((n, v.getxattr(s.ino, n)) for n in v.listxattr(s.ino)))
-            out[rel] = (stat.S_IFMT(s.mode), stat.S_IMODE(s.mode), s.size if body is not None
-                        and not stat.S_ISDIR(s.mode) else None, body, xattrs, s.nlink)
+            out[rel] = (
+                stat.S_IFMT(s.mode),
+                stat.S_IMODE(s.mode),
+                s.size if body is not None and not stat.S_ISDIR(s.mode) else None,
+                body,
+                xattrs,
+                s.nlink,
+            )
             if stat.S_ISDIR(s.mode):
                 walk(s.ino, rel + b"/")
 
@@ -133,14 +149,18 @@ class VolumeModel(RuleBasedStateMachine):
     def create_file(self, d: st.DataObject, name: bytes) -> None:
         parent = d.draw(st.sampled_from(self._dirs()))
         path = self._mp(parent + name)
-        self._both(lambda: os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640)),
-                   lambda: self.view.mknod(self._ino(parent), name, stat.S_IFREG | 0o640, 0, 0, 0))
+        self._both(
+            lambda: os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640)),
+            lambda: self.view.mknod(self._ino(parent), name, stat.S_IFREG | 0o640, 0, 0, 0),
+        )
 
     @rule(d=st.data(), name=NAMES)
     def mkdir(self, d: st.DataObject, name: bytes) -> None:
         parent = d.draw(st.sampled_from(self._dirs()))
-        self._both(lambda: os.mkdir(self._mp(parent + name), 0o750),
-                   lambda: self.view.mkdir(self._ino(parent), name, 0o750, 0, 0))
+        self._both(
+            lambda: os.mkdir(self._mp(parent + name), 0o750),
+            lambda: self.view.mkdir(self._ino(parent), name, 0o750, 0, 0),
+        )
 
     @precondition(lambda self: self._files())
     @rule(d=st.data(), offset=OFFSETS, data=DATA)
@@ -163,35 +183,43 @@ class VolumeModel(RuleBasedStateMachine):
     @rule(d=st.data(), name=NAMES)
     def unlink(self, d: st.DataObject, name: bytes) -> None:
         parent = d.draw(st.sampled_from(self._dirs()))
-        self._both(lambda: os.unlink(self._mp(parent + name)),
-                   lambda: self.view.unlink(self._ino(parent), name))
+        self._both(
+            lambda: os.unlink(self._mp(parent + name)), lambda: self.view.unlink(self._ino(parent), name)
+        )
 
     @rule(d=st.data(), name=NAMES)
     def rmdir(self, d: st.DataObject, name: bytes) -> None:
         parent = d.draw(st.sampled_from(self._dirs()))
-        self._both(lambda: os.rmdir(self._mp(parent + name)),
-                   lambda: self.view.rmdir(self._ino(parent), name))
+        self._both(
+            lambda: os.rmdir(self._mp(parent + name)), lambda: self.view.rmdir(self._ino(parent), name)
+        )
 
     @rule(d=st.data(), a=NAMES, b=NAMES)
     def rename(self, d: st.DataObject, a: bytes, b: bytes) -> None:
         pa = d.draw(st.sampled_from(self._dirs()))
         pb = d.draw(st.sampled_from(self._dirs()))
-        self._both(lambda: os.rename(self._mp(pa + a), self._mp(pb + b)),
-                   lambda: self.view.rename(self._ino(pa), a, self._ino(pb), b))
+        self._both(
+            lambda: os.rename(self._mp(pa + a), self._mp(pb + b)),
+            lambda: self.view.rename(self._ino(pa), a, self._ino(pb), b),
+        )
 
     @precondition(lambda self: self._files())
     @rule(d=st.data(), name=NAMES)
     def link(self, d: st.DataObject, name: bytes) -> None:
         rel = d.draw(st.sampled_from(self._files()))
         parent = d.draw(st.sampled_from(self._dirs()))
-        self._both(lambda: os.link(self._mp(rel), self._mp(parent + name)),
-                   lambda: self.view.link(self._ino(rel), self._ino(parent), name))
+        self._both(
+            lambda: os.link(self._mp(rel), self._mp(parent + name)),
+            lambda: self.view.link(self._ino(rel), self._ino(parent), name),
+        )
 
     @rule(d=st.data(), name=NAMES, dest=st.sampled_from([b"a", b"../b", b"/etc/x"]))
     def symlink(self, d: st.DataObject, name: bytes, dest: bytes) -> None:
         parent = d.draw(st.sampled_from(self._dirs()))
-        self._both(lambda: os.symlink(dest, self._mp(parent + name)),
-                   lambda: self.view.symlink(self._ino(parent), name, dest, 0, 0))
+        self._both(
+            lambda: os.symlink(dest, self._mp(parent + name)),
+            lambda: self.view.symlink(self._ino(parent), name, dest, 0, 0),
+        )
 
     @precondition(lambda self: self._files())
     @rule(d=st.data(), value=st.binary(max_size=20), mode=st.sampled_from([0o600, 0o4755, 0o644]))
@@ -236,6 +264,8 @@ class VolumeModel(RuleBasedStateMachine):
 
 TestVolumeModel = VolumeModel.TestCase
 TestVolumeModel.settings = settings(
-    max_examples=int(os.environ.get("CASFS_MODEL_EXAMPLES", "20")), stateful_step_count=25, deadline=None,
+    max_examples=int(os.environ.get("CASFS_MODEL_EXAMPLES", "20")),
+    stateful_step_count=25,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )

@@ -14,6 +14,7 @@ The backend knows nothing of refcounts: the catalog decides what is live.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -134,10 +135,8 @@ class FileBlobStore(BlobStore):
             raise MissingBlob(f"blob {bid.hex()} is missing") from None
 
     def delete(self, bid: BlobId) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.path(bid).unlink()
-        except FileNotFoundError:
-            pass
 
     def list(self) -> Iterator[BlobId]:
         for sub in sorted(self.blob_dir.iterdir()):
@@ -233,18 +232,14 @@ class FileStaging(Staging):
 
     def discard(self) -> None:
         for tmp in self.pending.values():
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-            except FileNotFoundError:
-                pass
         self.pending.clear()
         self._remove_dir()
 
     def _remove_dir(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.dir.rmdir()
-        except FileNotFoundError:
-            pass
 
 
 def _fsync_dir(path: str | Path) -> None:
