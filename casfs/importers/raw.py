@@ -24,8 +24,8 @@ Progress = Callable[[int], None]
 
 
 def _put_block(batch: Batch, block: bytes, chunk_size: int) -> list[BlobId]:
-    view = memoryview(block)
-    return [batch.put(view[i : i + chunk_size]) for i in range(0, len(block), chunk_size)]
+    # bytes slices, not memoryviews: memoryview == bytes compares item by item, 20x slower.
+    return [batch.put(block[i : i + chunk_size]) for i in range(0, len(block), chunk_size)]
 
 
 def _read_full(source: BinaryIO, n: int) -> bytes:

@@ -33,7 +33,10 @@ def parse_hex_id(text: str) -> BlobId:
 
 
 def is_zero(data: bytes | memoryview) -> bool:
-    """True when every byte is zero (a hole). Fast: compares against a zero buffer."""
+    """True when every byte is zero (a hole). Fast: compares against a zero buffer
+    (with bytes; a memoryview compares item by item, so it is copied first)."""
+    if isinstance(data, memoryview):
+        data = data.tobytes()
     n = len(data)
     return n == 0 or (data[0] == 0 and data == _zeros(n))
 
