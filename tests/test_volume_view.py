@@ -1,0 +1,196 @@
+"""Read/write volumes through casfs.vfs.volume.VolumeView, without a mount."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import stat
+from pathlib import Path
+
+import pytest
+
+from casfs import images, volumes
+from casfs.repo import Repository
+from casfs.vfs.api import ROOT_INO, assemble
+from casfs.vfs.volume import RENAME_EXCHANGE, RENAME_NOREPLACE, VolumeView
+
+CHUNK = 64 << 10
+
+
+def read(v: VolumeView, ino: int, offset: int = 0, size: int | None = None) -> bytes:
+    if size is None:
+        size = v.getattr(ino).size - offset
+    return assemble(v.read_plan(ino, offset, size), v.repo.get)
+
+
+def blob_rows(repo: Repository) -> int:
+    return int(repo.conn.execute("SELECT count(*) FROM blobs WHERE refs > 0").fetchone()[0])
+
+
+def fsck_clean(repo: Repository) -> None:
+    from casfs.refcount.fsck import fsck
+
+    report = fsck(repo)
+    assert report.clean, [p.message for p in report.problems]
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Repository:
+    return Repository.init(tmp_path / "store")
+
+
+def block_volume(repo: Repository, tmp_path: Path, size: int) -> tuple[VolumeView, bytearray]:
+    data = bytearray(os.urandom(size // 2) + bytes(size - size // 2))
+    src = tmp_path / "disk.img"
+    src.write_bytes(data)
+    images.import_image(repo, "disk", src)
+    volumes.create_volume(repo, "vm", volumes.Source(image="disk"))
+    return VolumeView(repo, "vm"), data
+
+
+def test_block_random_writes_match_a_reference(repo: Repository, tmp_path: Path) -> None:
+    size = 40 * CHUNK + 512
+    v, ref = block_volume(repo, tmp_path, size)
+    rnd = random.Random(7)
+    for i in range(300):
+        off = rnd.randrange(size)
+        n = rnd.choice([1, 512, 4096, CHUNK, 3 * CHUNK])
+        payload = os.urandom(n) if i % 3 else bytes(n)
+        written = v.write_sync(ROOT_INO, off, payload)
+        ref[off : off + written] = payload[:written]
+        if i % 50 == 0:
+            v.flush_sync()
+        if i % 120 == 0:
+            v.snapshot_sync()
+    assert read(v, ROOT_INO) == bytes(ref)
+    assert v.getattr(ROOT_INO).size == size  # writes never resize a block volume
+    with pytest.raises(OSError) as e:
+        v.write_sync(ROOT_INO, size, b"x")
+    assert e.value.errno == errno.ENOSPC
+    with pytest.raises(OSError) as e:
+        v.setattr(ROOT_INO, size=size * 2)
+    assert e.value.errno == errno.EPERM
+    n = v.close()
+    assert n is not None
+    snap_root = repo.conn.execute("SELECT root FROM snapshots WHERE volume='vm' AND n=?", (n,)).fetchone()[0]
+    out = tmp_path / "out.img"
+    from casfs.exporters import export_raw
+
+    export_raw(repo.get, snap_root, out)
+    assert out.read_bytes() == bytes(ref)
+    # The image never changed: copy-on-write.
+    images.export_image(repo, "disk", tmp_path / "disk-again.img")
+    assert (tmp_path / "disk-again.img").read_bytes() == (tmp_path / "disk.img").read_bytes()
+    fsck_clean(repo)
+
+
+def test_zero_writes_free_chunks(repo: Repository, tmp_path: Path) -> None:
+    size = 16 * CHUNK
+    v, _ = block_volume(repo, tmp_path, size)
+    before = blob_rows(repo)
+    v.write_sync(ROOT_INO, 0, bytes(8 * CHUNK))  # the random half becomes zeros
+    v.close()
+    images_row = repo.conn.execute("SELECT root FROM images WHERE name='disk'").fetchone()[0]
+    base = repo.conn.execute("SELECT base FROM volumes WHERE name='vm'").fetchone()[0]
+    assert base != images_row
+    # Only the volume's new map references nothing but holes: no new data blobs.
+    assert blob_rows(repo) <= before + 2
+    fsck_clean(repo)
+
+
+def test_clones_diverge_independently(repo: Repository, tmp_path: Path) -> None:
+    src = tmp_path / "tree"
+    src.mkdir()
+    (src / "f").write_bytes(b"original" * 1000)
+    images.import_image(repo, "base", src)
+    volumes.create_volume(repo, "a", volumes.Source(image="base"))
+    volumes.create_volume(repo, "b", volumes.Source(image="base"))
+    va, vb = VolumeView(repo, "a"), VolumeView(repo, "b")
+    fa = va.lookup(ROOT_INO, b"f").ino
+    fb = vb.lookup(ROOT_INO, b"f").ino
+    va.write_sync(fa, 0, b"AAAA")
+    vb.truncate_sync(fb, 3)
+    assert read(va, fa, 0, 8) == b"AAAAinal"
+    assert read(vb, fb) == b"ori"
+    assert va.close() == 1 and vb.close() == 1
+    fresh = VolumeView(repo, "a")
+    assert read(fresh, fresh.lookup(ROOT_INO, b"f").ino, 0, 8) == b"AAAAinal"
+    volumes.create_volume(repo, "c", volumes.Source(image="base"))
+    vc = VolumeView(repo, "c")
+    assert read(vc, vc.lookup(ROOT_INO, b"f").ino) == b"original" * 1000
+    assert vc.close() is None  # unchanged: no snapshot
+    fsck_clean(repo)
+
+
+def test_posix_names_and_links(repo: Repository) -> None:
+    volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
+    v = VolumeView(repo, "v")
+    with pytest.raises(OSError) as e:
+        v.mknod(ROOT_INO, b"x" * 256, stat.S_IFREG | 0o644, 0, 0, 0)
+    assert e.value.errno == errno.ENAMETOOLONG
+    d = v.mkdir(ROOT_INO, b"d", 0o2775, 0, 50)  # setgid directory
+    f = v.mknod(d.ino, b"f", stat.S_IFREG | 0o644, 0, 1000, 1000)
+    sub = v.mkdir(d.ino, b"sub", 0o755, 1000, 1000)
+    assert f.gid == 50 and sub.gid == 50 and sub.mode & stat.S_ISGID
+    assert v.getattr(d.ino).nlink == 3
+    v.link(f.ino, ROOT_INO, b"hard")
+    assert v.getattr(f.ino).nlink == 2
+    g = v.mknod(ROOT_INO, b"g", stat.S_IFREG | 0o644, 0, 0, 0)
+    with pytest.raises(OSError) as e:
+        v.rename(ROOT_INO, b"g", ROOT_INO, b"hard", RENAME_NOREPLACE)
+    assert e.value.errno == errno.EEXIST
+    v.rename(ROOT_INO, b"g", d.ino, b"f", RENAME_EXCHANGE)
+    assert v.lookup(d.ino, b"f").ino == g.ino and v.lookup(ROOT_INO, b"g").ino == f.ino
+    with pytest.raises(OSError) as e:
+        v.rename(ROOT_INO, b"d", sub.ino, b"loop")
+    assert e.value.errno == errno.EINVAL
+    with pytest.raises(OSError) as e:
+        v.rmdir(ROOT_INO, b"d")
+    assert e.value.errno == errno.ENOTEMPTY
+    # chown clears setuid
+    v.setattr(f.ino, mode=0o4755)
+    assert v.setattr(f.ino, uid=5).mode & stat.S_ISUID == 0
+    v.close()
+    fsck_clean(repo)
+
+
+def test_unlinked_open_file_stays_usable(repo: Repository) -> None:
+    volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
+    v = VolumeView(repo, "v")
+    f = v.mknod(ROOT_INO, b"tmp", stat.S_IFREG | 0o600, 0, 0, 0)
+    v.write_sync(f.ino, 0, b"still here")
+    v.flush_sync()
+    v.unlink(ROOT_INO, b"tmp")
+    v.write_sync(f.ino, 10, b"!")
+    assert read(v, f.ino) == b"still here!"
+    v.snapshot_sync()
+    assert read(v, f.ino) == b"still here!"
+    v.forget(f.ino)  # the last handle closed: now it dies
+    v.flush_sync()
+    assert repo.conn.execute("SELECT count(*) FROM overlay_inodes WHERE ino = ?", (f.ino,)).fetchone()[0] == 0
+    v.close()
+    fsck_clean(repo)
+
+
+def test_crash_keeps_flushed_data_and_drops_the_rest(repo: Repository) -> None:
+    volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
+    v = VolumeView(repo, "v")
+    f = v.mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
+    v.write_sync(f.ino, 0, b"durable")
+    v.flush_sync()
+    v.write_sync(f.ino, 0, b"LOST!!!")  # never flushed: a crash may lose it
+    again = VolumeView(repo, "v")  # the daemon died; a new one opens the overlay
+    assert read(again, again.lookup(ROOT_INO, b"f").ino) == b"durable"
+    assert volumes.create_snapshot(repo, "v") == 1  # at rest, the overlay is folded, not lost
+    fsck_clean(repo)
+
+
+def test_snapshot_cost_is_independent_of_volume_size(repo: Repository) -> None:
+    volumes.create_volume(repo, "big", volumes.Source(blank_block=64 << 30))
+    v = VolumeView(repo, "big")
+    v.write_sync(ROOT_INO, 10 << 30, b"x" * 4096)
+    n = v.snapshot_sync()
+    new = repo.conn.execute("SELECT count(*) FROM blobs").fetchone()[0]
+    # one data chunk, one map page, one root (+ the blank map's root and its page-less start)
+    assert n == 1 and new <= 4
