@@ -1,0 +1,304 @@
+"""The xattr control plane: `user.casfs.*` names, as a table.
+
+    name                       on                              get / set       who
+    user.casfs.phase           a volume or image               get             owner
+    user.casfs.origin          a volume                        get             owner
+    user.casfs.size            a volume, image or snapshot     get             owner
+    user.casfs.unique          a volume, image or snapshot     get             owner
+    user.casfs.snapshots       a volume                        get             owner
+    user.casfs.snapshot        a volume                        set [label]     owner
+    user.casfs.digest          any regular file                get             anyone who may read it
+    user.casfs.corrupt_reads   the mount root                  get             owner
+    user.casfs.corrupt_ids     the mount root                  get             owner
+
+"A volume" is a volume's root: the mount root of a single-volume mount (the file, for
+a block volume), or volumes/<name> in a whole-store mount. The owner is root or the
+user who mounted. Control names are never listed by listxattr (cp -a, rsync -aX and
+tar --xattrs would replay them). Unknown `user.casfs.*` names: ENODATA on get, EINVAL
+on set; a name asked of something it does not apply to: ENODATA; a bad value: EINVAL.
+
+Slow work (usage walks, digests, catalog writes, syncfs) runs in worker threads;
+catalog writes go through one CatalogWriter (its own connection, one thread at a time).
+"""
+
+from __future__ import annotations
+
+import errno
+import inspect
+import os
+import sqlite3
+import stat
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, TypeVar
+
+import blake3
+import trio
+
+from casfs import volumes
+from casfs.catalog import transaction
+from casfs.errors import Busy, UsageError
+from casfs.repo import Repository
+from casfs.store.blobstore import syncfs
+from casfs.store.ids import BlobId
+from casfs.vfs.api import Piece, View, assemble
+from casfs.vfs.chunks import ChunkCache
+from casfs.vfs.storeview import Subject
+
+PREFIX = b"user.casfs."
+_DIGEST_STEP = 16 << 20
+_MAX_LABEL = 200
+
+T = TypeVar("T")
+
+
+class Who(Enum):
+    ANYONE = "anyone"
+    OWNER = "owner"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a control name is asked of."""
+
+    view: View
+    ino: int
+    is_mount_root: bool
+    subject: Subject | None  # set when ino is the root of an image, volume or snapshot view
+
+
+Getter = Callable[[Target], Awaitable[bytes]]
+Setter = Callable[[Target, bytes], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Control:
+    get: Getter | None
+    set: Setter | None
+    who: Who
+
+
+def is_control(name: bytes) -> bool:
+    return name.startswith(PREFIX)
+
+
+def nodata() -> OSError:
+    return OSError(errno.ENODATA, "no such attribute")
+
+
+class CatalogWriter:
+    """Catalog writes off the trio thread: one connection, used by one thread at a time."""
+
+    def __init__(self, store: Path) -> None:
+        self.repo = Repository.open(store)
+        self._limiter = trio.CapacityLimiter(1)
+
+    async def run(self, fn: Callable[[Repository], T]) -> T:
+        return await trio.to_thread.run_sync(fn, self.repo, limiter=self._limiter)
+
+    def close(self) -> None:
+        self.repo.close()
+
+
+async def maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+class ControlPlane:
+    def __init__(
+        self,
+        repo: Repository,
+        writer: CatalogWriter,
+        chunks: ChunkCache,
+        mountpoint: str,
+        owner_uid: int,
+        held: set[str],
+    ) -> None:
+        self.repo = repo  # reads, on the trio thread
+        self.writer = writer
+        self.chunks = chunks
+        self.mountpoint = mountpoint
+        self.owner_uid = owner_uid
+        self.held = held  # volumes this daemon holds read/write (phase mounted)
+        self.table: dict[bytes, Control] = {
+            PREFIX + b"phase": Control(self._phase, None, Who.OWNER),
+            PREFIX + b"origin": Control(self._origin, None, Who.OWNER),
+            PREFIX + b"size": Control(self._size, None, Who.OWNER),
+            PREFIX + b"unique": Control(self._unique, None, Who.OWNER),
+            PREFIX + b"snapshots": Control(self._snapshots, None, Who.OWNER),
+            PREFIX + b"snapshot": Control(None, self._take_snapshot, Who.OWNER),
+            PREFIX + b"digest": Control(self._digest, None, Who.ANYONE),
+            PREFIX + b"corrupt_reads": Control(self._corrupt_reads, None, Who.OWNER),
+            PREFIX + b"corrupt_ids": Control(self._corrupt_ids, None, Who.OWNER),
+        }
+
+    async def get(self, name: bytes, target: Target, uid: int) -> bytes:
+        control = self.table.get(name)
+        if control is None or control.get is None:
+            raise nodata()
+        self._check(control, uid)
+        return await control.get(target)
+
+    async def set(self, name: bytes, value: bytes, target: Target, uid: int) -> None:
+        control = self.table.get(name)
+        if control is None or control.set is None:
+            raise OSError(errno.EINVAL, f"{name.decode(errors='replace')} cannot be set")
+        self._check(control, uid)
+        await control.set(target, value)
+
+    def _check(self, control: Control, uid: int) -> None:
+        if control.who is Who.OWNER and uid not in (0, self.owner_uid):
+            raise OSError(errno.EPERM, "control operations need root or the mount's owner")
+
+    # -- getters -----------------------------------------------------------------
+
+    def _row(self, target: Target, kinds: tuple[str, ...], query: dict[str, str]) -> tuple[Any, ...]:
+        s = target.subject
+        if s is None or s.kind not in kinds:
+            raise nodata()
+        args: tuple[Any, ...] = (s.name,) if s.n is None else (s.name, s.n)
+        row = self.repo.conn.execute(query[s.kind], args).fetchone()
+        if row is None:
+            raise nodata()
+        return tuple(row)
+
+    async def _phase(self, t: Target) -> bytes:
+        (phase,) = self._row(
+            t,
+            ("volume", "image"),
+            {
+                "volume": "SELECT phase FROM volumes WHERE name = ?",
+                "image": "SELECT phase FROM images WHERE name = ?",
+            },
+        )
+        return str(phase).encode()
+
+    async def _origin(self, t: Target) -> bytes:
+        (origin,) = self._row(t, ("volume",), {"volume": "SELECT origin FROM volumes WHERE name = ?"})
+        return str(origin).encode()
+
+    async def _size(self, t: Target) -> bytes:
+        if t.subject is not None and t.subject.kind == "volume" and not t.view.read_only:
+            # A read/write view knows its current size (the catalog has its base's).
+            return str(t.view.getattr(t.ino).size).encode()
+        (size,) = self._row(
+            t,
+            ("volume", "image", "snapshot"),
+            {
+                "volume": "SELECT size FROM volumes WHERE name = ?",
+                "image": "SELECT size FROM images WHERE name = ?",
+                "snapshot": "SELECT size FROM snapshots WHERE volume = ? AND n = ?",
+            },
+        )
+        return str(size).encode()
+
+    async def _unique(self, t: Target) -> bytes:
+        s = t.subject
+        if s is None:
+            raise nodata()
+        from casfs.refcount import usage as u
+
+        def work(repo: Repository) -> int:
+            conn = repo.thread_conn()
+            if s.kind == "volume":
+                roots = u.volume_roots(conn, s.name)
+            elif s.kind == "image":
+                roots = u.image_roots(conn, s.name)
+            else:
+                assert s.n is not None
+                roots = u.snapshot_roots(conn, s.name, s.n)
+            return u.usage(repo, roots).unique
+
+        # The reader's repository: usage() takes per-thread connections and only reads.
+        unique = await trio.to_thread.run_sync(work, self.repo)
+        return str(unique).encode()
+
+    async def _snapshots(self, t: Target) -> bytes:
+        s = t.subject
+        if s is None or s.kind != "volume":
+            raise nodata()
+        rows = self.repo.conn.execute("SELECT n FROM snapshots WHERE volume = ? ORDER BY n", (s.name,))
+        return " ".join(str(n) for (n,) in rows).encode()
+
+    async def _digest(self, t: Target) -> bytes:
+        st = t.view.getattr(t.ino)
+        if not stat.S_ISREG(st.mode):
+            raise nodata()
+        hasher = blake3.blake3()
+        offset = 0
+        while offset < st.size:
+            # Plan on the trio thread (views are not thread-safe), read and hash in a worker.
+            pieces = t.view.read_plan(t.ino, offset, min(_DIGEST_STEP, st.size - offset))
+            if not pieces:
+                break
+            await trio.to_thread.run_sync(_hash_into, hasher, pieces, self.chunks.fetch_uncached)
+            offset += sum(p.end - p.start for p in pieces)
+        return f"blake3:{hasher.hexdigest()}".encode()
+
+    async def _corrupt_reads(self, t: Target) -> bytes:
+        if not t.is_mount_root:
+            raise nodata()
+        return str(self.chunks.corrupt_reads).encode()
+
+    async def _corrupt_ids(self, t: Target) -> bytes:
+        if not t.is_mount_root:
+            raise nodata()
+        return " ".join(BlobId(b).hex() for b in list(self.chunks.last_corrupt)).encode()
+
+    # -- setters -----------------------------------------------------------------
+
+    async def _take_snapshot(self, t: Target, value: bytes) -> None:
+        s = t.subject
+        if s is None or s.kind != "volume":
+            raise OSError(errno.EINVAL, "snapshots are taken of volumes")
+        label = parse_label(value)
+        take = getattr(t.view, "take_snapshot", None)
+        if take is not None and not t.view.read_only:
+            # Writes still in the kernel's writeback cache must reach the view first
+            # (as S3QL's s3qlcp does): syncfs from a worker, while the loop serves them.
+            await trio.to_thread.run_sync(syncfs_path, self.mountpoint)
+            await maybe_await(take(label))
+            return
+        held = s.name in self.held
+        await self.writer.run(lambda repo: snapshot_at_rest(repo, s.name, label, held))
+
+
+def _hash_into(hasher: Any, pieces: list[Piece], fetch: Callable[[BlobId], bytes]) -> None:
+    hasher.update(assemble(pieces, fetch))
+
+
+def parse_label(value: bytes) -> str | None:
+    """A snapshot label: empty for none, else printable UTF-8 text."""
+    try:
+        text = value.decode()
+    except UnicodeDecodeError:
+        raise UsageError("a snapshot label must be UTF-8 text") from None
+    text = text.strip()
+    if len(text) > _MAX_LABEL or not text.isprintable():
+        raise UsageError(f"a snapshot label is printable text of at most {_MAX_LABEL} characters")
+    return text or None
+
+
+def snapshot_at_rest(repo: Repository, volume: str, label: str | None, held: bool) -> int:
+    """Snapshot a volume that has no read/write view here: its base. A volume this
+    daemon holds (phase mounted) is at rest all the same: nothing writes it."""
+    if not held:
+        return volumes.create_snapshot(repo, volume, label)
+    conn: sqlite3.Connection = repo.conn
+    with transaction(conn):
+        row = conn.execute(
+            "SELECT phase, owner_pid, base, size, next_ino FROM volumes WHERE name = ?", (volume,)
+        ).fetchone()
+        if row is None or row[0] != "mounted" or row[1] != os.getpid():
+            raise Busy(f"volume {volume!r} is no longer held by this mount")
+        return volumes.record_snapshot(conn, volume, BlobId(bytes(row[2])), row[3], row[4], label)
+
+
+def syncfs_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        syncfs(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,89 @@
+"""A read-only view of a disk: ROOT_INO is one regular file of the disk's size.
+
+For block images and snapshots, and for block volumes mounted read-only. The adapter
+refuses writes (read_only); the mode only tells `ls -l` what to expect.
+"""
+
+from __future__ import annotations
+
+import errno
+import stat
+from collections.abc import Iterator
+
+from casfs.repo import Repository
+from casfs.snapshots.chunkmap import ChunkMap
+from casfs.store.ids import ZERO_ID, BlobId
+from casfs.vfs.api import ROOT_INO, Piece, Stat
+from casfs.vfs.chunks import plan_pieces
+
+
+class BlockView:
+    read_only = True
+    immutable = True
+
+    def __init__(
+        self,
+        repo: Repository,
+        map_root: BlobId,
+        mode: int = 0o444,
+        uid: int = 0,
+        gid: int = 0,
+        mtime_ns: int = 0,
+        label: str = "",
+    ) -> None:
+        self.map = ChunkMap(repo.get_meta, map_root) if map_root != ZERO_ID else None
+        self.size = self.map.size if self.map is not None else 0
+        self.chunk_size = self.map.chunk_size if self.map is not None else 1 << 16
+        self.label = label
+        self._stat = Stat(
+            ino=ROOT_INO,
+            mode=stat.S_IFREG | (mode & 0o7777),
+            nlink=1,
+            uid=uid,
+            gid=gid,
+            size=self.size,
+            atime_ns=mtime_ns,
+            mtime_ns=mtime_ns,
+            ctime_ns=mtime_ns,
+        )
+
+    def getattr(self, ino: int) -> Stat:
+        self._check(ino)
+        return self._stat
+
+    def lookup(self, parent: int, name: bytes) -> Stat:
+        self._check(parent)
+        raise OSError(errno.ENOTDIR, "a block view is one file")
+
+    def readdir(self, ino: int, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
+        self._check(ino)
+        raise OSError(errno.ENOTDIR, "a block view is one file")
+
+    def readlink(self, ino: int) -> bytes:
+        self._check(ino)
+        raise OSError(errno.EINVAL, "not a symlink")
+
+    def read_plan(self, ino: int, offset: int, size: int) -> list[Piece]:
+        self._check(ino)
+        if self.map is None:
+            return []
+        return plan_pieces(self.map.chunk, self.size, self.chunk_size, offset, size)
+
+    def getxattr(self, ino: int, name: bytes) -> bytes:
+        self._check(ino)
+        raise OSError(errno.ENODATA, "no such attribute")
+
+    def listxattr(self, ino: int) -> list[bytes]:
+        self._check(ino)
+        return []
+
+    def forget(self, ino: int) -> None:
+        pass
+
+    def describe(self, ino: int) -> str:
+        return self.label or "/"
+
+    @staticmethod
+    def _check(ino: int) -> None:
+        if ino != ROOT_INO:
+            raise OSError(errno.ESTALE, f"unknown inode {ino}")

@@ -1,0 +1,220 @@
+"""The read path's chunk cache: decompressed, verified chunks in a bounded LRU, with
+read-ahead for sequential readers.
+
+Threading: `cached()` and `readahead()` run on the trio thread and never block;
+`fetch()` blocks (disk, zstd, BLAKE3) and runs in worker threads. Two fetches of one
+blob share a single read (an in-flight map of futures), and read-ahead loads run in a
+small pool of their own, so a prefetched chunk is waited for, not read twice.
+
+A blob that fails verification raises Corruption to the reader that asked for it and
+is counted (`corrupt_reads`, `last_corrupt`): the mount shows the count as an xattr.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from casfs.errors import Corruption
+from casfs.store.cache import LRU
+from casfs.store.ids import ZERO_ID, BlobId
+from casfs.vfs.api import Piece
+
+DEFAULT_CACHE_BYTES = 256 << 20
+# Read-ahead window for a sequential reader, and how many reads in a row make one.
+DEFAULT_READAHEAD_BYTES = 4 << 20
+_SEQUENTIAL_AFTER = 2
+# Reads this close to where the last one ended still count as sequential: the kernel's
+# own read-ahead sends several requests at once and they may arrive out of order.
+_SEQ_SLACK = 1 << 20
+_MAX_STREAMS = 1024
+_MAX_INFLIGHT = 256
+_PREFETCH_WORKERS = 2
+
+Get = Callable[[BlobId], bytes]
+Plan = Callable[[int, int], list[Piece]]
+
+
+@dataclass
+class _Stream:
+    next_offset: int  # where the last read ended (the furthest end seen)
+    ahead: int  # read-ahead has been issued up to here
+    run: int = 0  # sequential reads in a row
+
+
+class ChunkCache:
+    """Verified chunk plaintext by blob id. `get` is the store's verified read
+    (Repository.get): it raises Corruption, never returns wrong bytes."""
+
+    def __init__(
+        self,
+        get: Get,
+        max_bytes: int = DEFAULT_CACHE_BYTES,
+        readahead_bytes: int = DEFAULT_READAHEAD_BYTES,
+        workers: int = _PREFETCH_WORKERS,
+    ) -> None:
+        self._get = get
+        self._lru: LRU[BlobId, bytes] = LRU(max_bytes)
+        self._lock = threading.Lock()
+        self._inflight: dict[BlobId, Future[bytes]] = {}
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="casfs-readahead") if workers else None
+        self._streams: OrderedDict[Hashable, _Stream] = OrderedDict()
+        self.readahead_bytes = readahead_bytes
+        self.corrupt_reads = 0
+        self.last_corrupt: deque[BlobId] = deque(maxlen=8)
+        self.prefetched = 0
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # -- reads -------------------------------------------------------------------
+
+    def cached(self, bid: BlobId) -> bytes | None:
+        """The chunk if it is in memory; never blocks."""
+        return self._lru.get(bid)
+
+    def fetch(self, bid: BlobId) -> bytes:
+        """The chunk, read and verified if it is not in memory. Blocks: call it from a
+        worker thread. Raises Corruption (counted) for a blob that fails verification."""
+        data = self._lru.get(bid)
+        if data is not None:
+            return data
+        with self._lock:
+            fut = self._inflight.get(bid)
+            mine = fut is None
+            if fut is None:
+                fut = self._inflight[bid] = Future()
+        if mine:
+            self._load(bid, fut)
+        try:
+            return fut.result()
+        except Corruption:
+            self._count_corrupt(bid)
+            raise
+
+    def split(self, pieces: Iterable[Piece]) -> tuple[dict[BlobId, bytes], list[BlobId]]:
+        """The chunks a read needs: those in memory, and the ids still to fetch."""
+        have: dict[BlobId, bytes] = {}
+        missing: list[BlobId] = []
+        for p in pieces:
+            bid = p.blob
+            if p.data is not None or bid == ZERO_ID or bid in have:
+                continue
+            data = self._lru.get(bid)
+            if data is not None:
+                have[bid] = data
+            elif bid not in missing:
+                missing.append(bid)
+        return have, missing
+
+    def fetch_many(self, bids: Iterable[BlobId]) -> dict[BlobId, bytes]:
+        return {bid: self.fetch(bid) for bid in bids}
+
+    def fetch_uncached(self, bid: BlobId) -> bytes:
+        """For one-pass readers (digests): use the cache if it has the chunk, but do
+        not fill it, so a whole-file scan does not evict the working set."""
+        data = self._lru.get(bid)
+        if data is not None:
+            return data
+        try:
+            return self._get(bid)
+        except Corruption:
+            self._count_corrupt(bid)
+            raise
+
+    def _load(self, bid: BlobId, fut: Future[bytes]) -> None:
+        try:
+            data = self._get(bid)
+        except BaseException as e:
+            fut.set_exception(e)
+        else:
+            self._lru.put(bid, data)
+            fut.set_result(data)
+        finally:
+            with self._lock:
+                self._inflight.pop(bid, None)
+
+    def _count_corrupt(self, bid: BlobId) -> None:
+        with self._lock:
+            self.corrupt_reads += 1
+            self.last_corrupt.append(bid)
+
+    # -- read-ahead --------------------------------------------------------------
+
+    def readahead(self, key: Hashable, offset: int, size: int, plan: Plan) -> None:
+        """Note a read of [offset, offset+size) by stream `key` (a file of a view); once
+        reads are sequential, keep `readahead_bytes` beyond them loading in the
+        background. `plan(offset, size)` describes bytes ahead (a view's read_plan).
+        Trio thread; never blocks."""
+        if self._pool is None or self.readahead_bytes <= 0:
+            return
+        end = offset + size
+        st = self._streams.get(key)
+        if st is None or abs(offset - st.next_offset) > _SEQ_SLACK:
+            self._streams[key] = _Stream(end, end)
+            self._streams.move_to_end(key)
+            if len(self._streams) > _MAX_STREAMS:
+                self._streams.popitem(last=False)
+            return
+        self._streams.move_to_end(key)
+        st.run += 1
+        st.next_offset = max(st.next_offset, end)
+        if st.run < _SEQUENTIAL_AFTER:
+            return
+        window = self.readahead_bytes
+        start = max(st.ahead, st.next_offset)
+        # Top the window up in halves: planning per request would cost more than reading.
+        if start - st.next_offset >= window // 2:
+            return
+        st.ahead = st.next_offset + window
+        self.prefetch(p.blob for p in plan(start, st.ahead - start) if p.data is None and p.blob != ZERO_ID)
+
+    def forget_stream(self, key: Hashable) -> None:
+        self._streams.pop(key, None)
+
+    def prefetch(self, bids: Iterable[BlobId]) -> None:
+        """Start loading chunks in the background (skipping those cached or loading)."""
+        if self._pool is None:
+            return
+        for bid in bids:
+            if self._lru.get(bid) is not None:  # (LRU has no peek: this counts as a hit)
+                continue
+            with self._lock:
+                if bid in self._inflight or len(self._inflight) >= _MAX_INFLIGHT:
+                    continue
+                fut: Future[bytes] = Future()
+                self._inflight[bid] = fut
+            self.prefetched += 1
+            self._pool.submit(self._load, bid, fut)
+
+    # -- figures -----------------------------------------------------------------
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "cached_bytes": self._lru.size_bytes,
+            "hits": self._lru.hits,
+            "misses": self._lru.misses,
+            "prefetched": self.prefetched,
+            "corrupt_reads": self.corrupt_reads,
+        }
+
+
+def plan_pieces(
+    chunk: Callable[[int], BlobId], size: int, chunk_size: int, offset: int, length: int
+) -> list[Piece]:
+    """The pieces of a read of [offset, offset+length) of content `size` bytes long whose
+    chunk n is `chunk(n)`; cut at the end of the content."""
+    end = min(offset + length, size)
+    pieces: list[Piece] = []
+    pos = offset
+    while pos < end:
+        n = pos // chunk_size
+        base = n * chunk_size
+        stop = min(end, base + chunk_size)
+        pieces.append(Piece(pos - base, stop - base, chunk(n)))
+        pos = stop
+    return pieces

@@ -1,0 +1,319 @@
+"""The synthetic top level of a whole-store mount.
+
+    /images/<name>              an image's TreeView or BlockView
+    /volumes/<name>             a volume: its read/write view, or a read-only view of its base
+    /snapshots/<volume>/<n>     snapshot n of a volume, read-only
+
+The directories here are made up (mode 0555) and follow the catalog: listings are
+re-read at most once per LISTING_TTL_S, so images imported, volumes created and
+snapshots taken by other processes appear. Each named entry is a junction into a child
+view: `resolve()` and `entries()` say which (view, inode) a name leads to, and the
+adapter gives every view its own inode-number space.
+
+Child views are made once per (what, name, root): a rolled-back volume or a recreated
+image gets a new view, while inodes the kernel still holds keep the old one.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from casfs.errors import Busy, CasfsError
+from casfs.repo import Repository
+from casfs.store.ids import BlobId
+from casfs.vfs.api import ROOT_INO, Piece, Stat, View, enoent
+from casfs.vfs.blockview import BlockView
+from casfs.vfs.treeview import TreeView
+
+log = logging.getLogger(__name__)
+
+LISTING_TTL_S = 1.0
+# A volume another daemon holds read/write is served read-only; try to open it read/write
+# again no sooner than this (opening claims it in the catalog: a write).
+RW_RETRY_S = 10.0
+IMAGES_INO, VOLUMES_INO, SNAPSHOTS_INO = 2, 3, 4
+_FIRST_DYNAMIC_INO = 16
+_VISIBLE = "phase NOT IN ('creating', 'deleting')"
+_TOP = ((b"images", IMAGES_INO), (b"volumes", VOLUMES_INO), (b"snapshots", SNAPSHOTS_INO))
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What a view shows, for the control plane: an image, a volume or snapshot n of one."""
+
+    kind: Literal["image", "volume", "snapshot"]
+    name: str
+    n: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.n}" if self.n is not None else self.name
+
+
+# Opens the read/write view of a volume (claiming it), or raises Busy if another
+# process has it; the daemon provides it for read/write mounts.
+OpenRw = Callable[[str], View]
+
+
+def static_view(
+    repo: Repository,
+    kind: str,
+    root: BlobId,
+    chunk_size: int,
+    next_ino: int,
+    created: float,
+    label: str,
+    block_mode: int = 0o444,
+) -> View:
+    """A read-only view of a root: a tree or a disk."""
+    if kind == "dir":
+        return TreeView(repo, root, chunk_size, next_ino, label=label)
+    return BlockView(repo, root, mode=block_mode, mtime_ns=int(created * 1e9), label=label)
+
+
+class StoreView:
+    read_only = True
+    immutable = False
+
+    def __init__(self, repo: Repository, open_rw: OpenRw | None = None) -> None:
+        self.repo = repo
+        self.open_rw = open_rw
+        self._now = time.time_ns()
+        self._uid, self._gid = os.getuid(), os.getgid()
+        self._views: dict[tuple[Any, ...], View] = {}
+        self._subjects: dict[int, Subject] = {}
+        # Stable readdir offsets: each name gets the next serial of its directory for
+        # the daemon's lifetime, so entries come and go without shifting the others.
+        self._serials: dict[int, dict[str, int]] = {}
+        self._listings: dict[int, tuple[float, list[str]]] = {}
+        self._snapdir_ino: dict[str, int] = {}
+        self._snapdir_name: dict[int, str] = {}
+        self._rw_refused: dict[str, float] = {}
+
+    # -- junctions: which (view, inode) a name leads to ------------------------------
+
+    def resolve(self, parent: int, name: bytes) -> tuple[View, int]:
+        if parent == ROOT_INO:
+            for top, ino in _TOP:
+                if top == name:
+                    return self, ino
+            raise enoent(name.decode(errors="replace"))
+        text = _name(name)
+        if parent == IMAGES_INO:
+            return self._image(text), ROOT_INO
+        if parent == VOLUMES_INO:
+            return self._volume(text), ROOT_INO
+        if parent == SNAPSHOTS_INO:
+            if text not in self._listing(SNAPSHOTS_INO):
+                raise enoent(text)
+            return self, self._snapdir(text)
+        volume = self._snapdir_name.get(parent)
+        if volume is None:
+            raise OSError(errno.ENOTDIR, "not a directory")
+        if not text.isdigit():
+            raise enoent(text)
+        return self._snapshot(volume, int(text)), ROOT_INO
+
+    def entries(self, ino: int, offset: int) -> Iterator[tuple[bytes, View, int, int]]:
+        """(name, view, inode, next offset) from `offset` on."""
+        if ino == ROOT_INO:
+            for i, (top, child) in enumerate(_TOP):
+                if i >= offset:
+                    yield top, self, child, i + 1
+            return
+        self._dir_check(ino)
+        serials = self._serials.setdefault(ino, {})
+        for text in self._listing(ino):
+            serials.setdefault(text, len(serials) + 1)
+        for text, serial in sorted(serials.items(), key=lambda kv: kv[1]):
+            if serial <= offset or text not in self._listing(ino):
+                continue
+            try:
+                view, child = self.resolve(ino, text.encode())
+            except CasfsError as e:  # one bad entry must not hide the others
+                log.error("%s: %s", text, e)
+                continue
+            except OSError as e:
+                if e.errno != errno.ENOENT:
+                    log.error("%s: %s", text, e)
+                continue
+            yield text.encode(), view, child, serial
+
+    def subject(self, view: View) -> Subject | None:
+        return self._subjects.get(id(view))
+
+    # -- View --------------------------------------------------------------------
+
+    def getattr(self, ino: int) -> Stat:
+        self._dir_check(ino)
+        subdirs = 3 if ino == ROOT_INO else self._count_subdirs(ino)
+        return Stat(
+            ino=ino,
+            mode=stat.S_IFDIR | 0o555,
+            nlink=2 + subdirs,
+            uid=self._uid,
+            gid=self._gid,
+            atime_ns=self._now,
+            mtime_ns=self._now,
+            ctime_ns=self._now,
+        )
+
+    def lookup(self, parent: int, name: bytes) -> Stat:
+        view, ino = self.resolve(parent, name)
+        return view.getattr(ino)
+
+    def readdir(self, ino: int, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
+        for name, view, child, nxt in self.entries(ino, offset):
+            yield name, view.getattr(child), nxt
+
+    def readlink(self, ino: int) -> bytes:
+        raise OSError(errno.EINVAL, "not a symlink")
+
+    def read_plan(self, ino: int, offset: int, size: int) -> list[Piece]:
+        raise OSError(errno.EISDIR, "a directory")
+
+    def getxattr(self, ino: int, name: bytes) -> bytes:
+        raise OSError(errno.ENODATA, "no such attribute")
+
+    def listxattr(self, ino: int) -> list[bytes]:
+        return []
+
+    def forget(self, ino: int) -> None:
+        pass
+
+    def describe(self, ino: int) -> str:
+        if ino in self._snapdir_name:
+            return f"/snapshots/{self._snapdir_name[ino]}"
+        names = {ROOT_INO: "/", IMAGES_INO: "/images", VOLUMES_INO: "/volumes", SNAPSHOTS_INO: "/snapshots"}
+        return names.get(ino, f"<{ino}>")
+
+    def close_views(self) -> list[View]:
+        """Every view made so far (the daemon flushes the read/write ones at unmount)."""
+        return list(self._views.values())
+
+    # -- the catalog -------------------------------------------------------------
+
+    def _listing(self, ino: int) -> list[str]:
+        now = time.monotonic()
+        cached = self._listings.get(ino)
+        if cached is not None and now - cached[0] < LISTING_TTL_S:
+            return cached[1]
+        conn = self.repo.conn
+        if ino == IMAGES_INO:
+            rows = conn.execute("SELECT name FROM images WHERE phase = 'ready' ORDER BY name")
+        elif ino in (VOLUMES_INO, SNAPSHOTS_INO):
+            rows = conn.execute(f"SELECT name FROM volumes WHERE {_VISIBLE} ORDER BY name")
+        else:
+            rows = conn.execute(
+                "SELECT CAST(n AS TEXT) FROM snapshots WHERE volume = ? ORDER BY n",
+                (self._snapdir_name[ino],),
+            )
+        names = [r[0] for r in rows]
+        self._listings[ino] = (now, names)
+        return names
+
+    def _count_subdirs(self, ino: int) -> int:
+        if ino == SNAPSHOTS_INO:
+            return len(self._listing(ino))
+        conn = self.repo.conn
+        if ino == IMAGES_INO:
+            row = conn.execute("SELECT COUNT(*) FROM images WHERE phase = 'ready' AND kind = 'dir'")
+        elif ino == VOLUMES_INO:
+            row = conn.execute(f"SELECT COUNT(*) FROM volumes WHERE {_VISIBLE} AND kind = 'dir'")
+        else:
+            row = conn.execute(
+                "SELECT COUNT(*) FROM snapshots s JOIN volumes v ON v.name = s.volume "
+                "WHERE s.volume = ? AND v.kind = 'dir'",
+                (self._snapdir_name[ino],),
+            )
+        return int(row.fetchone()[0])
+
+    def _dir_check(self, ino: int) -> None:
+        if ino not in (ROOT_INO, IMAGES_INO, VOLUMES_INO, SNAPSHOTS_INO) and ino not in self._snapdir_name:
+            raise OSError(errno.ESTALE, f"unknown inode {ino}")
+
+    def _snapdir(self, volume: str) -> int:
+        ino = self._snapdir_ino.get(volume)
+        if ino is None:
+            ino = self._snapdir_ino[volume] = _FIRST_DYNAMIC_INO + len(self._snapdir_ino)
+            self._snapdir_name[ino] = volume
+        return ino
+
+    def _remember(self, key: tuple[Any, ...], subject: Subject, make: Callable[[], View]) -> View:
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = make()
+            self._subjects[id(view)] = subject
+        return view
+
+    def _image(self, name: str) -> View:
+        row = self.repo.conn.execute(
+            "SELECT kind, root, chunk_size, next_ino, created FROM images WHERE name = ? AND phase = 'ready'",
+            (name,),
+        ).fetchone()
+        if row is None:
+            raise enoent(name)
+        kind, root, chunk_size, next_ino, created = row
+        root = BlobId(bytes(root))
+        return self._remember(
+            ("image", name, root),
+            Subject("image", name),
+            lambda: static_view(self.repo, kind, root, chunk_size, next_ino, created, f"images/{name}"),
+        )
+
+    def _volume(self, name: str) -> View:
+        row = self.repo.conn.execute(
+            "SELECT kind, mode, base, chunk_size, next_ino, created FROM volumes "
+            f"WHERE name = ? AND {_VISIBLE}",
+            (name,),
+        ).fetchone()
+        if row is None:
+            raise enoent(name)
+        kind, mode, base, chunk_size, next_ino, created = row
+        rw = self._views.get(("rw", name))
+        if rw is not None:
+            return rw
+        open_rw = self.open_rw
+        refused = self._rw_refused.get(name, -RW_RETRY_S)
+        if mode == "rw" and open_rw is not None and time.monotonic() - refused >= RW_RETRY_S:
+            try:
+                return self._remember(("rw", name), Subject("volume", name), lambda: open_rw(name))
+            except Busy as e:  # another daemon has it read/write: show its base read-only
+                log.info("volume %s: %s; serving it read-only", name, e)
+                self._rw_refused[name] = time.monotonic()
+        base = BlobId(bytes(base))
+        return self._remember(
+            ("volume", name, base),
+            Subject("volume", name),
+            lambda: static_view(self.repo, kind, base, chunk_size, next_ino, created, f"volumes/{name}"),
+        )
+
+    def _snapshot(self, volume: str, n: int) -> View:
+        row = self.repo.conn.execute(
+            "SELECT s.root, s.next_ino, s.created, v.kind, v.chunk_size FROM snapshots s "
+            "JOIN volumes v ON v.name = s.volume WHERE s.volume = ? AND s.n = ?",
+            (volume, n),
+        ).fetchone()
+        if row is None:
+            raise enoent(f"{volume}@{n}")
+        root, next_ino, created, kind, chunk_size = row
+        root = BlobId(bytes(root))
+        label = f"snapshots/{volume}/{n}"
+        return self._remember(
+            ("snapshot", volume, n, root),
+            Subject("snapshot", volume, n),
+            lambda: static_view(self.repo, kind, root, chunk_size, next_ino, created, label),
+        )
+
+
+def _name(raw: bytes) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise enoent(raw.decode(errors="replace")) from None
