@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from casfs.errors import MissingBlob
 from casfs.snapshots.kinds import DATA, children
-from casfs.store.ids import ZERO_ID, BlobId, blob_id, is_zero
+from casfs.store.ids import ZERO_ID, BlobId, blob_id, is_zero, meta_id
 
 if TYPE_CHECKING:
     from casfs.repo import Repository
@@ -47,7 +47,7 @@ class Batch:
         All-zero data is a hole: ZERO_ID, nothing stored."""
         if kind == DATA and is_zero(plain):
             return ZERO_ID
-        bid = blob_id(plain)
+        bid = blob_id(plain) if kind == DATA else meta_id(plain)
         with self._mutex:
             if bid in self.new:
                 return bid

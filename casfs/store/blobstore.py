@@ -25,7 +25,7 @@ from pathlib import Path
 
 from casfs.errors import Corruption, MissingBlob
 from casfs.store import codec
-from casfs.store.ids import ID_SIZE, BlobId, blob_id
+from casfs.store.ids import ID_SIZE, BlobId, blob_id, verify_id
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 # Below this many files, fsync each one; above, one syncfs() is far cheaper.
@@ -75,7 +75,8 @@ class BlobStore(ABC):
     def list(self) -> Iterator[BlobId]: ...
 
     def put(self, plain: bytes) -> BlobId:
-        """Store one blob durably (convenience for small writers)."""
+        """Store one data blob durably (convenience for small writers; takes no writer
+        lock, so it is not for use while gc may run: use a ledger Batch)."""
         bid = blob_id(plain)
         st = self.staging()
         st.add(bid, plain)
@@ -121,7 +122,7 @@ class FileBlobStore(BlobStore):
         except FileNotFoundError:
             raise MissingBlob(f"blob {name} is missing") from None
         plain = codec.decode(stored, f"blob {name}")
-        if blob_id(plain) != bid:
+        if not verify_id(bid, plain):
             raise Corruption(f"blob {name} is corrupt: its content hashes to {blob_id(plain).hex()}")
         return plain
 

@@ -21,6 +21,21 @@ def blob_id(data: bytes | memoryview) -> BlobId:
     return BlobId(blake3.blake3(data).digest())
 
 
+# Metadata (trees, chunk maps) is hashed in BLAKE3's key-derivation mode, so its ids
+# can never equal a data chunk's: a file whose bytes happen to equal a map root must not
+# be deduplicated with that map, or the map's children would go uncounted and be freed.
+_META_CONTEXT = "casfs 2026-11 metadata blob v1"
+
+
+def meta_id(data: bytes | memoryview) -> BlobId:
+    return BlobId(blake3.blake3(data, derive_key_context=_META_CONTEXT).digest())
+
+
+def verify_id(bid: bytes, data: bytes) -> bool:
+    """True when `data` is the plaintext named by `bid` (a data or a metadata id)."""
+    return blob_id(data) == bid or meta_id(data) == bid
+
+
 def hex_id(bid: bytes) -> str:
     return bid.hex()
 
