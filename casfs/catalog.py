@@ -15,7 +15,7 @@ from pathlib import Path
 
 from casfs.errors import UnsupportedFormat
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 # The format-1 schema; later formats add to it (see MIGRATIONS).
 SCHEMA = """
@@ -122,16 +122,40 @@ CREATE TABLE overlay_chunks (
 """
 
 
-def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
+# Format 3: lifecycle (casfs.lifecycle). New columns for ephemeral volumes. Also new in
+# format 3, with no schema change: image phase 'queued' (an import waiting for a job
+# slot, before 'importing'), volume phase 'creating' recorded while a blank volume's base
+# is written, and the meta key 'queue.limit' (concurrent heavy jobs; default 2).
+LIFECYCLE_SCHEMA = """
+-- Seconds a volume may go unused (not mounted) before `casfs gc` removes it.
+-- NULL: kept until removed by hand.
+ALTER TABLE volumes ADD COLUMN grace_s REAL;
+-- Unix time of the volume's creation, or its last mount or unmount (volumes.touch).
+-- NULL (a volume from format 2): its creation time counts.
+ALTER TABLE volumes ADD COLUMN last_used REAL;
+"""
+
+
+def _statements(script: str) -> list[str]:
     # Split on ';' (no comment holds one): executescript would commit the transaction.
-    for statement in OVERLAY_SCHEMA.split(";"):
-        if statement.strip():
-            conn.execute(statement)
+    return [s for s in script.split(";") if s.strip()]
+
+
+def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
+    for statement in _statements(OVERLAY_SCHEMA):
+        conn.execute(statement)
+
+
+def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
+    for statement in _statements(LIFECYCLE_SCHEMA):
+        conn.execute(statement)
 
 
 Migration = Callable[[sqlite3.Connection], None]
 # MIGRATIONS[v] upgrades a store of format v to v + 1, inside one transaction.
-MIGRATIONS: dict[int, Migration] = {1: _migrate_1_to_2}
+MIGRATIONS: dict[int, Migration] = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
+# The schema text of each format step, applied in order by create().
+SCHEMAS = (SCHEMA, OVERLAY_SCHEMA, LIFECYCLE_SCHEMA)
 
 BUSY_TIMEOUT_S = 60.0
 
@@ -162,8 +186,7 @@ def create(conn: sqlite3.Connection) -> None:
     # One script, one transaction: a crash leaves either no schema or all of it.
     conn.executescript(
         "BEGIN IMMEDIATE;"
-        + SCHEMA
-        + OVERLAY_SCHEMA
+        + "".join(SCHEMAS)
         + f"INSERT INTO meta VALUES ('format_version', '{FORMAT_VERSION}');"
         + f"INSERT INTO meta VALUES ('created', '{time.time()}');"
         + "COMMIT;"
@@ -188,10 +211,15 @@ def check_and_migrate(conn: sqlite3.Connection, path: Path) -> None:
             f"{FORMAT_VERSION}: upgrade casfs"
         )
     while version < FORMAT_VERSION:
-        step = MIGRATIONS.get(version)
-        if step is None:
-            raise UnsupportedFormat(f"no migration from store format {version}")
         with transaction(conn):
+            # Again under the write lock: another process opening the store may have
+            # migrated it since (each step may run only once: ALTER TABLE is not idempotent).
+            version = format_version(conn)
+            if version >= FORMAT_VERSION:
+                break
+            step = MIGRATIONS.get(version)
+            if step is None:
+                raise UnsupportedFormat(f"no migration from store format {version}")
             step(conn)
             conn.execute("UPDATE meta SET value = ? WHERE key = 'format_version'", (str(version + 1),))
         version += 1

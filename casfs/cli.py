@@ -24,7 +24,7 @@ from typing import Any, NoReturn, TextIO
 
 from casfs import __version__
 from casfs.errors import CasfsError, NotFound, UsageError
-from casfs.units import format_size, parse_size, parse_snapshot_ref
+from casfs.units import format_duration, format_size, parse_duration, parse_size, parse_snapshot_ref
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -119,10 +119,14 @@ class _Progress:
 
 @contextmanager
 def _open(args: argparse.Namespace) -> Iterator[Any]:
+    """The store, after recovering what dead processes left half done (one stderr line each)."""
+    from casfs.lifecycle.recovery import recover
     from casfs.repo import Repository, store_path
 
     repo = Repository.open(store_path(args.store))
     try:
+        for message in recover(repo):
+            print(f"casfs: recovered: {message}", file=sys.stderr)
         yield repo
     finally:
         repo.close()
@@ -155,6 +159,12 @@ def _image_doc(repo: Any, info: Any) -> dict[str, Any]:
         "volumes": image_users(repo.conn, info.name),
         "unreadable_blobs": u.unreadable,
     }
+
+
+def _phase(d: dict[str, Any]) -> str:
+    """A phase, with the process holding it ("mounted by process 123")."""
+    pid = d.get("owner_pid")
+    return f"{d['phase']} by process {pid}" if pid else str(d["phase"])
 
 
 def _check_unreadable(docs: Sequence[dict[str, Any]]) -> None:
@@ -242,7 +252,7 @@ def cmd_image_info(args: argparse.Namespace) -> int:
                 [
                     ("name", d["name"]),
                     ("kind", d["kind"]),
-                    ("phase", d["phase"]),
+                    ("phase", _phase(d)),
                     ("size", f"{format_size(d['size'])} ({d['size']} bytes)"),
                     ("stored", f"{format_size(d['stored'])} ({d['stored']} bytes)"),
                     ("unique", f"{format_size(d['unique'])} ({d['unique']} bytes, freed by rm + gc)"),
@@ -314,8 +324,9 @@ def cmd_volume_create(args: argparse.Namespace) -> int:
         source = Source(blank_dir=True)
     else:
         source = Source(blank_block=parse_size(args.blank_block))
+    grace = parse_duration(args.grace) if args.grace is not None else None
     with _open(args) as repo:
-        info, created = create_volume(repo, args.name, source, read_only=args.ro)
+        info, created = create_volume(repo, args.name, source, read_only=args.ro, grace_s=grace)
     if created:
         print(
             f"created volume {info.name} ({info.kind}, {info.mode}, {format_size(info.size)}) "
@@ -340,6 +351,7 @@ def cmd_volume_ls(args: argparse.Namespace) -> int:
                     d["kind"],
                     d["mode"],
                     d["phase"],
+                    str(d["owner_pid"] or "-"),
                     format_size(d["size"]),
                     format_size(d["stored"]),
                     format_size(d["unique"]),
@@ -350,7 +362,19 @@ def cmd_volume_ls(args: argparse.Namespace) -> int:
                 for d in docs
             ]
             _table(
-                ["NAME", "KIND", "MODE", "PHASE", "SIZE", "STORED", "UNIQUE", "RATIO", "ORIGIN", "SNAPSHOTS"],
+                [
+                    "NAME",
+                    "KIND",
+                    "MODE",
+                    "PHASE",
+                    "PID",
+                    "SIZE",
+                    "STORED",
+                    "UNIQUE",
+                    "RATIO",
+                    "ORIGIN",
+                    "SNAPSHOTS",
+                ],
                 rows,
                 right=["SIZE", "STORED", "UNIQUE", "RATIO", "SNAPSHOTS"],
             )
@@ -372,7 +396,7 @@ def cmd_volume_info(args: argparse.Namespace) -> int:
                     ("name", d["name"]),
                     ("kind", d["kind"]),
                     ("mode", d["mode"]),
-                    ("phase", d["phase"]),
+                    ("phase", _phase(d)),
                     ("origin", d["origin"]),
                     ("size", f"{format_size(d['size'])} ({d['size']} bytes)"),
                     ("logical", f"{format_size(d['logical'])} (the volume and its snapshots)"),
@@ -382,11 +406,24 @@ def cmd_volume_info(args: argparse.Namespace) -> int:
                     ("chunk size", format_size(d["chunk_size"])),
                     ("base", d["base"]),
                     ("created", _when(d["created"])),
+                    ("last used", _when(d["last_used"]) if d["last_used"] else None),
+                    ("grace", _grace(d)),
                     ("snapshots", ", ".join(map(str, d["snapshots"]))),
                 ]
             )
         _check_unreadable([d])
     return 0
+
+
+def _grace(d: dict[str, Any]) -> str | None:
+    if d["grace_s"] is None:
+        return None
+    since = d["last_used"] or d["created"]
+    left = since + d["grace_s"] - time.time()
+    when = (
+        f"removed by gc in {format_duration(round(left))}" if left > 0 else "expired: the next gc removes it"
+    )
+    return f"{format_duration(d['grace_s'])} (ephemeral; {when})"
 
 
 def cmd_volume_rm(args: argparse.Namespace) -> int:
@@ -527,10 +564,11 @@ def _store_footer(repo: Any) -> None:
 
 
 def cmd_fsck(args: argparse.Namespace) -> int:
+    from casfs.lifecycle.queue import job_slot
     from casfs.refcount.fsck import fsck
 
     sample = _fraction(args.sample)
-    with _open(args) as repo:
+    with _open(args) as repo, job_slot(repo, "fsck --repair" if args.repair else "fsck"):
         report = fsck(repo, repair=args.repair, sample=sample)
     remaining = [p for p in report.problems if not p.repaired]
     if args.json:
@@ -561,19 +599,100 @@ def _fraction(text: str) -> float:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    from casfs.lifecycle.ephemeral import expire
+    from casfs.lifecycle.queue import job_slot
     from casfs.refcount.gc import gc
 
-    with _open(args) as repo:
+    kept: list[str] = []
+    with _open(args) as repo, job_slot(repo, "gc"):
+        expired = expire(repo, kept=kept)  # first: what they held is freed by this gc
         report = gc(repo)
+    for why in kept:
+        _warn(f"ephemeral volume {why}: kept")
     if args.json:
-        _print_json(dataclasses.asdict(report))
+        _print_json({**dataclasses.asdict(report), "expired_volumes": expired})
     else:
+        for name in expired:
+            print(f"removed ephemeral volume {name}: unused for longer than its grace period")
         print(
             f"freed {report.blobs_freed} blobs and {report.orphan_files_removed} orphan files: "
             f"{format_size(report.bytes_freed)}"
         )
     for p in report.problems:
         _warn(f"{p} (run `casfs fsck`)")
+    return 0
+
+
+def cmd_queue_ls(args: argparse.Namespace) -> int:
+    from casfs.lifecycle.queue import status
+
+    with _open(args) as repo:
+        st = status(repo)
+    if args.json:
+        _print_json(st.to_json())
+        return 0
+    now = time.time()
+    rows = [
+        [
+            "-" if j.slot is None else str(j.slot),
+            "waiting" if j.slot is None else "running",
+            str(j.pid),
+            f"{now - j.since:.1f}s",
+            j.what,
+        ]
+        for j in [*st.running, *st.waiting]
+    ]
+    _table(["SLOT", "STATE", "PID", "FOR", "JOB"], rows, right=["FOR"])
+    print(f"\n{len(st.running)} running, {len(st.waiting)} waiting, limit {st.limit}")
+    return 0
+
+
+def cmd_config_get(args: argparse.Namespace) -> int:
+    from casfs.lifecycle import config
+
+    with _open(args) as repo:
+        v = config.effective(repo.conn, args.key)
+    if args.json:
+        _print_json(v)
+    else:
+        print(v.value)
+    return 0
+
+
+def cmd_config_set(args: argparse.Namespace) -> int:
+    from casfs.lifecycle import config
+
+    with _open(args) as repo:
+        value = config.set_value(repo.conn, args.key, args.value)
+        v = config.effective(repo.conn, args.key)
+    print(f"{args.key} = {value}")
+    if v.source.startswith("env:"):
+        _warn(f"${v.source[4:]} overrides it in this environment ({v.value})")
+    return 0
+
+
+def cmd_config_unset(args: argparse.Namespace) -> int:
+    from casfs.lifecycle import config
+
+    with _open(args) as repo:
+        config.unset_value(repo.conn, args.key)
+        v = config.effective(repo.conn, args.key)
+    print(f"{args.key} = {v.value} ({v.source})")
+    return 0
+
+
+def cmd_config_ls(args: argparse.Namespace) -> int:
+    from casfs.lifecycle import config
+
+    with _open(args) as repo:
+        values = [config.effective(repo.conn, key) for key in sorted(config.SETTINGS)]
+    if args.json:
+        _print_json(values)
+    else:
+        _table(
+            ["KEY", "VALUE", "FROM", "MEANING"],
+            [[v.key, v.value, v.source, config.SETTINGS[v.key].help] for v in values],
+        )
     return 0
 
 
@@ -725,6 +844,12 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--blank-dir", action="store_true", help="an empty directory volume")
     src.add_argument("--blank-block", metavar="SIZE", help="a block volume of SIZE zero bytes (e.g. 10G)")
     p.add_argument("--ro", action="store_true", help="read-only")
+    p.add_argument(
+        "--grace",
+        metavar="DURATION",
+        help="ephemeral: `casfs gc` removes the volume once it has not been mounted for this long "
+        "(e.g. 30s, 10m, 2h, 7d)",
+    )
     p = add(volumes, "ls", cmd_volume_ls, "list volumes with their logical, stored and unique bytes")
     p.add_argument("--json", action="store_true", help="print one JSON list")
     p = add(volumes, "info", cmd_volume_info, "show one volume")
@@ -811,8 +936,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-hash this fraction of data blobs (default 1.0: all); metadata is always read",
     )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    p = add(nouns, "gc", cmd_gc, "free blobs nothing references any more")
+    p = add(
+        nouns,
+        "gc",
+        cmd_gc,
+        "free blobs nothing references any more",
+        "Remove ephemeral volumes unused for longer than their grace period, then free every\n"
+        "blob nothing references any more.",
+    )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+
+    queue = group("queue", "the store's bounded work queue (imports, snapshot folds, fsck, gc)")
+    p = add(queue, "ls", cmd_queue_ls, "list running and waiting jobs of every process on the store")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    conf = group("config", "store settings, kept in the catalog")
+    p = add(conf, "ls", cmd_config_ls, "list settings with their values and where each comes from")
+    p.add_argument("--json", action="store_true", help="print one JSON list")
+    p = add(conf, "get", cmd_config_get, "print a setting's value (the environment overrides the store)")
+    p.add_argument("key", metavar="KEY", help="e.g. queue.limit")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p = add(conf, "set", cmd_config_set, "store a setting, e.g. `casfs config set queue.limit 4`")
+    p.add_argument("key", metavar="KEY")
+    p.add_argument("value", metavar="VALUE")
+    p = add(conf, "unset", cmd_config_unset, "forget a stored setting (back to its default)")
+    p.add_argument("key", metavar="KEY")
     return parser
 
 

@@ -1,9 +1,20 @@
 """Images: immutable, verified content imported once from a raw file, a directory or a tar.
 
-Phases: importing -> verifying -> ready. The row is written (phase importing, with the
-owner's pid) before any work, so a second caller sees the import in progress. A failed
-import (bad digest, hostile or corrupt archive, I/O error) removes its row and
-discards its staged blobs: the store is left exactly as it was.
+Phases: queued -> importing -> verifying -> ready, or failed. The row is written
+(phase queued, with the owner's pid) before any work, so a second caller sees the
+import in progress (Busy) instead of re-entering it; the import then waits for a job
+slot (casfs.lifecycle.queue) and records importing once it runs.
+
+Failures, two kinds:
+  * refused input (a casfs error: bad digest, hostile or corrupt archive, a missing
+    source) and interruptions (Ctrl-C) remove the row: the store is left exactly as it
+    was, as if the import had never been asked for;
+  * anything else once the work started (an I/O error reading the source or writing
+    the store, disk full, a bug) keeps the row as phase failed with the reason, so
+    `image ls` shows what happened. A failed image holds no blob; importing the same
+    name again replaces it, `image rm` removes it.
+Either way the staged blobs are discarded. A process killed mid-import leaves its row
+in an "-ing" phase for casfs.lifecycle.recovery to remove.
 """
 
 from __future__ import annotations
@@ -18,7 +29,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from casfs.catalog import transaction
-from casfs.errors import Busy, Conflict, NotFound, UsageError
+from casfs.errors import Busy, CasfsError, Conflict, NotFound, UsageError
+from casfs.lifecycle import pids
+from casfs.lifecycle.faults import fault_point, slow_import
+from casfs.lifecycle.queue import job_slot
 from casfs.refcount import ledger
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
@@ -45,6 +59,7 @@ class ImageInfo:
     root: str | None
     created: float
     error: str | None = None
+    owner_pid: int | None = None  # the process doing the current phase's work
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,13 +79,14 @@ def detect_format(source: Path) -> str:
 
 
 def _row_to_info(row: sqlite3.Row | tuple[Any, ...]) -> ImageInfo:
-    name, kind, phase, size, chunk_size, source, digest, root, created, error = row
+    name, kind, phase, size, chunk_size, source, digest, root, created, error, pid = row
     return ImageInfo(
-        name, kind, phase, size, chunk_size, source, digest, root.hex() if root else None, created, error
+        name, kind, phase, size, chunk_size, source, digest, root.hex() if root else None, created, error, pid
     )
 
 
-_COLUMNS = "name, kind, phase, size, chunk_size, source, digest, root, created, error"
+_COLUMNS = "name, kind, phase, size, chunk_size, source, digest, root, created, error, owner_pid"
+IN_PROGRESS = ("queued", "importing", "verifying")
 
 
 def list_images(repo: Repository) -> list[ImageInfo]:
@@ -116,19 +132,42 @@ def import_image(
     existing = _claim(repo, name, kind, spec, str(source), chunk_size)
     if existing is not None:
         return existing, False
+    fault_point("import:after-claim")
     try:
-        _do_import(repo, name, source, fmt, expected, chunk_size, allow_devices, progress)
-    except BaseException:
-        with transaction(repo.conn):
-            repo.conn.execute("DELETE FROM images WHERE name = ? AND phase != 'ready'", (name,))
+        with job_slot(repo, f"import {name}"):
+            _set_phase(repo, name, "importing")
+            fault_point("import:running")
+            slow_import()
+            _do_import(repo, name, source, fmt, expected, chunk_size, allow_devices, progress)
+    except (CasfsError, KeyboardInterrupt, SystemExit):
+        _unclaim(repo, name)
+        raise
+    except BaseException as e:
+        _fail(repo, name, f"{type(e).__name__}: {e}")
         raise
     return get_image(repo, name), True
+
+
+def _unclaim(repo: Repository, name: str) -> None:
+    with transaction(repo.conn):
+        repo.conn.execute(
+            "DELETE FROM images WHERE name = ? AND phase != 'ready' AND owner_pid = ?", (name, os.getpid())
+        )
+
+
+def _fail(repo: Repository, name: str, reason: str) -> None:
+    with transaction(repo.conn):
+        repo.conn.execute(
+            "UPDATE images SET phase = 'failed', error = ?, owner_pid = NULL "
+            "WHERE name = ? AND phase != 'ready' AND owner_pid = ?",
+            (" ".join(reason.split()), name, os.getpid()),
+        )
 
 
 def _claim(
     repo: Repository, name: str, kind: str, spec: str, source: str, chunk_size: int
 ) -> ImageInfo | None:
-    """Record the import (phase importing) before starting; or find it already done."""
+    """Record the import (phase queued) before starting; or find it already done."""
     conn = repo.conn
     with transaction(conn):
         row = conn.execute("SELECT phase, spec, owner_pid FROM images WHERE name = ?", (name,)).fetchone()
@@ -138,25 +177,16 @@ def _claim(
                 if old_spec == spec:
                     return get_image(repo, name)
                 raise Conflict(f"image {name!r} already exists with a different source or options")
-            if phase in ("importing", "verifying") and pid and _alive(pid):
+            if phase in IN_PROGRESS and pids.alive(pid):
                 raise Busy(f"image {name!r} is being imported by process {pid}")
+            # failed, or left by a dead process: replaced (it holds no blob)
             conn.execute("DELETE FROM images WHERE name = ?", (name,))
         conn.execute(
             "INSERT INTO images (name, kind, phase, chunk_size, source, spec, owner_pid, created) "
-            "VALUES (?, ?, 'importing', ?, ?, ?, ?, ?)",
+            "VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)",
             (name, kind, chunk_size, source, spec, os.getpid(), time.time()),
         )
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _do_import(
@@ -195,12 +225,19 @@ def _do_import(
         digest = f"blake3:{reader.digests()['blake3']}" if reader else None
 
         def finish(conn: sqlite3.Connection) -> None:
-            conn.execute(
+            done = conn.execute(
                 "UPDATE images SET phase = 'ready', root = ?, size = ?, next_ino = ?, digest = ?, "
-                "owner_pid = NULL WHERE name = ?",
-                (root, size, next_ino, digest, name),
+                "owner_pid = NULL WHERE name = ? AND owner_pid = ?",
+                (root, size, next_ino, digest, name, os.getpid()),
             )
+            if done.rowcount != 1:  # rolls the commit back: the published files become orphans for gc
+                raise Busy(f"image {name!r} was taken over by another process during the import")
 
+        fault_point("import:after-stage")
+        # Batch.commit publishes too (publishing is idempotent); done here first so that a
+        # crash test can stop between the files and the rows (recovery sweeps the orphans).
+        batch.staging.publish()
+        fault_point("import:after-publish")
         batch.commit({root: 1}, then=finish)
 
 
@@ -233,7 +270,7 @@ def remove_image(repo: Repository, name: str, if_exists: bool = False) -> bool:
                 return False
             raise NotFound(f"no image named {name!r}")
         phase, root, pid = row
-        if phase in ("importing", "verifying") and pid and _alive(pid):
+        if phase in IN_PROGRESS and pids.alive(pid):
             raise Busy(f"image {name!r} is being imported by process {pid}")
         users = image_users(conn, name)
         if users:

@@ -43,3 +43,23 @@ def parse_snapshot_ref(text: str) -> tuple[str, int]:
     if not sep or not n.isdigit() or int(n) < 1:
         raise UsageError(f"invalid snapshot {text!r}: expected VOLUME@N with N >= 1")
     return check_name(vol, "volume"), int(n)
+
+
+_DURATION = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> float:
+    """'30s', '10m', '2h', '1d', '1w', or plain seconds ('90', '0.5') -> seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text.lower())
+    if not m or float(m.group(1)) <= 0:
+        raise UsageError(
+            f"invalid duration {text!r}: a positive number with an optional s, m, h, d or w suffix"
+        )
+    return float(m.group(1)) * _DURATION[m.group(2)]
+
+
+def format_duration(seconds: float) -> str:
+    for unit, n in (("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= n and seconds % n == 0:
+            return f"{int(seconds // n)}{unit}"
+    return f"{seconds:g}s"

@@ -4,6 +4,18 @@ A volume is a base root plus (while mounted read/write) an overlay. Creating one
 an image or a snapshot adds one reference to that root: O(1) whatever its size. The
 mount daemon (casfs.fuse) folds the overlay into a new base; everything here works on
 volumes that are not mounted read/write.
+
+Phases (recorded before the work, with the owner's pid; casfs.lifecycle.recovery
+handles those a dead process left):
+
+  creating       a blank volume's base is being written (a clone is one transaction)
+  ready          at rest
+  mounted        held read/write by a daemon (casfs.fuse.daemon.claim_volume)
+  snapshotting   a crashed mount's overlay is being folded (settle): on a crash the
+                 overlay is intact (the fold is one transaction) and the next snapshot
+                 redoes it
+  deleting       recorded first; the deletion transaction follows, and recovery
+                 finishes it if the process died in between
 """
 
 from __future__ import annotations
@@ -19,6 +31,9 @@ from typing import Any
 from casfs.catalog import transaction
 from casfs.errors import Busy, Conflict, NotFound, UsageError
 from casfs.images import image_root
+from casfs.lifecycle import pids
+from casfs.lifecycle.faults import fault_point
+from casfs.lifecycle.queue import job_slot
 from casfs.refcount import ledger
 from casfs.repo import Repository
 from casfs.snapshots import chunkmap
@@ -57,6 +72,9 @@ class VolumeInfo:
     base: str
     created: float
     snapshots: list[int] = field(default_factory=list)
+    owner_pid: int | None = None  # the process holding the phase (the daemon, when mounted)
+    grace_s: float | None = None  # ephemeral: gc removes it once unused for this long
+    last_used: float | None = None  # created, or last mounted or unmounted
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,13 +90,15 @@ class Source:
     blank_block: int | None = None
 
 
-_COLUMNS = "name, kind, mode, phase, origin, size, chunk_size, base, created"
+_COLUMNS = "name, kind, mode, phase, origin, size, chunk_size, base, created, owner_pid, grace_s, last_used"
 
 
 def _info(conn: sqlite3.Connection, row: tuple[Any, ...]) -> VolumeInfo:
-    name, kind, mode, phase, origin, size, chunk_size, base, created = row
+    name, kind, mode, phase, origin, size, chunk_size, base, created, pid, grace_s, last_used = row
     snaps = [n for (n,) in conn.execute("SELECT n FROM snapshots WHERE volume = ? ORDER BY n", (name,))]
-    return VolumeInfo(name, kind, mode, phase, origin, size, chunk_size, base.hex(), created, snaps)
+    return VolumeInfo(
+        name, kind, mode, phase, origin, size, chunk_size, base.hex(), created, snaps, pid, grace_s, last_used
+    )
 
 
 def list_volumes(repo: Repository) -> list[VolumeInfo]:
@@ -109,10 +129,11 @@ def _blank_tree(chunk_size: int) -> bytes:
 
 
 def create_volume(
-    repo: Repository, name: str, source: Source, read_only: bool = False
+    repo: Repository, name: str, source: Source, read_only: bool = False, grace_s: float | None = None
 ) -> tuple[VolumeInfo, bool]:
     """Create a volume; returns (info, created). Repeating an identical create
-    succeeds and changes nothing (created False); a different one is a Conflict."""
+    succeeds and changes nothing (created False); a different one is a Conflict.
+    With `grace_s` the volume is ephemeral: gc removes it once unused that long."""
     check_name(name, "volume")
     chosen = [
         source.image is not None,
@@ -122,34 +143,21 @@ def create_volume(
     ]
     if sum(chosen) != 1:
         raise UsageError("give exactly one of --from IMAGE, --from VOL@N, --blank-dir, --blank-block SIZE")
+    if grace_s is not None and grace_s <= 0:
+        raise UsageError("a grace period must be positive")
     mode = "ro" if read_only else "rw"
-    spec = json.dumps({**asdict(source), "mode": mode}, sort_keys=True)
-    conn = repo.conn
-    row = conn.execute("SELECT spec FROM volumes WHERE name = ?", (name,)).fetchone()
-    if row is not None:
-        if row[0] == spec:
-            return get_volume(repo, name), False
-        raise Conflict(f"volume {name!r} already exists with a different spec")
-
+    # grace_s only when given: the spec of a volume without one stays what format 2 wrote.
+    spec = json.dumps(
+        {**asdict(source), "mode": mode, **({"grace_s": grace_s} if grace_s is not None else {})},
+        sort_keys=True,
+    )
     if source.blank_dir or source.blank_block is not None:
-        chunk_size = DEFAULT_CHUNK_SIZE
-        with repo.batch() as batch:
-            if source.blank_dir:
-                kind, size = "dir", 0
-                base = batch.put(_blank_tree(chunk_size), TREE)
-            else:
-                kind, size = "block", int(source.blank_block or 0)
-                if size > MAX_BLOCK_SIZE:
-                    raise UsageError(f"a block volume is at most {MAX_BLOCK_SIZE >> 40} TiB")
-                holes = [ZERO_ID] * chunkmap.n_chunks(size, chunk_size)
-                base = chunkmap.build_map(batch.put_kind, holes, size, chunk_size)
-            batch.commit(
-                {base: 1},
-                then=lambda c: _insert(c, name, kind, mode, base, "blank", size, chunk_size, 2, spec),
-            )
-        return get_volume(repo, name), True
-
+        return _create_blank(repo, name, source, mode, spec, grace_s)
+    conn = repo.conn
+    # A clone is one transaction: no phase 'creating' is ever visible, nothing to recover.
     with transaction(conn):
+        if _existing(conn, name, spec):
+            return get_volume(repo, name), False
         if source.image is not None:
             base, kind, chunk_size = image_root(repo, source.image)
             size, next_ino = conn.execute(
@@ -159,39 +167,117 @@ def create_volume(
         else:
             vol, n = parse_snapshot_ref(source.snapshot or "")
             snap = conn.execute(
-                "SELECT s.root, s.size, s.next_ino, v.kind, v.chunk_size FROM snapshots s "
+                "SELECT s.root, s.size, s.next_ino, v.kind, v.chunk_size, v.phase FROM snapshots s "
                 "JOIN volumes v ON v.name = s.volume WHERE s.volume = ? AND s.n = ?",
                 (vol, n),
             ).fetchone()
             if snap is None:
                 raise NotFound(f"no snapshot {vol}@{n}")
-            root, size, next_ino, kind, chunk_size = snap
+            root, size, next_ino, kind, chunk_size, phase = snap
+            if phase == "deleting":
+                raise Busy(f"volume {vol!r} is being deleted")
             base = BlobId(root)
             origin = f"snapshot:{vol}@{n}"
         ledger.retain(conn, [base])
-        _insert(conn, name, kind, mode, base, origin, size, chunk_size, next_ino, spec)
+        conn.execute(
+            "INSERT INTO volumes (name, kind, mode, phase, base, origin, size, chunk_size, next_ino, spec, "
+            "created, grace_s, last_used) VALUES (?, ?, ?, 'ready', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                name,
+                kind,
+                mode,
+                base,
+                origin,
+                size,
+                chunk_size,
+                next_ino,
+                spec,
+                time.time(),
+                grace_s,
+                time.time(),
+            ),
+        )
     return get_volume(repo, name), True
 
 
-def _insert(
-    conn: sqlite3.Connection,
-    name: str,
-    kind: str,
-    mode: str,
-    base: BlobId,
-    origin: str,
-    size: int,
-    chunk_size: int,
-    next_ino: int,
-    spec: str,
-) -> None:
-    if conn.execute("SELECT 1 FROM volumes WHERE name = ?", (name,)).fetchone():
-        raise Conflict(f"volume {name!r} already exists")
-    conn.execute(
-        "INSERT INTO volumes (name, kind, mode, phase, base, origin, size, chunk_size, next_ino, spec, "
-        "created) VALUES (?, ?, ?, 'ready', ?, ?, ?, ?, ?, ?, ?)",
-        (name, kind, mode, base, origin, size, chunk_size, next_ino, spec, time.time()),
-    )
+def _existing(conn: sqlite3.Connection, name: str, spec: str) -> bool:
+    """Inside the caller's transaction: True if `name` exists with this spec (a repeat);
+    Conflict if with another; Busy while a live process creates or deletes it."""
+    row = conn.execute("SELECT spec, phase, owner_pid FROM volumes WHERE name = ?", (name,)).fetchone()
+    if row is None:
+        return False
+    old_spec, phase, pid = row
+    if phase in ("creating", "deleting"):
+        verb = "created" if phase == "creating" else "deleted"
+        if pids.alive(pid):
+            raise Busy(f"volume {name!r} is being {verb} by process {pid}")
+        raise Busy(f"volume {name!r} was being {verb} by process {pid}, which died: rerun to recover it")
+    if old_spec != spec:
+        raise Conflict(f"volume {name!r} already exists with a different spec")
+    return True
+
+
+def _create_blank(
+    repo: Repository, name: str, source: Source, mode: str, spec: str, grace_s: float | None
+) -> tuple[VolumeInfo, bool]:
+    """Record the volume (phase creating) before writing its base, then publish both."""
+    chunk_size = DEFAULT_CHUNK_SIZE
+    kind, size = ("dir", 0) if source.blank_dir else ("block", int(source.blank_block or 0))
+    if size > MAX_BLOCK_SIZE:
+        raise UsageError(f"a block volume is at most {MAX_BLOCK_SIZE >> 40} TiB")
+    conn = repo.conn
+    with transaction(conn):
+        if _existing(conn, name, spec):
+            return get_volume(repo, name), False
+        # ZERO_ID: a base that holds no reference until the real one is committed.
+        conn.execute(
+            "INSERT INTO volumes (name, kind, mode, phase, base, origin, size, chunk_size, spec, created, "
+            "owner_pid, grace_s, last_used) VALUES (?, ?, ?, 'creating', ?, 'blank', ?, ?, ?, ?, ?, ?, ?)",
+            (
+                name,
+                kind,
+                mode,
+                ZERO_ID,
+                size,
+                chunk_size,
+                spec,
+                time.time(),
+                os.getpid(),
+                grace_s,
+                time.time(),
+            ),
+        )
+    try:
+        fault_point("create:after-claim")
+        with repo.batch() as batch:
+            if source.blank_dir:
+                base = batch.put(_blank_tree(chunk_size), TREE)
+            else:
+                holes = [ZERO_ID] * chunkmap.n_chunks(size, chunk_size)
+                base = chunkmap.build_map(batch.put_kind, holes, size, chunk_size)
+
+            def finish(c: sqlite3.Connection) -> None:
+                c.execute(
+                    "UPDATE volumes SET base = ?, phase = 'ready', owner_pid = NULL WHERE name = ?",
+                    (base, name),
+                )
+
+            batch.commit({base: 1}, then=finish)
+    except BaseException:
+        with transaction(conn):
+            conn.execute(
+                "DELETE FROM volumes WHERE name = ? AND phase = 'creating' AND owner_pid = ?",
+                (name, os.getpid()),
+            )
+        raise
+    return get_volume(repo, name), True
+
+
+def touch(conn: sqlite3.Connection, name: str) -> None:
+    """Record that a volume is used now (the daemon calls this at mount and unmount):
+    an ephemeral volume's grace period counts from its last use. Commits at once
+    unless the caller has a transaction open."""
+    conn.execute("UPDATE volumes SET last_used = ? WHERE name = ?", (time.time(), name))
 
 
 def _volume_row(conn: sqlite3.Connection, name: str) -> tuple[Any, ...]:
@@ -218,29 +304,57 @@ def _like_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def _require_at_rest(phase: str, name: str) -> None:
+def _require_at_rest(phase: str, name: str, pid: int | None = None) -> None:
     if phase != "ready":
-        raise Busy(f"volume {name!r} is {phase}")
+        raise Busy(f"volume {name!r} is {phase}" + (f" by process {pid}" if pid else ""))
 
 
 def remove_volume(repo: Repository, name: str, if_exists: bool = False) -> bool:
+    """Delete a volume and its snapshots, in two steps: phase deleting is recorded
+    (the checks pass or nothing changes), then one transaction releases and deletes.
+    A process that dies in between leaves the delete for recovery to finish."""
     conn = repo.conn
     with transaction(conn):
-        try:
-            phase, base, *_ = _volume_row(conn, name)
-        except NotFound:
+        row = conn.execute("SELECT phase, owner_pid FROM volumes WHERE name = ?", (name,)).fetchone()
+        if row is None:
             if if_exists:
                 return False
-            raise
-        _require_at_rest(phase, name)
-        users = _snapshot_users(conn, name)
-        if users:
-            raise Busy(f"volume {name!r} has snapshots that volume(s) {', '.join(users)} were made from")
+            raise NotFound(f"no volume named {name!r}")
+        if row[0] == "deleting" and pids.alive(row[1]):
+            raise Busy(f"volume {name!r} is being deleted by process {row[1]}")
+        if row[0] != "deleting":
+            mark_deleting(conn, name)
+        else:  # its deleter died: take the delete over
+            conn.execute("UPDATE volumes SET owner_pid = ? WHERE name = ?", (os.getpid(), name))
+    fault_point("delete:after-phase")
+    finish_delete(repo, name)
+    return True
+
+
+def mark_deleting(conn: sqlite3.Connection, name: str) -> None:
+    """Step 1 of a delete, inside the caller's transaction: refuse (Busy) unless the
+    volume is at rest and nothing was made from its snapshots, then record phase deleting."""
+    phase, *_, pid = _volume_row(conn, name)
+    _require_at_rest(phase, name, pid)
+    users = _snapshot_users(conn, name)
+    if users:
+        raise Busy(f"volume {name!r} has snapshots that volume(s) {', '.join(users)} were made from")
+    conn.execute("UPDATE volumes SET phase = 'deleting', owner_pid = ? WHERE name = ?", (os.getpid(), name))
+
+
+def finish_delete(repo: Repository, name: str) -> bool:
+    """Step 2: release every root the volume holds and delete its rows, in one
+    transaction. Idempotent: False if the volume is gone (or not being deleted)."""
+    conn = repo.conn
+    with transaction(conn):
+        row = conn.execute("SELECT phase, base FROM volumes WHERE name = ?", (name,)).fetchone()
+        if row is None or row[0] != "deleting":
+            return False
         roots = [BlobId(r) for (r,) in conn.execute("SELECT root FROM snapshots WHERE volume = ?", (name,))]
         chunks = [
             BlobId(c) for (c,) in conn.execute("SELECT chunk FROM overlay_chunks WHERE volume = ?", (name,))
         ]
-        ledger.release(conn, [BlobId(base), *roots, *chunks])
+        ledger.release(conn, [BlobId(row[1]), *roots, *chunks])
         conn.execute("DELETE FROM overlay_chunks WHERE volume = ?", (name,))
         conn.execute("DELETE FROM overlay_inodes WHERE volume = ?", (name,))
         conn.execute("DELETE FROM snapshots WHERE volume = ?", (name,))
@@ -273,14 +387,30 @@ def has_overlay(conn: sqlite3.Connection, volume: str) -> bool:
 
 def settle(repo: Repository, volume: str, label: str | None = None) -> int | None:
     """Fold what a crashed mount left in a volume's overlay into a snapshot, as its
-    unmount would have; returns the snapshot number, or None if there was nothing."""
-    phase, *_ = _volume_row(repo.conn, volume)
-    if not has_overlay(repo.conn, volume):
-        return None
-    _require_at_rest(phase, volume)
+    unmount would have; returns the snapshot number, or None if there was nothing.
+    Phase snapshotting while it works, in a job slot (a fold is heavy work)."""
     from casfs.vfs.volume import VolumeView
 
-    return VolumeView(repo, volume).snapshot_sync(label)
+    conn = repo.conn
+    with transaction(conn):
+        phase, *_, pid = _volume_row(conn, volume)
+        if not has_overlay(conn, volume):
+            return None
+        _require_at_rest(phase, volume, pid)
+        conn.execute(
+            "UPDATE volumes SET phase = 'snapshotting', owner_pid = ? WHERE name = ?", (os.getpid(), volume)
+        )
+    try:
+        fault_point("snapshot:after-phase")
+        with job_slot(repo, f"snapshot {volume}"):
+            return VolumeView(repo, volume).snapshot_sync(label)
+    finally:
+        with transaction(conn):
+            conn.execute(
+                "UPDATE volumes SET phase = 'ready', owner_pid = NULL "
+                "WHERE name = ? AND phase = 'snapshotting' AND owner_pid = ?",
+                (volume, os.getpid()),
+            )
 
 
 def create_snapshot(repo: Repository, volume: str, label: str | None = None) -> int:
@@ -290,8 +420,8 @@ def create_snapshot(repo: Repository, volume: str, label: str | None = None) -> 
         return settled
     conn = repo.conn
     with transaction(conn):
-        phase, base, size, next_ino, *_ = _volume_row(conn, volume)
-        _require_at_rest(phase, volume)
+        phase, base, size, next_ino, *_, pid = _volume_row(conn, volume)
+        _require_at_rest(phase, volume, pid)
         return record_snapshot(conn, volume, BlobId(base), size, next_ino, label)
 
 

@@ -1,0 +1,82 @@
+"""Store settings (`casfs config`), kept in the catalog's meta table.
+
+Each setting has a default and may be overridden for one process by an environment
+variable; `effective()` says which of the three gave the value.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from casfs.catalog import transaction
+from casfs.errors import UsageError
+
+
+def _positive_int(key: str, text: str) -> str:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise UsageError(f"invalid {key} {text!r}: expected an integer >= 1")
+    return str(int(text))
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    default: str
+    env: str
+    help: str
+    check: Callable[[str, str], str]  # (key, text) -> normalized value, or UsageError
+
+
+SETTINGS = {
+    s.key: s
+    for s in [
+        Setting(
+            "queue.limit",
+            "2",
+            "CASFS_QUEUE_LIMIT",
+            "heavy jobs (imports, snapshot folds, fsck, gc) running at once on this store",
+            _positive_int,
+        ),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class Value:
+    key: str
+    value: str
+    source: str  # 'default', 'store' or 'env:NAME'
+
+
+def _setting(key: str) -> Setting:
+    try:
+        return SETTINGS[key]
+    except KeyError:
+        raise UsageError(f"no setting {key!r}: known settings are {', '.join(sorted(SETTINGS))}") from None
+
+
+def effective(conn: sqlite3.Connection, key: str) -> Value:
+    s = _setting(key)
+    env = os.environ.get(s.env)
+    if env is not None and env.strip():
+        return Value(key, s.check(f"${s.env}", env), f"env:{s.env}")
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    if row is not None:
+        return Value(key, str(row[0]), "store")
+    return Value(key, s.default, "default")
+
+
+def set_value(conn: sqlite3.Connection, key: str, text: str) -> str:
+    value = _setting(key).check(key, text)
+    with transaction(conn):
+        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+    return value
+
+
+def unset_value(conn: sqlite3.Connection, key: str) -> None:
+    _setting(key)
+    with transaction(conn):
+        conn.execute("DELETE FROM meta WHERE key = ?", (key,))

@@ -1,0 +1,41 @@
+"""Fault injection for crash tests: `CASFS_FAULT=<point>` makes the process kill itself
+with SIGKILL when it reaches that point, as a power cut or the OOM killer would;
+`CASFS_STOP=<point>` makes it stop itself (SIGSTOP) there, for a test to look at the
+operation in progress and then let it go on (SIGCONT).
+
+    import:after-claim     the image row is recorded (phase queued), nothing else done
+    import:running         the import holds a job slot, phase importing
+    import:after-stage     every blob is staged in STORE/tmp, none published
+    import:after-publish   the blob files are published, their catalog rows not committed
+    create:after-claim     a blank volume's row is recorded (phase creating)
+    snapshot:after-phase   phase snapshotting is recorded, the overlay not yet folded
+    delete:after-phase     phase deleting is recorded, nothing released yet
+
+`CASFS_SLOW_IMPORT_S=SECONDS` makes an import sleep that long once it runs (phase
+importing, in its job slot): a slow import without a big source, for queue tests.
+
+Unset (production), a point costs one environment lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+ENV_FAULT = "CASFS_FAULT"
+ENV_STOP = "CASFS_STOP"
+ENV_SLOW_IMPORT = "CASFS_SLOW_IMPORT_S"
+
+
+def fault_point(name: str) -> None:
+    if os.environ.get(ENV_FAULT) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(ENV_STOP) == name:
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def slow_import() -> None:
+    seconds = os.environ.get(ENV_SLOW_IMPORT)
+    if seconds:
+        time.sleep(float(seconds))
