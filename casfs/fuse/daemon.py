@@ -58,6 +58,9 @@ FSTYPE = "fuse.casfs"
 READY_TIMEOUT_S = 60.0
 UMOUNT_TIMEOUT_S = 300.0
 ENV_TEST_TIMEOUTS = "CASFS_TEST_TIMEOUTS"
+# Buffered writes older than this are flushed by the timer (checked every tick).
+DIRTY_AGE_S = 5.0
+FLUSH_TICK_S = 1.0
 ENV_CACHE_MB = "CASFS_CHUNK_CACHE_MB"
 
 
@@ -207,6 +210,7 @@ async def _serve(cfg: Config) -> int:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_watch_signals, signals, cfg.mountpoint)
                 nursery.start_soon(_announce_ready, cfg)
+                nursery.start_soon(_flush_timer, ops, mounted)
                 await pyfuse3.main()
                 nursery.cancel_scope.cancel()
             # Only the clean path snapshots (the exit stack closes the views).
@@ -219,7 +223,10 @@ async def _serve(cfg: Config) -> int:
 def _root_view(
     cfg: Config, repo: Repository, chunks: ChunkCache, mounted: _Mounted
 ) -> tuple[View, Callable[[View], Subject | None]]:
-    mode = os.stat(cfg.mountpoint).st_mode
+    try:
+        mode = os.stat(cfg.mountpoint).st_mode
+    except FileNotFoundError:
+        raise NotFound(f"mount point {cfg.mountpoint} does not exist") from None
     if cfg.volume is None:
         if not stat.S_ISDIR(mode):
             raise UsageError(f"{cfg.mountpoint} is not a directory (a whole store mounts on a directory)")
@@ -293,6 +300,17 @@ async def _watch_signals(signals: Any, mountpoint: str) -> None:
             await trio.to_thread.run_sync(syncfs_path, mountpoint)
         pyfuse3.terminate()  # the session is closed (detaching the mount) on the way out
         return
+
+
+async def _flush_timer(ops: Operations, mounted: _Mounted) -> None:
+    """Write-back by age: a change is made durable within about DIRTY_AGE_S even if
+    nothing calls fsync (memory pressure is the adapter's, per write)."""
+    while True:
+        await trio.sleep(FLUSH_TICK_S)
+        try:
+            await ops.flush_aged(list(mounted.rw_views.values()), DIRTY_AGE_S)
+        except Exception:
+            log.exception("timed flush")
 
 
 async def _announce_ready(cfg: Config) -> None:

@@ -383,7 +383,7 @@ class Operations(pyfuse3.Operations):
         have, missing = self.chunks.split(pieces)
         if missing:
             try:
-                have.update(await trio.to_thread.run_sync(self.chunks.fetch_many, missing))
+                have.update(await self.chunks.fetch_async(missing))
             except Corruption as e:
                 log.error("reading %s: %s", _describe(h.view, h.ino), e)
                 raise

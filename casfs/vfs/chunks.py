@@ -12,11 +12,14 @@ is counted (`corrupt_reads`, `last_corrupt`): the mount shows the count as an xa
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+
+import trio
 
 from casfs.errors import Corruption
 from casfs.store.cache import LRU
@@ -25,14 +28,15 @@ from casfs.vfs.api import Piece
 
 DEFAULT_CACHE_BYTES = 256 << 20
 # Read-ahead window for a sequential reader, and how many reads in a row make one.
-DEFAULT_READAHEAD_BYTES = 4 << 20
+DEFAULT_READAHEAD_BYTES = 8 << 20
 _SEQUENTIAL_AFTER = 2
 # Reads this close to where the last one ended still count as sequential: the kernel's
 # own read-ahead sends several requests at once and they may arrive out of order.
 _SEQ_SLACK = 1 << 20
 _MAX_STREAMS = 1024
 _MAX_INFLIGHT = 256
-_PREFETCH_WORKERS = 2
+_PREFETCH_WORKERS = 4
+_PREFETCH_RUN = 4
 
 Get = Callable[[BlobId], bytes]
 Plan = Callable[[int, int], list[Piece]]
@@ -114,6 +118,30 @@ class ChunkCache:
     def fetch_many(self, bids: Iterable[BlobId]) -> dict[BlobId, bytes]:
         return {bid: self.fetch(bid) for bid in bids}
 
+    async def fetch_async(self, bids: Iterable[BlobId]) -> dict[BlobId, bytes]:
+        """fetch_many() for the trio thread: chunks that read-ahead is already loading
+        are awaited where they are (no worker thread just to wait); the rest are read
+        in one worker thread."""
+        waits: list[tuple[BlobId, Future[bytes]]] = []
+        todo: list[BlobId] = []
+        with self._lock:
+            for bid in bids:
+                fut = self._inflight.get(bid)
+                if fut is None:
+                    todo.append(bid)
+                else:
+                    waits.append((bid, fut))
+        out = await trio.to_thread.run_sync(self.fetch_many, todo) if todo else {}
+        for bid, fut in waits:
+            if not fut.done():
+                await _wait_future(fut)
+            try:
+                out[bid] = fut.result()
+            except Corruption:
+                self._count_corrupt(bid)
+                raise
+        return out
+
     def fetch_uncached(self, bid: BlobId) -> bytes:
         """For one-pass readers (digests): use the cache if it has the chunk, but do
         not fill it, so a whole-file scan does not evict the working set."""
@@ -177,9 +205,12 @@ class ChunkCache:
         self._streams.pop(key, None)
 
     def prefetch(self, bids: Iterable[BlobId]) -> None:
-        """Start loading chunks in the background (skipping those cached or loading)."""
+        """Start loading chunks in the background (skipping those cached or loading).
+        Chunks go to the pool in runs of _PREFETCH_RUN: fewer hand-offs between threads
+        means less contention for the GIL, which the trio thread needs to serve."""
         if self._pool is None:
             return
+        run: list[tuple[BlobId, Future[bytes]]] = []
         for bid in bids:
             if self._lru.get(bid) is not None:  # (LRU has no peek: this counts as a hit)
                 continue
@@ -188,8 +219,17 @@ class ChunkCache:
                     continue
                 fut: Future[bytes] = Future()
                 self._inflight[bid] = fut
-            self.prefetched += 1
-            self._pool.submit(self._load, bid, fut)
+            run.append((bid, fut))
+            if len(run) >= _PREFETCH_RUN:
+                self._pool.submit(self._load_run, run)
+                run = []
+        if run:
+            self._pool.submit(self._load_run, run)
+
+    def _load_run(self, run: list[tuple[BlobId, Future[bytes]]]) -> None:
+        for bid, fut in run:
+            self._load(bid, fut)
+        self.prefetched += len(run)
 
     # -- figures -----------------------------------------------------------------
 
@@ -201,6 +241,18 @@ class ChunkCache:
             "prefetched": self.prefetched,
             "corrupt_reads": self.corrupt_reads,
         }
+
+
+async def _wait_future(fut: Future[bytes]) -> None:
+    done = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    def wake(_: Future[bytes]) -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(done.set)
+
+    fut.add_done_callback(wake)
+    await done.wait()
 
 
 def plan_pieces(
