@@ -573,6 +573,11 @@ class VolumeView:
         self._touch(node.ino)
 
     def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
+        if name.startswith(b"system.posix_acl_"):
+            # ACLs are not enforced here (default_permissions checks mode bits only), so
+            # refuse them: cp -a and tar then fall back to chmod instead of storing an
+            # ACL that silently disagrees with the mode.
+            raise fs_error(errno.EOPNOTSUPP, "POSIX ACLs are not supported")
         node = self.node(ino)
         if flags & XATTR_CREATE and name in node.xattrs:
             raise fs_error(errno.EEXIST)
