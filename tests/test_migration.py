@@ -1,0 +1,106 @@
+"""Old stores stay readable: a store of format 1 and one of format 2, built with the
+schema text of their time, are migrated to the current format on open (once, however
+many processes open them at the same moment) with their volumes and snapshots intact."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from lifecycle_util import CLI, assert_consistent, env, js, ok, query
+
+from casfs import catalog
+from casfs.repo import Repository
+from casfs.snapshots.kinds import TREE
+from casfs.volumes import _blank_tree
+
+SPEC = '{"blank_block": null, "blank_dir": true, "image": null, "mode": "rw", "snapshot": null}'
+
+
+def old_store(path: Path, version: int) -> Path:
+    """A store as casfs of format `version` made it: one blank directory volume `v` with
+    snapshot 1 (its base and the snapshot share the root blob: refs 2)."""
+    repo = Repository(path)
+    path.mkdir()
+    repo.blobs.create()
+    repo.lock_path.touch()
+    repo.conn = catalog.connect(repo.catalog_path)
+    repo.conn.executescript(
+        "BEGIN;"
+        + "".join(catalog.SCHEMAS[:version])
+        + f"INSERT INTO meta VALUES ('format_version', '{version}');"
+        + f"INSERT INTO meta VALUES ('created', '{time.time()}');"
+        + "COMMIT;"
+    )
+    try:
+        with repo.batch() as batch:
+            root = batch.put(_blank_tree(64 << 10), TREE)
+
+            def rows(conn: sqlite3.Connection) -> None:
+                conn.execute(
+                    "INSERT INTO volumes (name, kind, mode, phase, base, origin, size, chunk_size, "
+                    "next_ino, next_snapshot, spec, created) "
+                    "VALUES ('v', 'dir', 'rw', 'ready', ?, 'blank', 0, 65536, 2, 2, ?, ?)",
+                    (root, SPEC, time.time()),
+                )
+                conn.execute(
+                    "INSERT INTO snapshots (volume, n, root, size, next_ino, label, created) "
+                    "VALUES ('v', 1, ?, 0, 2, 'old', ?)",
+                    (root, time.time()),
+                )
+
+            batch.commit({root: 2}, then=rows)
+    finally:
+        repo.close()
+    return path
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_old_store_is_migrated_with_its_volumes(tmp_path: Path, version: int) -> None:
+    store = old_store(tmp_path / "store", version)
+    assert query(store, "SELECT value FROM meta WHERE key = 'format_version'") == [(str(version),)]
+    # Four processes open it at once: one migrates, the others find it done.
+    procs = [
+        subprocess.Popen(
+            [*CLI, "-s", str(store), "volume", "ls"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env(),
+        )
+        for _ in range(4)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+    assert query(store, "SELECT value FROM meta WHERE key = 'format_version'") == [
+        (str(catalog.FORMAT_VERSION),)
+    ]
+
+    (v,) = js(store, "volume", "ls")
+    assert (v["name"], v["kind"], v["phase"], v["snapshots"], v["grace_s"], v["last_used"]) == (
+        "v",
+        "dir",
+        "ready",
+        [1],
+        None,
+        None,
+    )
+    assert [s["label"] for s in js(store, "snapshot", "ls", "v")] == ["old"]
+    assert "already exists with the same spec" in ok(store, "volume", "create", "v", "--blank-dir").stdout
+    ok(store, "volume", "create", "w", "--from", "v@1", "--grace", "1h")
+    ok(store, "snapshot", "create", "v")
+    assert_consistent(store)
+
+
+def test_a_fresh_store_has_every_step(tmp_path: Path) -> None:
+    repo = Repository.init(tmp_path / "store")
+    try:
+        cols = {r[1] for r in repo.conn.execute("PRAGMA table_info(volumes)")}
+        assert {"grace_s", "last_used", "owner_pid"} <= cols
+        assert catalog.format_version(repo.conn) == catalog.FORMAT_VERSION == len(catalog.SCHEMAS)
+        assert set(catalog.MIGRATIONS) == set(range(1, catalog.FORMAT_VERSION))
+    finally:
+        repo.close()
