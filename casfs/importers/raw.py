@@ -17,7 +17,7 @@ from casfs.snapshots import chunkmap
 from casfs.store.ids import BlobId
 
 _BLOCK = 8 << 20
-_WORKERS = 2
+_WORKERS = 3
 _INFLIGHT = 6
 
 Progress = Callable[[int], None]

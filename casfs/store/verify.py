@@ -30,7 +30,7 @@ class HashingReader:
 
     def __init__(self, raw: BinaryIO, sha256: bool = False) -> None:
         self.raw = raw
-        self.b3 = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        self.b3 = blake3.blake3()
         self.sha = hashlib.sha256() if sha256 else None
         self.bytes_read = 0
 
