@@ -34,4 +34,18 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
     .venv/bin/python -m pip install --quiet -e '.[test]'
     echo "$want" > "$stamp"
 fi
+# The mount(8) helper, so `mount -t fuse.casfs STORE:VOLUME MNT` and fstab lines work. A
+# link to the checkout's script, which runs this checkout's .venv/bin/casfs.
+helper=$PWD/tools/mount.fuse.casfs
+target=/sbin/mount.fuse.casfs
+if [[ $(readlink "$target" 2>/dev/null) != "$helper" ]]; then
+    if [[ $(id -u) -ne 0 ]]; then
+        echo "install.sh: not root: $target not installed (mount -t fuse.casfs needs it)" >&2
+    elif [[ -e $target && ! -L $target ]]; then
+        echo "install.sh: $target exists and is not a link: left alone" >&2
+    else
+        ln -sfn "$helper" "$target"
+        echo "install.sh: linked $target -> $helper"
+    fi
+fi
 echo "install.sh: ready ($(.venv/bin/casfs --version))"
