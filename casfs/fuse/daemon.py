@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import ctypes.util
 import faulthandler
 import functools
 import hashlib
@@ -62,6 +64,7 @@ ENV_TEST_TIMEOUTS = "CASFS_TEST_TIMEOUTS"
 DIRTY_AGE_S = 5.0
 FLUSH_TICK_S = 1.0
 ENV_CACHE_MB = "CASFS_CHUNK_CACHE_MB"
+_M_ARENA_MAX = -8  # mallopt parameter (malloc.h)
 
 
 @dataclass
@@ -129,6 +132,7 @@ def umount_main(args: argparse.Namespace) -> int:
 def run_daemon(cfg: Config) -> int:
     """Serve in this process until unmounted; the exit status."""
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _one_malloc_arena()
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=logging.INFO,
@@ -144,6 +148,15 @@ def run_daemon(cfg: Config) -> int:
         log.exception("the daemon failed")
         _fail(cfg, 1, f"{type(e).__name__}: {e}")
         return 1
+
+
+def _one_malloc_arena() -> None:
+    """glibc gives each thread that allocates its own arena and keeps freed chunks
+    there: with read-ahead threads allocating 64 KiB chunks, resident memory grew to
+    3x the chunk cache (822 MB for a 256 MiB cache). One arena keeps it near cache + 50 MB."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(_M_ARENA_MAX, 1)
 
 
 # -- configuration ----------------------------------------------------------------
