@@ -30,6 +30,12 @@ class LRU(Generic[K, V]):
             self.hits += 1
             return item[0]
 
+    def peek(self, key: K) -> V | None:
+        """get() without touching recency or the hit counters (for read-ahead checks)."""
+        with self._lock:
+            item = self._items.get(key)
+            return None if item is None else item[0]
+
     def put(self, key: K, value: V, size: int | None = None) -> None:
         n = size if size is not None else self._sizeof(value)  # type: ignore[operator]
         if n > self.max_bytes:
