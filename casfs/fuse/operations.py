@@ -182,7 +182,7 @@ class Operations(pyfuse3.Operations):
         e.st_rdev = st.rdev
         e.st_size = st.size
         e.st_blksize = self.opts.blksize
-        e.st_blocks = (st.size + 511) // 512
+        e.st_blocks = st.blocks if st.blocks is not None else (st.size + 511) // 512
         e.st_atime_ns = st.atime_ns
         e.st_mtime_ns = st.mtime_ns
         e.st_ctime_ns = st.ctime_ns
@@ -351,8 +351,17 @@ class Operations(pyfuse3.Operations):
     def _new_handle(self, view: View, ino: int, fino: int) -> pyfuse3.FileInfo:
         fh = next(self._fh)
         self._handles[fh] = _Handle(view, ino, fino)
-        # Immutable content keeps the kernel's page cache across opens.
-        return pyfuse3.FileInfo(fh=FileHandleT(fh), keep_cache=view.immutable)
+        # Immutable content keeps the kernel's page cache across opens. A writable block
+        # volume under the kernel's writeback cache (volumes/NAME of a whole-store mount)
+        # skips the page cache: that cache owns the file's size, so a write past the end
+        # would grow it there and be lost when its writeback fails; direct, it is refused.
+        direct = self.enable_writeback_cache and self._fixed_size(view, ino)
+        return pyfuse3.FileInfo(fh=FileHandleT(fh), keep_cache=view.immutable, direct_io=direct)
+
+    def _fixed_size(self, view: View, ino: int) -> bool:
+        """A writable block volume's file: writes never change its size."""
+        writable = not (self.opts.read_only or view.read_only)
+        return writable and ino == ROOT_INO and getattr(view, "kind", None) == "block"
 
     @handler
     async def open(self, inode: InodeT, flags: FlagT, ctx: RequestContext) -> pyfuse3.FileInfo:

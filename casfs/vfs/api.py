@@ -37,6 +37,9 @@ class Stat:
     atime_ns: int = 0
     mtime_ns: int = 0
     ctime_ns: int = 0
+    # 512-byte blocks allocated, for views that know (a sparse file's holes count
+    # none, so `du` and cp's sparse detection work); None: the size rounded up.
+    blocks: int | None = None
 
     @property
     def is_dir(self) -> bool:

@@ -23,6 +23,7 @@ adapter holds `lock` around mutations and snapshots.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import stat
 import time
@@ -92,6 +93,8 @@ class VolumeView:
         self.dirty_since: float | None = None
         self.chunk_ids: dict[int, dict[int, BlobId]] = {}
         self._contents: dict[int, chunkmap.Content | chunkmap.ChunkMap] = {}
+        self._buffered: dict[int, set[int]] = {}  # ino -> chunk numbers in buffers
+        self._allocated: dict[BlobId, list[int]] = {}  # base content -> its data chunks
         self.lock = trio.Lock()
         self._load_overlay()
         if ROOT_INO not in self.nodes:
@@ -199,10 +202,54 @@ class VolumeView:
     # -- reading -----------------------------------------------------------------
 
     def getattr(self, ino: int) -> Stat:
-        return self.node(ino).stat()
+        return self._stat(self.node(ino))
 
     def lookup(self, parent: int, name: bytes) -> Stat:
-        return self._lookup_node(parent, name).stat()
+        return self._stat(self._lookup_node(parent, name))
+
+    def _stat(self, node: Node) -> Stat:
+        st = node.stat()
+        if node.is_file and self.kind == "dir":
+            st = st.with_(blocks=self._blocks(node))
+        return st
+
+    def _blocks(self, node: Node) -> int:
+        """512-byte blocks a file occupies, counted by chunk: a chunk holding data counts
+        (up to the end of the file), a hole none. So `du` of a sparse file stays small
+        and `cp` out of the mount keeps it sparse. Cost: the base's data chunks are
+        listed once per content id; then O(changed chunks) per call."""
+        cs = self.chunk_size
+        count = chunkmap.n_chunks(node.size, cs)
+        limit = min(node.base_limit, count)
+        base = self._base_allocation(node)
+        chunks = bisect.bisect_left(base, limit)
+        changed = set(self.chunk_ids.get(node.ino, ())) | self._buffered.get(node.ino, set())
+        for n in changed:
+            if n < count:
+                chunks += self._holds_data(node, n) - (n < limit and _contains(base, n))
+        used = chunks * cs
+        if count and self._holds_data(node, count - 1):
+            used -= count * cs - node.size  # the last chunk ends at the end of the file
+        return (used + 511) // 512
+
+    def _holds_data(self, node: Node, n: int) -> bool:
+        return n in self._buffered.get(node.ino, ()) or self._chunk_ref(node, n) != ZERO_ID
+
+    def _base_allocation(self, node: Node) -> list[int]:
+        if node.base == ZERO_ID or node.base_limit == 0:
+            return []
+        found = self._allocated.get(node.base)
+        if found is None:
+            content = self._content(node)
+            if isinstance(content, chunkmap.Content) and content.map is not None:
+                ids = content.map.all_chunks()
+            else:
+                ids = [content.chunk(0)]
+            found = [n for n, bid in enumerate(ids) if bid != ZERO_ID]
+            if len(self._allocated) > 4096:
+                self._allocated.clear()
+            self._allocated[node.base] = found
+        return found
 
     def _lookup_node(self, parent: int, name: bytes) -> Node:
         pnode = self._dir(parent)
@@ -223,12 +270,12 @@ class VolumeView:
         if node.listing is not None:
             items = sorted(((c, name, i) for name, (c, i) in node.listing.entries.items() if c > offset))
             for cookie, name, child in items:
-                yield name, self.node(child).stat(), cookie
+                yield name, self._stat(self.node(child)), cookie
             return
         entries = self._base_entries(node)
         for index in range(offset, len(entries)):
             entry = entries[index]
-            yield entry.name, self._child_node(entry, ino).stat(), index + 1
+            yield entry.name, self._stat(self._child_node(entry, ino)), index + 1
 
     def readlink(self, ino: int) -> bytes:
         node = self.node(ino)
@@ -260,6 +307,9 @@ class VolumeView:
     def _base_chunk(self, node: Node, n: int) -> BlobId:
         if node.base == ZERO_ID or n >= node.base_limit:
             return ZERO_ID
+        return self._content(node).chunk(n)
+
+    def _content(self, node: Node) -> chunkmap.Content | chunkmap.ChunkMap:
         content = self._contents.get(node.ino)
         if content is None:
             if self.kind == "block":
@@ -269,7 +319,7 @@ class VolumeView:
                 mapped = row is not None and row[0] == MAP_ROOT
                 content = chunkmap.Content(self.repo.get_meta, node.base, node.size, self.chunk_size, mapped)
             self._contents[node.ino] = content
-        return content.chunk(n)
+        return content
 
     def _chunk_ref(self, node: Node, n: int) -> BlobId:
         flushed = self.chunk_ids.get(node.ino)
@@ -363,7 +413,7 @@ class VolumeView:
             mode |= stat.S_IFREG
         if stat.S_ISDIR(mode) or stat.S_ISLNK(mode):
             raise fs_error(errno.EINVAL)
-        return self._new_node(parent, name, mode, uid, gid, rdev).stat()
+        return self._stat(self._new_node(parent, name, mode, uid, gid, rdev))
 
     def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Stat:
         return self._new_node(parent, name, stat.S_IFDIR | stat.S_IMODE(mode), uid, gid).stat()
@@ -386,7 +436,7 @@ class VolumeView:
         pnode = self.node(new_parent)
         pnode.mtime_ns = pnode.ctime_ns = now
         self._touch(new_parent)
-        return node.stat()
+        return self._stat(node)
 
     def unlink(self, parent: int, name: bytes) -> None:
         child = self._lookup_node(parent, name)
@@ -539,7 +589,7 @@ class VolumeView:
         elif size is not None:
             node.mtime_ns = now
         node.ctime_ns = now
-        return node.stat()
+        return self._stat(node)
 
     def _truncate(self, node: Node, size: int, fetched: dict[BlobId, bytes]) -> None:
         cs = self.chunk_size
@@ -665,6 +715,7 @@ class VolumeView:
 
     def _set_buffer(self, key: tuple[int, int], buf: bytearray) -> None:
         self.buffers[key] = buf
+        self._buffered.setdefault(key[0], set()).add(key[1])
         self.dirty_bytes += len(buf)
         self.versions[key] = self.versions.get(key, 0) + 1
         if self.dirty_since is None:
@@ -674,6 +725,11 @@ class VolumeView:
         buf = self.buffers.pop(key, None)
         if buf is not None:
             self.dirty_bytes -= len(buf)
+            chunks = self._buffered.get(key[0])
+            if chunks is not None:
+                chunks.discard(key[1])
+                if not chunks:
+                    del self._buffered[key[0]]
         self.versions.pop(key, None)
 
     # -- flushing: prepare (trio thread) / run (worker) / apply (trio thread) ----------
@@ -789,3 +845,8 @@ class VolumeView:
     @property
     def size_bytes(self) -> int:
         return self.nodes[ROOT_INO].size if self.kind == "block" else 0
+
+
+def _contains(ordered: list[int], n: int) -> bool:
+    i = bisect.bisect_left(ordered, n)
+    return i < len(ordered) and ordered[i] == n
