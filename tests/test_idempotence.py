@@ -182,3 +182,23 @@ def test_second_caller_of_a_snapshot_in_progress_is_busy(store: Path) -> None:
             first.wait()
     assert js(store, "volume", "info", "v")["phase"] == "ready"
     assert_consistent(store)
+
+
+def test_io_error_after_the_start_leaves_a_failed_image(store: Path, raw: Path) -> None:
+    """Refused input leaves no row (test_cli); an I/O error once the import runs keeps the
+    image as phase failed with the reason, holding nothing, until replaced or removed."""
+    before = snapshot_of(store)[3:]
+    # Reading /proc/self/mem at offset 0 fails with EIO: a real I/O error, mid-import.
+    p = casfs(store, "image", "import", "bad", "/proc/self/mem", "--format", "raw")
+    assert p.returncode == 1 and "Input/output error" in p.stderr, p.stderr
+    info = js(store, "image", "info", "bad")
+    assert (info["phase"], info["root"], info["owner_pid"]) == ("failed", None, None)
+    assert "Input/output error" in info["error"]
+    assert snapshot_of(store)[3:] == before
+    assert "not ready (phase failed)" in conflict(store, "volume", "create", "v", "--from", "bad")
+    assert_consistent(store)
+    ok(store, "image", "rm", "bad")
+    casfs(store, "image", "import", "bad", "/proc/self/mem", "--format", "raw")
+    ok(store, "image", "import", "bad", str(raw))  # a new import of the name replaces a failed one
+    assert js(store, "image", "info", "bad")["phase"] == "ready"
+    assert_consistent(store)
