@@ -48,6 +48,7 @@ from casfs.errors import Busy, CasfsError, NotFound, UsageError
 from casfs.fuse.control import CatalogWriter, ControlPlane, maybe_await, syncfs_path
 from casfs.fuse.inodes import InodeTable
 from casfs.fuse.operations import MountOptions, Operations
+from casfs.lifecycle.recovery import recover
 from casfs.repo import Repository, store_path
 from casfs.store.ids import BlobId
 from casfs.vfs.api import ROOT_INO, View
@@ -200,6 +201,8 @@ async def _serve(cfg: Config) -> int:
         async with contextlib.AsyncExitStack() as stack:
             repo = Repository.open(cfg.store)
             stack.callback(repo.close)
+            for message in recover(repo):
+                log.warning("recovered: %s", message)
             writer = CatalogWriter(cfg.store)
             stack.callback(writer.close)
             chunks = ChunkCache(repo.get, cfg.cache_bytes)
@@ -261,6 +264,8 @@ def _root_view(
         else:
             log.warning("no read/write volume view in this build: serving %s read-only", cfg.volume)
     if view is None:
+        with transaction(repo.conn):
+            volumes.touch(repo.conn, cfg.volume)  # a read-only mount is a use too (ephemeral volumes)
         view = static_view(
             repo,
             info.kind,
@@ -397,6 +402,7 @@ def claim_volume(repo: Repository, name: str) -> None:
         conn.execute(
             "UPDATE volumes SET phase = 'mounted', owner_pid = ? WHERE name = ?", (os.getpid(), name)
         )
+        volumes.touch(conn, name)
 
 
 def release_volume(repo: Repository, *, name: str) -> None:
@@ -407,6 +413,7 @@ def release_volume(repo: Repository, *, name: str) -> None:
             "AND owner_pid = ?",
             (name, os.getpid()),
         )
+        volumes.touch(conn, name)
 
 
 def pid_alive(pid: int) -> bool:

@@ -814,17 +814,22 @@ class VolumeView:
     def snapshot_sync(self, label: str | None = None) -> int:
         self.flush_sync()
         job = self.prepare_fold(label)
-        run_fold(self.repo, self.name, self.kind, self.base, self.chunk_size, self.next_ino, job)
+        self._fold(job)
         self.apply_fold(job)
         return job.snapshot
+
+    def _fold(self, job: FoldJob) -> None:
+        """The blocking part of a snapshot, in one of the store's job slots (bounded work)."""
+        from casfs.lifecycle.queue import job_slot
+
+        with job_slot(self.repo, f"snapshot {self.name}"):
+            run_fold(self.repo, self.name, self.kind, self.base, self.chunk_size, self.next_ino, job)
 
     async def take_snapshot(self, label: str | None = None) -> int:
         async with self.lock:
             await self.flush()
             job = self.prepare_fold(label)
-            await trio.to_thread.run_sync(
-                run_fold, self.repo, self.name, self.kind, self.base, self.chunk_size, self.next_ino, job
-            )
+            await trio.to_thread.run_sync(self._fold, job)
             self.apply_fold(job)
             return job.snapshot
 
