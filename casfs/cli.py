@@ -437,6 +437,17 @@ def cmd_volume_rm(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_volume_resize(args: argparse.Namespace) -> int:
+    from casfs.units import format_size, parse_size
+    from casfs.volumes import resize
+
+    size = parse_size(args.size)
+    with _open(args) as repo:
+        old = resize(repo, args.name, size, allow_shrink=args.allow_shrink)
+    print(f"resized volume {args.name}: {format_size(old)} -> {format_size(size)}")
+    return 0
+
+
 def cmd_volume_export(args: argparse.Namespace) -> int:
     from casfs.images import export_root
     from casfs.store.ids import BlobId
@@ -447,6 +458,11 @@ def cmd_volume_export(args: argparse.Namespace) -> int:
         v = get_volume(repo, args.name)
         if v.phase == "mounted" and v.mode == "rw":
             _warn(f"volume {v.name} is mounted read/write: exporting its last folded state (its base)")
+        else:
+            from casfs.volumes import settle
+
+            if settle(repo, v.name) is not None:  # a crashed mount's changes: fold, don't drop
+                v = get_volume(repo, args.name)
         _check_dest(dest)
         fmt = export_root(repo, v.kind, BlobId(bytes.fromhex(v.base)), v.chunk_size, dest, args.format)
     print(f"exported volume {args.name} to {dest} ({fmt})")
@@ -865,6 +881,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("name", metavar="NAME")
     p.add_argument("--if-exists", action="store_true", help="succeed when there is no such volume")
+    p = add(
+        volumes,
+        "resize",
+        cmd_volume_resize,
+        "set a block volume's size (not while mounted read/write)",
+        "Grow a block volume (the new space reads as zeros) or, with --allow-shrink, cut it.\n"
+        "A write never resizes a block volume: this is the only way.",
+    )
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("size", metavar="SIZE", help="the new size, e.g. 20G")
+    p.add_argument("--allow-shrink", action="store_true", help="allow dropping the end of the disk")
     p = add(
         volumes,
         "export",

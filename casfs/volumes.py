@@ -474,3 +474,45 @@ def rollback(repo: Repository, volume: str, n: int) -> None:
             "UPDATE volumes SET base = ?, size = ?, next_ino = MAX(next_ino, ?) WHERE name = ?",
             (root, size, next_ino, volume),
         )
+
+
+def resize(repo: Repository, volume: str, size: int, allow_shrink: bool = False) -> int:
+    """Set a block volume's size (at rest): growing adds holes; shrinking drops the end
+    and needs allow_shrink. O(pages touched), not O(size). Returns the old size."""
+    settle(repo, volume)
+    with transaction(repo.conn):
+        phase, base, old_size, *_ = _volume_row(repo.conn, volume)
+        kind = repo.conn.execute("SELECT kind FROM volumes WHERE name = ?", (volume,)).fetchone()[0]
+    if kind != "block":
+        raise UsageError(f"volume {volume!r} is a directory volume: only block volumes have a size to set")
+    _require_at_rest(phase, volume)
+    if size > MAX_BLOCK_SIZE:
+        raise UsageError(f"a block volume is at most {MAX_BLOCK_SIZE >> 40} TiB")
+    if size < old_size and not allow_shrink:
+        raise UsageError(
+            f"shrinking {volume!r} from {old_size} to {size} bytes drops data: pass --allow-shrink"
+        )
+    if size == old_size:
+        return int(old_size)
+    cmap = chunkmap.ChunkMap(repo.get_meta, BlobId(base))
+    cs = cmap.chunk_size
+    with repo.batch() as batch:
+        changes: dict[int, BlobId] = {}
+        tail = size % cs
+        if size < old_size and tail:
+            # The cut chunk keeps only the bytes below the new end, so growing back reads zeros.
+            last = size // cs
+            cid = cmap.chunk(last)
+            if cid != ZERO_ID:
+                changes[last] = batch.put(repo.get(cid)[:tail])
+        new_base = cmap.rewrite(batch.put_kind, changes, size)
+
+        def swap(conn: sqlite3.Connection) -> None:
+            phase_now, base_now, *_ = _volume_row(conn, volume)
+            if phase_now != "ready" or BlobId(base_now) != BlobId(base):
+                raise Busy(f"volume {volume!r} changed while resizing; try again")
+            ledger.release(conn, [BlobId(base)])
+            conn.execute("UPDATE volumes SET base = ?, size = ? WHERE name = ?", (new_base, size, volume))
+
+        batch.commit({new_base: 1}, then=swap)
+    return int(old_size)
