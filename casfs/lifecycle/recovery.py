@@ -26,18 +26,16 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from casfs.catalog import transaction
 from casfs.errors import Busy
 from casfs.lifecycle.pids import alive
-from casfs.store.ids import BlobId
+from casfs.refcount.gc import unreferenced_files
 
 if TYPE_CHECKING:
     from casfs.repo import Repository
 
-_IN_BATCH = 500
 
 
 def recover(repo: Repository) -> list[str]:
@@ -124,26 +122,10 @@ def sweep_orphans(repo: Repository) -> int | None:
         return None
     removed = 0
     try:
-        for chunk in _chunked(repo.blobs.list(), _IN_BATCH):
-            marks = ",".join("?" * len(chunk))
-            known = {
-                bytes(r[0]) for r in repo.conn.execute(f"SELECT id FROM blobs WHERE id IN ({marks})", chunk)
-            }
-            for bid in chunk:
-                if bid not in known:
-                    repo.blobs.delete(bid)
-                    removed += 1
+        for orphans in unreferenced_files(repo, repo.conn):
+            for bid in orphans:
+                repo.blobs.delete(bid)
+            removed += len(orphans)
     finally:
         lock.release()
     return removed
-
-
-def _chunked(items: Iterator[BlobId], n: int) -> Iterator[list[BlobId]]:
-    chunk: list[BlobId] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == n:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk

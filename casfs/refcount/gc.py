@@ -199,17 +199,22 @@ def _free(
     report.bytes_freed += sum(g.stored for g in freed)
 
 
+def unreferenced_files(repo: Repository, conn: sqlite3.Connection) -> Iterator[list[BlobId]]:
+    """Blob files no catalog row names, a batch at a time (the caller holds the store
+    lock exclusively between batches, so a file cannot gain its row meanwhile)."""
+    for chunk in _chunked(repo.blobs.list(), _IN_BATCH):
+        marks = ",".join("?" * len(chunk))
+        known = {bytes(r[0]) for r in conn.execute(f"SELECT id FROM blobs WHERE id IN ({marks})", chunk)}
+        yield [bid for bid in chunk if bid not in known]
+
+
 def _sweep_orphans(repo: Repository, conn: sqlite3.Connection, lock: _SlicedLock, report: GcReport) -> None:
     """Remove files with no catalog row: left by a crash between a gc commit and its
     unlinks, or by a batch whose process died between publish and commit. The row
     check and the unlink happen in one lock slice (a file listed earlier may since have
     been re-published and committed by a batch: its row is then found)."""
-    for chunk in _chunked(repo.blobs.list(), _IN_BATCH):
-        marks = ",".join("?" * len(chunk))
-        known = {bytes(r[0]) for r in conn.execute(f"SELECT id FROM blobs WHERE id IN ({marks})", chunk)}
-        for bid in chunk:
-            if bid in known:
-                continue
+    for orphans in unreferenced_files(repo, conn):
+        for bid in orphans:
             try:
                 size = os.stat(repo.blobs.path(bid)).st_size
             except FileNotFoundError:
