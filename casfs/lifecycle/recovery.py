@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from casfs.repo import Repository
 
 
-
 def recover(repo: Repository) -> list[str]:
     """Recover what dead processes left; one message per action (the CLI prints each
     as `casfs: recovered: MESSAGE`)."""
