@@ -194,3 +194,24 @@ def test_snapshot_cost_is_independent_of_volume_size(repo: Repository) -> None:
     new = repo.conn.execute("SELECT count(*) FROM blobs").fetchone()[0]
     # one data chunk, one map page, one root (+ the blank map's root and its page-less start)
     assert n == 1 and new <= 4
+
+
+def test_relatime_for_changed_inodes_only(repo: Repository, tmp_path: Path) -> None:
+    src = tmp_path / "tree"
+    src.mkdir()
+    (src / "old").write_bytes(b"base")
+    os.utime(src / "old", ns=(10**18, 10**18))  # atime == mtime: relatime would update it
+    images.import_image(repo, "img", src)
+    volumes.create_volume(repo, "v", volumes.Source(image="img"))
+    v = VolumeView(repo, "v")
+    old = v.lookup(ROOT_INO, b"old")
+    read(v, old.ino)
+    assert v.getattr(old.ino).atime_ns == 10**18  # a base inode is not copied up by a read
+    new = v.mknod(ROOT_INO, b"new", stat.S_IFREG | 0o644, 0, 0, 0)
+    v.write_sync(new.ino, 0, b"x")
+    v.setattr(new.ino, atime_ns=1, mtime_ns=2)
+    read(v, new.ino)
+    assert v.getattr(new.ino).atime_ns > 2  # atime <= mtime: moves on read
+    t = v.getattr(new.ino).atime_ns
+    read(v, new.ino)
+    assert v.getattr(new.ino).atime_ns == t  # newer than mtime and ctime: stays

@@ -43,6 +43,7 @@ from casfs.vfs.fold import FlushJob, FoldJob, delete_inode_rows, run_flush, run_
 from casfs.vfs.nodes import NO_LIMIT, Listing, Node
 
 NAME_MAX = 255
+_DAY_NS = 86400 * 10**9
 XATTR_CREATE = 1
 XATTR_REPLACE = 2
 RENAME_NOREPLACE = 1
@@ -331,6 +332,7 @@ class VolumeView:
         node = self.node(ino)
         if not node.is_file:
             raise fs_error(errno.EISDIR if node.is_dir else errno.EINVAL)
+        self._relatime(node)
         end = min(offset + size, node.size)
         cs = self.chunk_size
         pieces = []
@@ -345,6 +347,17 @@ class VolumeView:
                 pieces.append(Piece(start, stop, blob=self._chunk_ref(node, n)))
             pos = n * cs + stop
         return pieces
+
+    def _relatime(self, node: Node) -> None:
+        """relatime, for inodes already in the overlay: atime moves when it is older
+        than mtime or ctime, or a day old. A base inode is not copied up for a read:
+        reading an image-backed volume must not make it 'changed' (and snapshotted)."""
+        if node.ino not in self.overlay:
+            return
+        now = _now()
+        if node.atime_ns <= max(node.mtime_ns, node.ctime_ns) or now - node.atime_ns > _DAY_NS:
+            node.atime_ns = now
+            self.dirty_nodes.add(node.ino)
 
     def getxattr(self, ino: int, name: bytes) -> bytes:
         value = self.node(ino).xattrs.get(name)
