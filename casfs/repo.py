@@ -109,6 +109,10 @@ class Repository:
         """Verified plaintext of a blob."""
         return self.blobs.get(bid)
 
+    def get_if_cached(self, bid: BlobId, max_stored: int = 1 << 18) -> bytes | None:
+        """Verified plaintext if the blob can be read without waiting for the disk."""
+        return self.blobs.get_if_cached(bid, max_stored)
+
     def get_meta(self, bid: BlobId) -> bytes:
         """Verified plaintext of a tree or map blob, through a shared cache."""
         plain = self.meta_cache.get(bid)

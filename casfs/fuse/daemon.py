@@ -205,7 +205,7 @@ async def _serve(cfg: Config) -> int:
                 log.warning("recovered: %s", message)
             writer = CatalogWriter(cfg.store)
             stack.callback(writer.close)
-            chunks = ChunkCache(repo.get, cfg.cache_bytes)
+            chunks = ChunkCache(repo.get, cfg.cache_bytes, get_nowait=repo.get_if_cached)
             stack.callback(chunks.close)
             mounted = _Mounted()
             stack.push_async_callback(_release_claims, writer, mounted)

@@ -210,7 +210,7 @@ class Operations(pyfuse3.Operations):
                     result = change(fetched)
                     break
                 except NeedChunks as e:
-                    fetched.update(await trio.to_thread.run_sync(self.chunks.fetch_many, e.ids))
+                    fetched.update(await self.chunks.fetch_async(e.ids))
             if getattr(view, "dirty_bytes", 0) > self.opts.dirty_limit_bytes:
                 await view.flush()  # type: ignore[attr-defined]
         return result
@@ -355,8 +355,13 @@ class Operations(pyfuse3.Operations):
         # volume under the kernel's writeback cache (volumes/NAME of a whole-store mount)
         # skips the page cache: that cache owns the file's size, so a write past the end
         # would grow it there and be lost when its writeback fails; direct, it is refused.
-        direct = self.enable_writeback_cache and self._fixed_size(view, ino)
-        return pyfuse3.FileInfo(fh=FileHandleT(fh), keep_cache=view.immutable, direct_io=direct)
+        # Where that cache is off (a block volume mounted on its file), its page cache stays
+        # valid across opens, as an image's does: this mount is the volume's one writer, and
+        # every write passes through it.
+        fixed = self._fixed_size(view, ino)
+        direct = self.enable_writeback_cache and fixed
+        keep = view.immutable or (fixed and not direct)
+        return pyfuse3.FileInfo(fh=FileHandleT(fh), keep_cache=keep, direct_io=direct)
 
     def _fixed_size(self, view: View, ino: int) -> bool:
         """A writable block volume's file: writes never change its size."""

@@ -2,7 +2,10 @@
 read-ahead for sequential readers.
 
 Threading: `cached()` and `readahead()` run on the trio thread and never block;
-`fetch()` blocks (disk, zstd, BLAKE3) and runs in worker threads. Two fetches of one
+`fetch()` blocks (disk, zstd, BLAKE3) and runs in worker threads. `fetch_async()`
+serves a small miss on the trio thread when the blob's file is wholly in the page
+cache (`get_nowait`, an RWF_NOWAIT read): decoding one cached chunk costs less than
+the hand-off to a worker and back (which was most of a 4 KiB random read's cost). Two fetches of one
 blob share a single read (an in-flight map of futures), and read-ahead loads run in a
 small pool of their own, so a prefetched chunk is waited for, not read twice.
 
@@ -37,8 +40,15 @@ _MAX_STREAMS = 1024
 _MAX_INFLIGHT = 256
 _PREFETCH_WORKERS = 4
 _PREFETCH_RUN = 4
+# Misses served on the trio thread: at most this many chunks per request (a bigger read
+# goes to a worker), and after this many cold misses in a row (the store is not in the
+# page cache: each try is a wasted open) the next _INLINE_BACKOFF requests do not try.
+_INLINE_MAX = 2
+_INLINE_GIVE_UP = 8
+_INLINE_BACKOFF = 256
 
 Get = Callable[[BlobId], bytes]
+GetNowait = Callable[[BlobId], bytes | None]
 Plan = Callable[[int, int], list[Piece]]
 
 
@@ -59,8 +69,13 @@ class ChunkCache:
         max_bytes: int = DEFAULT_CACHE_BYTES,
         readahead_bytes: int = DEFAULT_READAHEAD_BYTES,
         workers: int = _PREFETCH_WORKERS,
+        get_nowait: GetNowait | None = None,
     ) -> None:
         self._get = get
+        self._get_nowait = get_nowait
+        self._cold_run = 0  # inline tries that found the blob out of the page cache, in a row
+        self._skip_inline = 0
+        self.inline = 0
         self._lru: LRU[BlobId, bytes] = LRU(max_bytes)
         self._lock = threading.Lock()
         self._inflight: dict[BlobId, Future[bytes]] = {}
@@ -131,7 +146,11 @@ class ChunkCache:
                     todo.append(bid)
                 else:
                     waits.append((bid, fut))
-        out = await trio.to_thread.run_sync(self.fetch_many, todo) if todo else {}
+        out: dict[BlobId, bytes] = {}
+        if todo and len(todo) <= _INLINE_MAX and self._try_inline():
+            todo = [bid for bid in todo if not self._fetch_inline(bid, out)]
+        if todo:
+            out.update(await trio.to_thread.run_sync(self.fetch_many, todo))
         for bid, fut in waits:
             if not fut.done():
                 await _wait_future(fut)
@@ -141,6 +160,36 @@ class ChunkCache:
                 self._count_corrupt(bid)
                 raise
         return out
+
+    def _try_inline(self) -> bool:
+        if self._get_nowait is None:
+            return False
+        if self._skip_inline:
+            self._skip_inline -= 1
+            return False
+        return True
+
+    def _fetch_inline(self, bid: BlobId, out: dict[BlobId, bytes]) -> bool:
+        """The chunk into `out` without leaving the trio thread, if it can be had
+        without waiting for the disk; False if not (fetch it in a worker)."""
+        assert self._get_nowait is not None
+        data = self._lru.peek(bid)
+        if data is None:
+            try:
+                data = self._get_nowait(bid)
+            except Corruption:
+                self._count_corrupt(bid)
+                raise
+            if data is None:
+                self._cold_run += 1
+                if self._cold_run >= _INLINE_GIVE_UP:
+                    self._cold_run, self._skip_inline = 0, _INLINE_BACKOFF
+                return False
+            self._cold_run = 0
+            self.inline += 1
+            self._lru.put(bid, data)
+        out[bid] = data
+        return True
 
     def fetch_uncached(self, bid: BlobId) -> bytes:
         """For one-pass readers (digests): use the cache if it has the chunk, but do
@@ -239,6 +288,7 @@ class ChunkCache:
             "hits": self._lru.hits,
             "misses": self._lru.misses,
             "prefetched": self.prefetched,
+            "inline": self.inline,
             "corrupt_reads": self.corrupt_reads,
         }
 
