@@ -123,6 +123,9 @@ class _Handle:
     view: View
     ino: int
     fino: int
+    # Reads through it are accesses (relatime): opened for reading, without O_NOATIME.
+    # (A write-only handle is read by the kernel itself, for writeback's partial pages.)
+    atime: bool = False
 
 
 def resolve(view: View, parent: int, name: bytes) -> tuple[View, int, Stat]:
@@ -348,9 +351,10 @@ class Operations(pyfuse3.Operations):
 
     # -- files -------------------------------------------------------------------
 
-    def _new_handle(self, view: View, ino: int, fino: int) -> pyfuse3.FileInfo:
+    def _new_handle(self, view: View, ino: int, fino: int, flags: int) -> pyfuse3.FileInfo:
         fh = next(self._fh)
-        self._handles[fh] = _Handle(view, ino, fino)
+        atime = flags & os.O_ACCMODE != os.O_WRONLY and not flags & os.O_NOATIME
+        self._handles[fh] = _Handle(view, ino, fino, atime)
         # Immutable content keeps the kernel's page cache across opens. A writable block
         # volume under the kernel's writeback cache (volumes/NAME of a whole-store mount)
         # skips the page cache: that cache owns the file's size, so a write past the end
@@ -377,7 +381,7 @@ class Operations(pyfuse3.Operations):
             # libfuse asks for atomic O_TRUNC: the kernel sends no separate truncate.
             rw: Any = view
             await self._mutate(view, lambda fetched: rw.setattr(ino, size=0, fetched=fetched))
-        return self._new_handle(view, ino, inode)
+        return self._new_handle(view, ino, inode, flags)
 
     @handler
     async def create(
@@ -388,7 +392,7 @@ class Operations(pyfuse3.Operations):
         kind = stat.S_IFREG | stat.S_IMODE(mode)
         st: Stat = await self._mutate(view, lambda _: rw.mknod(ino, name, kind, 0, ctx.uid, ctx.gid))
         attrs = self._entry_reply(view, st, view)
-        return self._new_handle(view, st.ino, attrs.st_ino), attrs
+        return self._new_handle(view, st.ino, attrs.st_ino, flags), attrs
 
     @handler
     async def read(self, fh: FileHandleT, off: int, size: int) -> bytes:
@@ -402,6 +406,9 @@ class Operations(pyfuse3.Operations):
                 log.error("reading %s: %s", _describe(h.view, h.ino), e)
                 raise
         self.chunks.readahead((id(h.view), h.ino), off, size, functools.partial(h.view.read_plan, h.ino))
+        accessed = getattr(h.view, "accessed", None) if h.atime else None
+        if accessed is not None:
+            accessed(h.ino)
         return assemble(pieces, have.__getitem__)
 
     @handler

@@ -48,6 +48,7 @@ XATTR_CREATE = 1
 XATTR_REPLACE = 2
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
+_XATTR_NAMESPACES = (b"user.", b"trusted.", b"security.")
 
 
 def fs_error(code: int, what: str = "") -> OSError:
@@ -332,7 +333,6 @@ class VolumeView:
         node = self.node(ino)
         if not node.is_file:
             raise fs_error(errno.EISDIR if node.is_dir else errno.EINVAL)
-        self._relatime(node)
         end = min(offset + size, node.size)
         cs = self.chunk_size
         pieces = []
@@ -347,6 +347,14 @@ class VolumeView:
                 pieces.append(Piece(start, stop, blob=self._chunk_ref(node, n)))
             pos = n * cs + stop
         return pieces
+
+    def accessed(self, ino: int) -> None:
+        """A program read the file (the adapter calls this for reads through a handle
+        opened for reading without O_NOATIME; read_plan alone is no access: the digest
+        control, read-ahead and the kernel's read-modify-write of a page plan reads too)."""
+        node = self.nodes.get(ino)
+        if node is not None:
+            self._relatime(node)
 
     def _relatime(self, node: Node) -> None:
         """relatime, for inodes already in the overlay: atime moves when it is older
@@ -641,6 +649,10 @@ class VolumeView:
             # refuse them: cp -a and tar then fall back to chmod instead of storing an
             # ACL that silently disagrees with the mode.
             raise fs_error(errno.EOPNOTSUPP, "POSIX ACLs are not supported")
+        if not name.startswith(_XATTR_NAMESPACES):
+            # The kernel passes every name to FUSE; ext4 refuses unknown namespaces (and
+            # system.*) so a tree that cp -a accepted here can be copied back out.
+            raise fs_error(errno.EOPNOTSUPP, "unsupported xattr namespace")
         node = self.node(ino)
         if flags & XATTR_CREATE and name in node.xattrs:
             raise fs_error(errno.EEXIST)
