@@ -22,6 +22,7 @@ import ctypes
 import errno
 import os
 import random
+import signal
 import stat
 import subprocess
 import time
@@ -30,9 +31,20 @@ from pathlib import Path
 
 import pytest
 import treecompare
-from mounting import Mount, as_nobody, casfs, mounted, public_dir, run
+from mounting import (
+    Mount,
+    as_nobody,
+    casfs,
+    cleanup,
+    is_mounted,
+    mounted,
+    public_dir,
+    run,
+    start_daemon,
+    wait_gone,
+)
 
-from casfs import volumes
+from casfs import images, volumes
 from casfs.repo import Repository
 
 GIB = 1 << 30
@@ -770,3 +782,181 @@ def test_readdir_offsets_are_stable_while_the_directory_changes(vol: Mount, nati
         assert dupes == [], (label, dupes[:10])
         assert sorted(stable - set(seen)) == [], label
         assert set(seen) <= stable | {n for n in seen if n.startswith(("churn", "new"))}
+
+
+# -- copy-on-write and snapshots -----------------------------------------------------------------
+
+
+def small_tree(top: Path) -> dict[str, bytes]:
+    files = {
+        "a.txt": b"alpha\n",
+        "big.bin": os.urandom(5 * 65536 + 333),
+        "sub/b.txt": b"beta\n",
+        "sub/deeper/c.bin": os.urandom(70_000),
+    }
+    for rel, data in files.items():
+        (top / rel).parent.mkdir(parents=True, exist_ok=True)
+        (top / rel).write_bytes(data)
+    os.setxattr(top / "a.txt", "user.kept", b"yes")
+    return files
+
+
+def patch(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def test_clones_of_one_image_diverge_and_the_image_never_changes(store: Repository, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    files = small_tree(src)
+    images.import_image(store, "img", src)
+    for name in ("a", "b"):
+        volumes.create_volume(store, name, volumes.Source(image="img"))
+    with mounted(store.path, tmp_path / "mnt") as m:
+        a, b, img = (m.path / "volumes" / "a", m.path / "volumes" / "b", m.path / "images" / "img")
+        assert treecompare.compare(src, a, ignore=("atime",)) == []
+        noise = os.urandom(70_000)
+        patch(a / "big.bin", 65536 + 100, noise)  # across a chunk boundary
+        (a / "sub" / "b.txt").unlink()
+        (a / "new_in_a").write_bytes(b"only a")
+        patch(b / "big.bin", 10, b"B")
+        os.rename(b / "sub", b / "moved")
+        os.setxattr(b / "a.txt", "user.kept", b"changed in b")
+        for v in (a, b):
+            os.sync()  # (fsync of a file flushes its whole volume; sync reaches both)
+            assert run(["setfattr", "-n", "user.casfs.snapshot", v]).returncode == 0
+        big = bytearray(files["big.bin"])
+        big[65536 + 100 : 65536 + 100 + 70_000] = noise
+        assert (a / "big.bin").read_bytes() == big
+        assert sorted(os.listdir(a)) == ["a.txt", "big.bin", "new_in_a", "sub"]
+        assert os.listdir(a / "sub") == ["deeper"]
+        big = bytearray(files["big.bin"])
+        big[10] = ord("B")
+        assert (b / "big.bin").read_bytes() == big
+        assert sorted(os.listdir(b)) == ["a.txt", "big.bin", "moved"]
+        assert os.getxattr(a / "a.txt", "user.kept") == b"yes"
+        # the image, read through the same mount, is what was imported
+        assert treecompare.compare(src, img, ignore=("atime",)) == []
+        # each clone has bytes of its own now (stored bytes: 2 new chunks in a, 1 in b)
+        ua, ub = int(xattr(a, "user.casfs.unique")), int(xattr(b, "user.casfs.unique"))
+        assert ua >= 2 * 65536 and 0 < ub < ua
+    # and out of the store, byte for byte
+    done = casfs(store.path, "image", "export", "img", tmp_path / "exported")
+    assert done.returncode == 0, done.stderr
+    assert treecompare.compare(src, tmp_path / "exported", ignore=("atime",)) == []
+    assert [s.n for s in volumes.list_snapshots(store, "a")] == [1]  # unchanged since: none at unmount
+    fsck_clean(store.path)
+
+
+def test_snapshots_by_setfattr_and_at_umount_clone_and_rollback(blank: Repository, tmp_path: Path) -> None:
+    store, mnt = blank.path, tmp_path / "mnt"
+    mnt.mkdir()
+    payload = os.urandom(3 * 65536 + 17)
+    try:
+        done = casfs(store, "mount", mnt, "--volume", "v")
+        assert done.returncode == 0, done.stderr
+        (mnt / "kept").write_text("before the first snapshot\n")
+        # written, not fsync'd, not even closed: in the kernel's writeback cache
+        f = open(mnt / "cached", "wb")  # noqa: SIM115 - closed below, after the snapshot
+        try:
+            f.write(payload)
+            f.flush()
+            done = run(["setfattr", "-n", "user.casfs.snapshot", "-v", "with the cache", mnt])
+            assert done.returncode == 0, done.stderr
+        finally:
+            f.close()
+        assert xattr(mnt, "user.casfs.snapshots") == "1"
+        (mnt / "cached").write_bytes(b"changed after snapshot 1")
+        (mnt / "later").write_text("after\n")
+        os.setxattr(mnt / "later", "user.mine", b"listed")
+        # listxattr shows a file's own names, never the control names
+        for p in (mnt, mnt / "later", mnt / "kept"):
+            dump = run(["getfattr", "-d", "-m", "-", p]).stdout
+            assert "casfs" not in dump
+        assert 'user.mine="listed"' in run(["getfattr", "-d", "-m", "-", mnt / "later"]).stdout
+        bye = casfs(store, "umount", mnt)
+        assert bye.returncode == 0, bye.stderr
+        assert bye.stdout.splitlines() == ["snapshot v@2"]
+    finally:
+        cleanup(mnt, None)
+    assert [s.label for s in volumes.list_snapshots(blank, "v")] == ["with the cache", None]
+    for name, ref in (("at1", "v@1"), ("at2", "v@2")):
+        done = casfs(store, "volume", "create", name, "--from", ref)
+        assert done.returncode == 0, done.stderr
+    with mounted(store, tmp_path / "at1", volume="at1") as m:
+        assert (m.path / "cached").read_bytes() == payload
+        assert sorted(os.listdir(m.path)) == ["cached", "kept"]
+    with mounted(store, tmp_path / "at2", volume="at2") as m:
+        assert (m.path / "cached").read_bytes() == b"changed after snapshot 1"
+        assert os.getxattr(m.path / "later", "user.mine") == b"listed"
+    # roll v back to 1: a mount then shows that state
+    done = casfs(store, "rollback", "v", "1")
+    assert done.returncode == 0, done.stderr
+    with mounted(store, mnt, volume="v") as m:
+        assert sorted(os.listdir(m.path)) == ["cached", "kept"]
+        assert (m.path / "cached").read_bytes() == payload
+        assert xattr(m.path, "user.casfs.snapshots") == "1 2"
+    # the snapshots themselves, read-only under the whole-store mount
+    with mounted(store, tmp_path / "whole") as m:
+        assert (m.path / "snapshots" / "v" / "1" / "cached").read_bytes() == payload
+        assert sorted(os.listdir(m.path / "snapshots" / "v" / "2")) == ["cached", "kept", "later"]
+
+
+# -- a crash --------------------------------------------------------------------------------------
+
+
+def test_kill_9_keeps_every_fsynced_byte(blank: Repository, tmp_path: Path) -> None:
+    store, mnt = blank.path, tmp_path / "mnt"
+    base = os.urandom(4 * 65536)
+    with mounted(store, mnt, volume="v") as m:
+        (m.path / "old").write_bytes(base)
+        (m.path / "doomed").write_text("to be unlinked")
+    synced: dict[str, bytes] = {}
+    unsynced: dict[str, bytes] = {}
+    m = start_daemon(store, mnt, volume="v")
+    try:
+        top = m.path
+        new = bytearray(base)
+        new[65536 - 5 : 65536 + 5] = b"X" * 10
+        patch(top / "old", 65536 - 5, b"X" * 10)
+        synced["old"] = bytes(new)
+        for i in range(4):
+            data = os.urandom(30_000 * (i + 1))
+            (top / "d").mkdir(exist_ok=True)
+            with open(top / "d" / f"synced{i}", "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            synced[f"d/synced{i}"] = data
+        os.rename(top / "d" / "synced0", top / "renamed")
+        synced["renamed"] = synced.pop("d/synced0")
+        os.unlink(top / "doomed")
+        with open(top / "renamed", "rb+") as f:
+            os.fsync(f.fileno())  # one fsync makes every change of the volume durable
+        for i in range(3):
+            data = os.urandom(100_000)
+            with open(top / f"unsynced{i}", "wb") as f:
+                f.write(data)
+            unsynced[f"unsynced{i}"] = data
+        os.kill(m.pid, signal.SIGKILL)
+        assert wait_gone(m.pid, m.proc, 30)
+        done = run(["fusermount3", "-u", "-z", mnt])
+        assert done.returncode == 0, done.stderr
+        assert not is_mounted(mnt)
+    finally:
+        cleanup(mnt, m.pid, m.proc)
+    with mounted(store, mnt, volume="v") as m:
+        for rel, data in synced.items():
+            assert (m.path / rel).read_bytes() == data, rel
+        assert not (m.path / "doomed").exists()
+        assert not (m.path / "d" / "synced0").exists()
+        for rel, data in unsynced.items():  # may or may not have made it; never foreign bytes
+            if (m.path / rel).exists():
+                got = (m.path / rel).read_bytes()
+                assert len(got) <= len(data)
+                assert all(g in (d, 0) for g, d in zip(got, data, strict=False)), rel
+    fsck_clean(store)
+    # the recovered changes became a snapshot at that clean unmount
+    assert [s.n for s in volumes.list_snapshots(blank, "v")] == [1, 2]
