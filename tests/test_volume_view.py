@@ -218,3 +218,20 @@ def test_relatime_for_changed_inodes_only(repo: Repository, tmp_path: Path) -> N
     t = v.getattr(new.ino).atime_ns
     v.accessed(new.ino)
     assert v.getattr(new.ino).atime_ns == t  # newer than mtime and ctime: stays
+
+
+def test_a_truncate_folded_into_a_snapshot_stays_cut(repo: Repository) -> None:
+    """Shrink, snapshot, grow: the grown part reads as zeros, not as the old bytes
+    (the fold once kept the old content id of a cut file with no chunk changes)."""
+    volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
+    v = VolumeView(repo, "v")
+    for size, cut in ((60_000, 0), (3 * CHUNK + 5, 2 * CHUNK)):
+        st = v.mknod(ROOT_INO, f"f{size}".encode(), stat.S_IFREG | 0o644, 0, 0, 0)
+        data = os.urandom(size)
+        v.write_sync(st.ino, 0, data)
+        v.snapshot_sync()
+        v.truncate_sync(st.ino, cut)
+        v.snapshot_sync()
+        v.truncate_sync(st.ino, 4 * CHUNK)
+        assert read(v, st.ino) == data[:cut] + bytes(4 * CHUNK - cut)
+    fsck_clean(repo)

@@ -18,7 +18,7 @@ from casfs.snapshots.kinds import MAP_ROOT, TREE
 from casfs.snapshots.tree import Entry, Tree, dir_entry
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import ROOT_INO
-from casfs.vfs.nodes import Node
+from casfs.vfs.nodes import NO_LIMIT, Node
 
 
 @dataclass
@@ -180,6 +180,9 @@ class _Folder:
         row = self.repo.thread_conn().execute("SELECT kind FROM blobs WHERE id = ?", (node.base,)).fetchone()
         mapped = row is not None and row[0] == MAP_ROOT
         content = chunkmap.Content(self.repo.get_meta, node.base, node.size, self.cs, mapped)
-        if not changes and mapped == chunkmap.is_mapped(node.base, node.size, self.cs):
+        # Unchanged content keeps its id, unless a truncate cut it (base_limit): the old
+        # id still names the bytes past the cut, which a later grow would bring back.
+        uncut = node.base_limit >= NO_LIMIT
+        if not changes and uncut and mapped == chunkmap.is_mapped(node.base, node.size, self.cs):
             return node.base
         return content.rewrite(self.batch.put_kind, changes, node.size)
