@@ -235,3 +235,28 @@ def test_a_truncate_folded_into_a_snapshot_stays_cut(repo: Repository) -> None:
         v.truncate_sync(st.ino, 4 * CHUNK)
         assert read(v, st.ino) == data[:cut] + bytes(4 * CHUNK - cut)
     fsck_clean(repo)
+
+
+def test_a_hardlink_changed_under_one_name_is_folded_under_all(repo: Repository, tmp_path: Path) -> None:
+    """A fold rewrites only materialized directories: every directory that holds a name
+    of a changed hardlinked file must be one (found by ino in the base)."""
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "b" / "deep").mkdir(parents=True)
+    (src / "a" / "f").write_bytes(b"old")
+    os.link(src / "a" / "f", src / "b" / "deep" / "g")
+    os.link(src / "a" / "f", src / "h")
+    images.import_image(repo, "img", src)
+    volumes.create_volume(repo, "v", volumes.Source(image="img"))
+    v = VolumeView(repo, "v")
+    f = v.lookup(v.lookup(ROOT_INO, b"a").ino, b"f")
+    v.write_sync(f.ino, 0, b"new!")
+    v.unlink(ROOT_INO, b"h")
+    v.close()
+    v = VolumeView(repo, "v")  # looked up from the other name first this time
+    deep = v.lookup(v.lookup(ROOT_INO, b"b").ino, b"deep")
+    g = v.lookup(deep.ino, b"g")
+    assert read(v, g.ino) == b"new!" and g.nlink == 2
+    f = v.lookup(v.lookup(ROOT_INO, b"a").ino, b"f")
+    assert f.ino == g.ino and read(v, f.ino) == b"new!"
+    fsck_clean(repo)

@@ -27,7 +27,8 @@ import bisect
 import errno
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import trio
 
@@ -97,6 +98,7 @@ class VolumeView:
         self._contents: dict[int, chunkmap.Content | chunkmap.ChunkMap] = {}
         self._buffered: dict[int, set[int]] = {}  # ino -> chunk numbers in buffers
         self._allocated: dict[BlobId, list[int]] = {}  # base content -> its data chunks
+        self._links: _BaseLinks | None = None  # the base's hardlinks, found when first needed
         self.lock = trio.Lock()
         self._load_overlay()
         if ROOT_INO not in self.nodes:
@@ -196,10 +198,43 @@ class VolumeView:
             node = self.node(ino)
             if ino != ROOT_INO:
                 self._materialize(node.parent)
+            if node.nlink > 1 and not node.is_dir and self.kind == "dir":
+                self._materialize_links(ino)
             self.overlay.add(ino)
         self.dirty_nodes.add(ino)
         if self.dirty_since is None:
             self.dirty_since = time.monotonic()
+
+    def _materialize_links(self, ino: int) -> None:
+        """A hardlinked base inode changes: materialize every directory that holds one
+        of its names, so that the fold rewrites each entry (an unmaterialized directory
+        is reused as it was, and would keep the old attributes and content under its
+        name). The base's hardlinks are found by one walk of its directories, on the
+        first change of a hardlinked file after a fold: O(directories) then, once."""
+        if self._links is None:
+            self._links = _BaseLinks.scan(self._tree, self.base)
+        for d in self._links.dirs.get(ino, ()):
+            if self._load_base_dir(d):
+                self._materialize(d)
+
+    def _load_base_dir(self, d: int) -> bool:
+        """The node of base directory `d`, loaded through its base parents; False if it
+        is gone (removed, or moved out of a parent that has changed since)."""
+        if d in self.nodes:
+            return True
+        if d == ROOT_INO or self._links is None or d not in self._links.parents:
+            return False
+        parent, name = self._links.parents[d]
+        if not self._load_base_dir(parent):
+            return False
+        pnode = self.node(parent)
+        if pnode.listing is not None:
+            return d in self.nodes  # a materialized listing loaded every child it holds
+        entry = self._tree(pnode.base).find(name)
+        if entry is None or not entry.is_dir or entry.attrs.ino != d:
+            return False
+        self._child_node(entry, parent)
+        return True
 
     # -- reading -----------------------------------------------------------------
 
@@ -480,6 +515,7 @@ class VolumeView:
 
     def _remove_name(self, parent: int, name: bytes, child: Node) -> None:
         listing = self._materialize(parent)
+        self._touch(child.ino)  # while nlink still counts this name (see _materialize_links)
         del listing.entries[name]
         now = _now()
         pnode = self.node(parent)
@@ -835,6 +871,7 @@ class VolumeView:
         self.overlay = {i for i in self.overlay if i in self.nodes and self.nodes[i].nlink == 0}
         self.chunk_ids = {i: c for i, c in self.chunk_ids.items() if i in self.overlay}
         self._contents.clear()
+        self._links = None
 
     def snapshot_sync(self, label: str | None = None) -> int:
         self.flush_sync()
@@ -875,6 +912,29 @@ class VolumeView:
     @property
     def size_bytes(self) -> int:
         return self.nodes[ROOT_INO].size if self.kind == "block" else 0
+
+
+@dataclass
+class _BaseLinks:
+    """Where a base tree's hardlinked files are: ino -> the directories holding their
+    names, and each directory's parent and name (to load it without a path)."""
+
+    dirs: dict[int, list[int]]
+    parents: dict[int, tuple[int, bytes]]
+
+    @staticmethod
+    def scan(tree_of: Callable[[BlobId], Tree], root: BlobId) -> _BaseLinks:
+        links = _BaseLinks({}, {})
+        todo = [(ROOT_INO, root)]
+        while todo:
+            d, bid = todo.pop()
+            for entry in tree_of(bid).entries:
+                if entry.is_dir:
+                    links.parents[entry.attrs.ino] = (d, entry.name)
+                    todo.append((entry.attrs.ino, entry.blob))
+                elif entry.attrs.nlink > 1:
+                    links.dirs.setdefault(entry.attrs.ino, []).append(d)
+        return links
 
 
 def _contains(ordered: list[int], n: int) -> bool:
