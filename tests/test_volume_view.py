@@ -249,7 +249,9 @@ def test_a_hardlink_changed_under_one_name_is_folded_under_all(repo: Repository,
     images.import_image(repo, "img", src)
     volumes.create_volume(repo, "v", volumes.Source(image="img"))
     v = VolumeView(repo, "v")
-    f = v.lookup(v.lookup(ROOT_INO, b"a").ino, b"f")
+    a = v.lookup(ROOT_INO, b"a")
+    v.mknod(a.ino, b"first", stat.S_IFREG | 0o644, 0, 0, 0)  # copies a/f up, unchanged
+    f = v.lookup(a.ino, b"f")
     v.write_sync(f.ino, 0, b"new!")
     v.unlink(ROOT_INO, b"h")
     v.close()

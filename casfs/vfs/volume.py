@@ -99,6 +99,7 @@ class VolumeView:
         self._buffered: dict[int, set[int]] = {}  # ino -> chunk numbers in buffers
         self._allocated: dict[BlobId, list[int]] = {}  # base content -> its data chunks
         self._links: _BaseLinks | None = None  # the base's hardlinks, found when first needed
+        self._linked: set[int] = set()  # hardlinked inodes whose every directory is materialized
         self.lock = trio.Lock()
         self._load_overlay()
         if ROOT_INO not in self.nodes:
@@ -198,9 +199,11 @@ class VolumeView:
             node = self.node(ino)
             if ino != ROOT_INO:
                 self._materialize(node.parent)
-            if node.nlink > 1 and not node.is_dir and self.kind == "dir":
-                self._materialize_links(ino)
             self.overlay.add(ino)
+        known = self.nodes.get(ino)
+        if known is not None and known.nlink > 1 and not known.is_dir and ino not in self._linked:
+            # (not only at its own copy-up: a listing copies its children up unchanged)
+            self._materialize_links(ino)
         self.dirty_nodes.add(ino)
         if self.dirty_since is None:
             self.dirty_since = time.monotonic()
@@ -211,6 +214,9 @@ class VolumeView:
         is reused as it was, and would keep the old attributes and content under its
         name). The base's hardlinks are found by one walk of its directories, on the
         first change of a hardlinked file after a fold: O(directories) then, once."""
+        self._linked.add(ino)
+        if self.kind != "dir":
+            return
         if self._links is None:
             self._links = _BaseLinks.scan(self._tree, self.base)
         for d in self._links.dirs.get(ino, ()):
@@ -872,6 +878,7 @@ class VolumeView:
         self.chunk_ids = {i: c for i, c in self.chunk_ids.items() if i in self.overlay}
         self._contents.clear()
         self._links = None
+        self._linked.clear()
 
     def snapshot_sync(self, label: str | None = None) -> int:
         self.flush_sync()
