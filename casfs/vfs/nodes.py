@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
 import stat
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from casfs.snapshots.tree import Attrs, Entry, Tree
@@ -25,6 +28,10 @@ class Listing:
 
     entries: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # name -> (cookie, ino)
     next_cookie: int = 1
+    # (next_cookie, len(entries)) -> (cookie, name) in cookie order: see after()
+    _order: tuple[tuple[int, int], list[tuple[int, bytes]]] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     def add(self, name: bytes, ino: int) -> None:
         self.entries[name] = (self.next_cookie, ino)
@@ -33,6 +40,19 @@ class Listing:
     def ino(self, name: bytes) -> int | None:
         item = self.entries.get(name)
         return item[1] if item else None
+
+    def after(self, offset: int) -> Iterator[tuple[int, bytes, int]]:
+        """(cookie, name, ino) of the entries whose cookie is above `offset`, in cookie
+        order. The order is cached between readdir calls (a big directory is read in
+        many): add() always takes a new, higher cookie and a removal shrinks the dict,
+        so (next_cookie, len) names the set of (cookie, name) pairs; replace() keeps it."""
+        key = (self.next_cookie, len(self.entries))
+        if self._order is None or self._order[0] != key:
+            self._order = (key, sorted((c, name) for name, (c, _) in self.entries.items()))
+        order = self._order[1]
+        for i in range(bisect.bisect_right(order, offset, key=itemgetter(0)), len(order)):
+            cookie, name = order[i]
+            yield cookie, name, self.entries[name][1]
 
     def replace(self, name: bytes, ino: int) -> None:
         cookie, _ = self.entries[name]

@@ -38,12 +38,15 @@ from casfs.repo import Repository
 from casfs.snapshots import chunkmap
 from casfs.snapshots.kinds import MAP_ROOT
 from casfs.snapshots.tree import Entry, Tree
+from casfs.store.cache import LRU
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import ROOT_INO, Piece, Stat
 from casfs.vfs.fold import FlushJob, FoldJob, delete_inode_rows, run_flush, run_fold
 from casfs.vfs.nodes import NO_LIMIT, Listing, Node
 
 NAME_MAX = 255
+# Decoded base trees, sized by their blob's plaintext (decoded, a few times more).
+_TREE_CACHE_BYTES = 16 << 20
 _DAY_NS = 86400 * 10**9
 XATTR_CREATE = 1
 XATTR_REPLACE = 2
@@ -96,6 +99,7 @@ class VolumeView:
         self.dirty_since: float | None = None
         self.chunk_ids: dict[int, dict[int, BlobId]] = {}
         self._contents: dict[int, chunkmap.Content | chunkmap.ChunkMap] = {}
+        self._trees: LRU[BlobId, Tree] = LRU(_TREE_CACHE_BYTES)
         self._buffered: dict[int, set[int]] = {}  # ino -> chunk numbers in buffers
         self._allocated: dict[BlobId, list[int]] = {}  # base content -> its data chunks
         self._links: _BaseLinks | None = None  # the base's hardlinks, found when first needed
@@ -146,7 +150,15 @@ class VolumeView:
         return Node.from_tree(self._tree(self.base), self.base, ROOT_INO)
 
     def _tree(self, bid: BlobId) -> Tree:
-        return Tree.decode(self.repo.get_meta(bid))
+        """A base tree, decoded once: readdir of a big directory comes in many calls, and
+        decoding it for each made `ls -lR` of a snapshot-based volume quadratic. Shared:
+        callers must not change it."""
+        tree = self._trees.get(bid)
+        if tree is None:
+            plain = self.repo.get_meta(bid)
+            tree = Tree.decode(plain)
+            self._trees.put(bid, tree, len(plain))
+        return tree
 
     def _base_entries(self, node: Node) -> list[Entry]:
         return self._tree(node.base).entries if node.base != ZERO_ID else []
@@ -311,8 +323,7 @@ class VolumeView:
     def readdir(self, ino: int, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
         node = self._dir(ino)
         if node.listing is not None:
-            items = sorted(((c, name, i) for name, (c, i) in node.listing.entries.items() if c > offset))
-            for cookie, name, child in items:
+            for cookie, name, child in node.listing.after(offset):
                 yield name, self._stat(self.node(child)), cookie
             return
         entries = self._base_entries(node)

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""A tree copied into a directory volume and walked, beside the native filesystem and
+bindfs (a C FUSE passthrough), in one run.
+
+    python benchmarks/dir_bench.py [--source /usr/share] [--workdir DIR] [--json]
+
+The source tree (default /usr/share; its entry count is reported) is read once first
+so every peer copies from the page cache. Destinations: DIR/native/tree, bindfs over
+DIR/bindfs-src, and a blank directory volume mounted with `casfs mount MNT --volume
+tree` (as a runtime mounts a pod's volume). Timed, in seconds, per peer:
+
+  cp -a         cp -a SOURCE DEST/tree
+  ls -lR warm   ls -lR DEST/tree > /dev/null, right after one untimed run
+  du -s warm    du -s DEST/tree
+  find | wc -l  find DEST/tree | wc -l (checked against the source's count)
+  ls -lR cold   after dropping the page cache and remounting (casfs: the unmount
+                folded the copy into snapshot 1, and the tree is read from its blobs)
+
+casfs's unmount after the copy (flush and snapshot) is timed too. Run as root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import PEERS, Casfs, Row, drop_caches, is_mounted, sh, table, timed, unmount
+
+STEPS = ("cp -a", "ls -lR warm", "du -s warm", "find | wc -l", "ls -lR cold")
+
+
+def count_entries(top: Path) -> int:
+    out = subprocess.run(
+        ["bash", "-c", f"find '{top}' | wc -l"], capture_output=True, text=True, timeout=600, check=True
+    )
+    return int(out.stdout.strip())
+
+
+def run(source: Path, work: Path) -> dict[str, Any]:
+    entries = count_entries(source)
+    timed(f"tar cf - '{source}' 2>/dev/null | cat > /dev/null")  # the source into the page cache
+    native = work / "native"
+    bind_src, bind_mnt = work / "bindfs-src", work / "bindfs"
+    cas = Casfs(work / "store", work / "casfs", volume="tree")
+    for d in (native, bind_src, bind_mnt, cas.mnt):
+        d.mkdir()
+    cas.cli("init")
+    cas.cli("volume", "create", "tree", "--blank-dir")
+    results: dict[str, dict[str, float]] = {s: {} for s in STEPS}
+    extra: dict[str, float] = {}
+    dropped = True
+
+    def mount(peer: str) -> Path:
+        if peer == "bindfs":
+            sh("bindfs", bind_src, bind_mnt, timeout=60)
+            return bind_mnt
+        if peer == "casfs":
+            cas.mount()
+            return cas.mnt
+        return native
+
+    def umount(peer: str) -> None:
+        if peer == "bindfs":
+            unmount(bind_mnt)
+        elif peer == "casfs":
+            t = time.perf_counter()
+            cas.umount()
+            extra.setdefault("casfs umount after cp s", time.perf_counter() - t)
+
+    try:
+        for peer in PEERS:
+            top = mount(peer)
+            dest = top / "tree"
+            results["cp -a"][peer] = timed(f"cp -a '{source}' '{dest}'", timeout=1800)
+            timed(f"ls -lR '{dest}' > /dev/null")
+            results["ls -lR warm"][peer] = timed(f"ls -lR '{dest}' > /dev/null")
+            results["du -s warm"][peer] = timed(f"du -s '{dest}' > /dev/null")
+            t = time.perf_counter()
+            found = count_entries(dest)
+            results["find | wc -l"][peer] = time.perf_counter() - t
+            if found != entries:
+                raise RuntimeError(f"{peer}: {found} entries copied, the source has {entries}")
+            umount(peer)
+            dropped = drop_caches() and dropped
+            top = mount(peer)
+            results["ls -lR cold"][peer] = timed(f"ls -lR '{top / 'tree'}' > /dev/null")
+            umount(peer)
+            for step in STEPS:
+                print(f"  {peer:7} {step:14} {results[step][peer]:8.2f} s", file=sys.stderr)
+    finally:
+        unmount(bind_mnt)
+        cas.umount()
+        unmount(cas.mnt)
+    return {"source": str(source), "entries": entries, "results": results, "extra": extra, "dropped": dropped}
+
+
+def report_table(report: dict[str, Any]) -> str:
+    rows = [Row(step, "s", by_peer, higher_is_better=False) for step, by_peer in report["results"].items()]
+    out = [table(rows)]
+    for key, value in report["extra"].items():
+        out.append(f"{key}: {value:.2f}")
+    if not report["dropped"]:
+        out.append("(could not drop the page cache: cold reads may have come from memory; run as root)")
+    return "\n".join(out)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--source", default="/usr/share")
+    p.add_argument("--workdir", default=os.environ.get("CASFS_BENCH_DIR", "/var/tmp"))
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="casfs-dirbench-", dir=args.workdir))
+    try:
+        report = run(Path(args.source), work)
+    finally:
+        for mnt in (work / "casfs", work / "bindfs"):
+            unmount(mnt)
+        if not any(is_mounted(work / m) for m in ("casfs", "bindfs")):
+            shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(
+            f"{report['source']}: {report['entries']} entries, {os.cpu_count()} CPUs; times in seconds "
+            "(ratios above 1 are slower); casfs: a directory volume mounted alone"
+        )
+        print(report_table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
