@@ -262,3 +262,20 @@ def test_a_hardlink_changed_under_one_name_is_folded_under_all(repo: Repository,
     f = v.lookup(v.lookup(ROOT_INO, b"a").ino, b"f")
     assert f.ino == g.ino and read(v, f.ino) == b"new!"
     fsck_clean(repo)
+
+
+def test_a_file_moved_then_changed_after_a_fold_is_folded_where_it_is(repo: Repository) -> None:
+    volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
+    v = VolumeView(repo, "v")
+    a = v.mkdir(ROOT_INO, b"a", 0o755, 0, 0)
+    b = v.mkdir(ROOT_INO, b"b", 0o755, 0, 0)
+    f = v.mknod(a.ino, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
+    v.snapshot_sync()
+    v.rename(a.ino, b"f", b.ino, b"f")
+    v.snapshot_sync()
+    v.write_sync(f.ino, 70_000, b"!")  # (the node's parent still said `a`)
+    v.close()
+    v = VolumeView(repo, "v")
+    g = v.lookup(v.lookup(ROOT_INO, b"b").ino, b"f")
+    assert g.size == 70_001 and read(v, g.ino) == bytes(70_000) + b"!"
+    fsck_clean(repo)

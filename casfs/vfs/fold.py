@@ -42,6 +42,7 @@ class FoldJob:
     size: int = 0
     snapshot: int = 0
     bases: dict[int, BlobId] = field(default_factory=dict)  # ino -> its id in the new root
+    parents: dict[int, int] = field(default_factory=dict)  # ino -> a directory naming it there
 
 
 def delete_inode_rows(conn: sqlite3.Connection, volume: str, ino: int, from_chunk: int = 0) -> None:
@@ -153,14 +154,15 @@ class _Folder:
             tree = Tree.decode(self.repo.get_meta(node.base))
             tree.attrs = node.attrs()
         else:
-            entries = [self._entry(name, child) for name, (_, child) in node.listing.entries.items()]
+            entries = [self._entry(ino, name, child) for name, (_, child) in node.listing.entries.items()]
             tree = Tree(node.attrs(), self.cs, entries)
         bid = self.batch.put(tree.encode(), TREE)
         self.job.bases[ino] = bid
         return bid
 
-    def _entry(self, name: bytes, ino: int) -> Entry:
+    def _entry(self, parent: int, name: bytes, ino: int) -> Entry:
         node = self.job.rows[ino]
+        self.job.parents[ino] = parent
         if node.is_dir:
             return dir_entry(name, node.mode, ino, self.fold_dir(ino))
         if node.is_file:

@@ -883,6 +883,9 @@ class VolumeView:
             if node.nlink == 0:
                 continue  # unlinked but open: stays in memory only, its data still buffered below
             node.base = job.bases.get(ino, node.base)
+            # A file's parent goes stale when it moves or loses a name (only a directory's
+            # is kept up to date); the next copy-up must materialize where it is now.
+            node.parent = job.parents.get(ino, node.parent)
             node.base_limit = NO_LIMIT
             node.listing = None
         self.overlay = {i for i in self.overlay if i in self.nodes and self.nodes[i].nlink == 0}
