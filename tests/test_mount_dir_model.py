@@ -32,7 +32,7 @@ from mounting import casfs, mounted, run
 from casfs import volumes
 from casfs.repo import Repository
 
-STEPS = int(os.environ.get("CASFS_MODEL_STEPS", "3000"))
+STEPS = int(os.environ.get("CASFS_MODEL_STEPS", "10000"))  # about 20 s
 CHECK_EVERY = int(os.environ.get("CASFS_MODEL_CHECK_EVERY", "300"))
 FILES = ["f0", "f1", "f2", "f3", "f4", "f5"]
 DIRS = ["d0", "d1", "d2"]
@@ -81,9 +81,9 @@ def random_op(rnd: random.Random) -> Op:
         [
             "create", "write", "truncate", "read", "rename", "rename2", "unlink", "mkdir", "rmdir",
             "link", "symlink", "chmod", "setxattr", "removexattr", "fsync", "open_keep", "kept_write",
-            "kept_read", "kept_truncate", "kept_close", "snapshot", "listdir",
+            "kept_read", "kept_truncate", "kept_close", "snapshot", "listdir", "stat",
         ],
-        weights=[8, 14, 5, 6, 5, 2, 4, 4, 2, 3, 3, 3, 3, 1, 2, 5, 5, 3, 1, 2, 0.15, 2],
+        weights=[8, 14, 5, 6, 5, 2, 4, 4, 2, 3, 3, 3, 3, 1, 2, 5, 5, 3, 1, 2, 0.15, 2, 3],
     )[0]  # fmt: skip
     pool = DIRS if kind in ("mkdir", "rmdir") or (kind == "rename" and rnd.random() < 0.25) else FILES
     path, other = random_path(rnd, LINKS if kind == "symlink" else pool), random_path(rnd, pool)
@@ -121,7 +121,7 @@ def random_op(rnd: random.Random) -> Op:
         args = (slot,)
     elif kind == "listdir":
         args = (rnd.choice(PARENTS),)
-    else:  # fsync, unlink, rmdir, snapshot
+    else:  # fsync, unlink, rmdir, snapshot, stat
         args = (path,)
     return kind, args
 
@@ -221,6 +221,10 @@ def do(side: Side, op: Op) -> object:
         return None
     if kind == "listdir":
         return sorted(os.listdir(side.p(str(a[0]))))
+    if kind == "stat":
+        st = os.lstat(side.p(str(a[0])))
+        size = None if st.st_mode & 0o170000 == 0o040000 else st.st_size  # (directory sizes differ)
+        return (st.st_mode, st.st_nlink, size, st.st_uid, st.st_gid)
     if kind == "snapshot":
         if side.is_mount:
             done = run(["setfattr", "-n", "user.casfs.snapshot", os.fsdecode(side.root)])
