@@ -20,10 +20,12 @@ import ctypes
 import errno
 import os
 import random
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import treecompare
@@ -65,7 +67,7 @@ class Side:
         self.fds.clear()
 
 
-Op = tuple[str, tuple[object, ...]]
+Op = tuple[str, tuple[Any, ...]]
 
 
 def random_path(rnd: random.Random, pool: list[str]) -> str:
@@ -92,7 +94,7 @@ def random_op(rnd: random.Random) -> Op:
     fill = rnd.choice(["random", "random", "zeros"])
     slot = rnd.randrange(SLOTS)
     seed = rnd.randrange(1 << 30)
-    args: tuple[object, ...]
+    args: tuple[Any, ...]
     if kind in ("create",):
         args = (path, rnd.choice([0o644, 0o600, 0o755, 0o4755]), rnd.random() < 0.3)
     elif kind in ("write", "kept_write"):
@@ -151,79 +153,79 @@ def do(side: Side, op: Op) -> object:
     if kind == "create":
         path, mode, excl = a
         flags = os.O_CREAT | os.O_WRONLY | (os.O_EXCL if excl else 0)
-        os.close(os.open(side.p(str(path)), flags, int(mode)))  # type: ignore[call-overload]
+        os.close(os.open(side.p(path), flags, mode))
         return None
     if kind == "write":
         path, _, offset, length, fill, seed, creat = a
-        data = payload(str(fill), int(length), int(seed))  # type: ignore[call-overload]
+        data = payload(fill, length, seed)
         flags = os.O_WRONLY | (os.O_CREAT if creat else 0)
-        return _with_fd(side.p(str(path)), flags, lambda fd: os.pwrite(fd, data, int(offset)))  # type: ignore[call-overload]
+        return _with_fd(side.p(path), flags, lambda fd: os.pwrite(fd, data, offset))
     if kind == "kept_write":
         _, slot, offset, length, fill, seed, _ = a
-        data = payload(str(fill), int(length), int(seed))  # type: ignore[call-overload]
-        return os.pwrite(_kept(side, int(slot)), data, int(offset))  # type: ignore[call-overload]
+        data = payload(fill, length, seed)
+        return os.pwrite(_kept(side, slot), data, offset)
     if kind == "truncate":
-        os.truncate(side.p(str(a[0])), int(a[2]))  # type: ignore[call-overload]
+        os.truncate(side.p(a[0]), a[2])
         return None
     if kind == "kept_truncate":
-        os.ftruncate(_kept(side, int(a[1])), int(a[2]))  # type: ignore[call-overload]
+        os.ftruncate(_kept(side, a[1]), a[2])
         return None
     if kind == "read":
         path, _, offset, length = a
-        return _with_fd(side.p(str(path)), os.O_RDONLY, lambda fd: os.pread(fd, int(length), int(offset)))  # type: ignore[call-overload]
+        return _with_fd(side.p(path), os.O_RDONLY, lambda fd: os.pread(fd, length, offset))
     if kind == "kept_read":
         _, slot, offset, length = a
-        fd = _kept(side, int(slot))  # type: ignore[call-overload]
-        return (os.pread(fd, int(length), int(offset)), os.fstat(fd).st_size, os.fstat(fd).st_nlink)  # type: ignore[call-overload]
+        fd = _kept(side, slot)
+        return (os.pread(fd, length, offset), os.fstat(fd).st_size, os.fstat(fd).st_nlink)
     if kind == "rename":
-        os.rename(side.p(str(a[0])), side.p(str(a[1])))
+        os.rename(side.p(a[0]), side.p(a[1]))
         return None
     if kind == "rename2":
-        renameat2(side.p(str(a[0])), side.p(str(a[1])), int(a[2]))  # type: ignore[call-overload]
+        renameat2(side.p(a[0]), side.p(a[1]), a[2])
         return None
     if kind == "unlink":
-        os.unlink(side.p(str(a[0])))
+        os.unlink(side.p(a[0]))
         return None
     if kind == "mkdir":
-        os.mkdir(side.p(str(a[0])), int(a[1]))  # type: ignore[call-overload]
+        os.mkdir(side.p(a[0]), a[1])
         return None
     if kind == "rmdir":
-        os.rmdir(side.p(str(a[0])))
+        os.rmdir(side.p(a[0]))
         return None
     if kind == "link":
-        os.link(side.p(str(a[0])), side.p(str(a[1])), follow_symlinks=False)
+        os.link(side.p(a[0]), side.p(a[1]), follow_symlinks=False)
         return None
     if kind == "symlink":
-        os.symlink(str(a[0]), side.p(str(a[1])))
+        os.symlink(a[0], side.p(a[1]))
         return None
     if kind == "chmod":
-        os.chmod(side.p(str(a[0])), int(a[1]))  # type: ignore[call-overload]
+        os.chmod(side.p(a[0]), a[1])
         return None
     if kind == "setxattr":
-        os.setxattr(side.p(str(a[0])), str(a[1]), bytes(a[2]))  # type: ignore[arg-type]
+        os.setxattr(side.p(a[0]), a[1], a[2])
         return None
     if kind == "removexattr":
-        os.removexattr(side.p(str(a[0])), str(a[1]))
+        os.removexattr(side.p(a[0]), a[1])
         return None
     if kind == "fsync":
-        return _with_fd(side.p(str(a[0])), os.O_RDONLY, os.fsync)
+        return _with_fd(side.p(a[0]), os.O_RDONLY, os.fsync)
     if kind == "open_keep":
         path, slot, trunc = a
-        old = side.fds.pop(int(slot), None)  # type: ignore[call-overload]
+        old = side.fds.pop(slot, None)
         if old is not None:
             os.close(old)
-        side.fds[int(slot)] = os.open(side.p(str(path)), os.O_RDWR | (os.O_TRUNC if trunc else 0))  # type: ignore[call-overload]
+        side.fds[slot] = os.open(side.p(path), os.O_RDWR | (os.O_TRUNC if trunc else 0))
         return None
     if kind == "kept_close":
-        fd = _kept(side, int(a[0]))  # type: ignore[call-overload]
-        del side.fds[int(a[0])]  # type: ignore[call-overload]
+        fd = _kept(side, a[0])
+        del side.fds[a[0]]
         os.close(fd)
         return None
     if kind == "listdir":
-        return sorted(os.listdir(side.p(str(a[0]))))
+        return sorted(os.listdir(side.p(a[0])))
     if kind == "stat":
-        st = os.lstat(side.p(str(a[0])))
-        size = None if st.st_mode & 0o170000 == 0o040000 else st.st_size  # (directory sizes differ)
+        st = os.lstat(side.p(a[0]))
+        size = None if stat.S_ISDIR(st.st_mode) else st.st_size  # (directory sizes differ)
         return (st.st_mode, st.st_nlink, size, st.st_uid, st.st_gid)
     if kind == "snapshot":
         if side.is_mount:
