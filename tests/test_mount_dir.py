@@ -116,11 +116,14 @@ def tree_with_everything(top: Path) -> None:
     os.symlink("/etc/hostname", top / "links" / "abs")
     os.symlink("../nowhere", top / "links" / "dangling")
     os.symlink("../email", top / "links" / "to_dir")
-    os.setxattr(top / "links" / "target.txt", "user.one", b"1")
-    os.setxattr(top / "links" / "target.txt", "user.binary", bytes(range(256)))
-    os.setxattr(top / "odd", "user.dir", b"")
-    with open(top / "sparse", "wb") as f:
-        f.truncate(GIB)
+    run(["setfattr", "-n", "user.one", "-v", "1", top / "links" / "target.txt"], check=True)
+    run(
+        ["setfattr", "-n", "user.binary", "-v", "0x" + bytes(range(256)).hex(), top / "links" / "target.txt"],
+        check=True,
+    )
+    run(["setfattr", "-n", "user.dir", top / "odd"], check=True)
+    run(["truncate", "-s", "1G", top / "sparse"], check=True)
+    with open(top / "sparse", "r+b") as f:  # 10 kB of data in the middle
         f.seek(GIB // 2 + 1000)
         f.write(os.urandom(10_000))
     (top / "empty").touch()
@@ -719,7 +722,6 @@ def test_o_direct_fifo_and_device_nodes(vol: Mount, native: Path) -> None:
     for name in ("null", "blk", "sock", "reg"):
         a, b = os.lstat(native / name), os.lstat(top / name)
         assert (a.st_mode, a.st_rdev, a.st_size) == (b.st_mode, b.st_rdev, b.st_size), name
-    assert as_nobody("mknod", top / "nope", "c", "1", "3").returncode != 0
 
 
 # -- readdir while the directory changes ----------------------------------------------------------
