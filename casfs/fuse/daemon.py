@@ -48,6 +48,7 @@ from casfs.errors import Busy, CasfsError, NotFound, UsageError
 from casfs.fuse.control import CatalogWriter, ControlPlane, maybe_await, syncfs_path
 from casfs.fuse.inodes import InodeTable
 from casfs.fuse.operations import MountOptions, Operations
+from casfs.lifecycle.pids import alive
 from casfs.lifecycle.recovery import recover
 from casfs.repo import Repository, store_path
 from casfs.store.ids import BlobId
@@ -396,7 +397,7 @@ def claim_volume(repo: Repository, name: str) -> None:
             raise UsageError(f"volume {name!r} is read-only")
         if phase in ("creating", "deleting"):
             raise Busy(f"volume {name!r} is {phase}")
-        if phase != "ready" and pid and pid != os.getpid() and pid_alive(pid):
+        if phase != "ready" and pid and pid != os.getpid() and alive(pid):
             raise Busy(f"volume {name!r} is {phase} by process {pid}")
         # A dead holder left it mounted: the read/write view recovers its overlay.
         conn.execute(
@@ -416,18 +417,9 @@ def release_volume(repo: Repository, *, name: str) -> None:
         volumes.touch(conn, name)
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
-
-
 def wait_pid_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
-    while pid_alive(pid):
+    while alive(pid):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from casfs.errors import Corruption, MissingBlob
+from casfs.lifecycle.pids import alive
 from casfs.store import codec
 from casfs.store.ids import ID_SIZE, BlobId, blob_id, verify_id
 
@@ -192,7 +193,7 @@ class FileBlobStore(BlobStore):
             pid_text = entry.name.split("-", 1)[0]
             if (
                 pid_text.isdigit()
-                and _pid_alive(int(pid_text))
+                and alive(int(pid_text))
                 and (live_pids is None or int(pid_text) in live_pids)
             ):
                 continue
@@ -205,16 +206,6 @@ class FileBlobStore(BlobStore):
                 os.unlink(entry.path)
                 removed += 1
         return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class FileStaging(Staging):
