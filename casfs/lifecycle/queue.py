@@ -77,13 +77,25 @@ def queue_limit(repo: Repository) -> int:
     return int(config.effective(repo.thread_conn(), "queue.limit").value)
 
 
-@contextlib.contextmanager
-def job_slot(repo: Repository, what: str) -> Iterator[int]:
-    """Run the body in one of the store's job slots, waiting for one to free up; yields
-    the slot's number. Safe from any thread (blocks while waiting: not on an event loop)."""
-    if getattr(_held, "slot", None) is not None:
-        yield _held.slot
-        return
+class Slot:
+    """A held job slot (its flock); release() frees it, from any thread, once."""
+
+    def __init__(self, slot: int, fd: int, what: str) -> None:
+        self.slot = slot
+        self._fd = fd
+        self._what = what
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            _trace("end", self._what)
+            os.ftruncate(self._fd, 0)
+            os.close(self._fd)  # releases the flock
+            self._fd = -1
+
+
+def acquire_slot(repo: Repository, what: str) -> Slot:
+    """Wait for one of the store's job slots (blocks: call it from a worker thread when
+    on an event loop). The caller releases it; job_slot() is the usual form."""
     qdir = queue_dir(repo)
     qdir.mkdir(exist_ok=True)
     limit = queue_limit(repo)
@@ -98,16 +110,25 @@ def job_slot(repo: Repository, what: str) -> Iterator[int]:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 wait_file.unlink()
-    slot, fd = taken
-    _held.slot = slot
+    _trace("start", what)
+    return Slot(*taken, what)
+
+
+@contextlib.contextmanager
+def job_slot(repo: Repository, what: str) -> Iterator[int]:
+    """Run the body in one of the store's job slots, waiting for one to free up; yields
+    the slot's number. Safe from any thread (blocks while waiting: not on an event loop).
+    Re-entrant within a thread: a job inside a job uses the slot already held."""
+    if getattr(_held, "slot", None) is not None:
+        yield _held.slot
+        return
+    slot = acquire_slot(repo, what)
+    _held.slot = slot.slot
     try:
-        _trace("start", what)
-        yield slot
+        yield slot.slot
     finally:
-        _trace("end", what)
         _held.slot = None
-        os.ftruncate(fd, 0)
-        os.close(fd)  # releases the flock
+        slot.release()
 
 
 def _take(qdir: Path, limit: int, record: dict[str, Any]) -> tuple[int, int] | None:

@@ -30,6 +30,7 @@ class FlushJob:
     next_ino: int
     logical: int
     ids: dict[tuple[int, int], BlobId] = field(default_factory=dict)
+    inos: set[int] = field(default_factory=set)  # the dirty inodes it carries (rows, or gone)
 
 
 @dataclass

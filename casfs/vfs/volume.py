@@ -17,8 +17,15 @@ Slow work is split so the trio thread never blocks: prepare_flush() captures a
 consistent FlushJob (trio thread), run_flush() hashes, stores and commits it (worker
 thread; blob data durable before the catalog transaction that names it), and
 apply_flush() records the resulting chunk ids (trio thread). The fold is the same
-with FoldJob. Mutations must not run between prepare_fold and apply_fold: the
-adapter holds `lock` around mutations and snapshots.
+with FoldJob. Between a prepare and its apply (or abort) the view is *frozen*: no
+mutation may run (the adapter holds `lock` around mutations, flushes and snapshots,
+and _touch asserts it), and what may still arrive without the lock (a read's atime, a
+forget) is deferred until the view thaws.
+
+A change stays dirty until a flush that contains it has committed: prepare_flush
+captures the dirty sets without clearing them, apply_flush clears what the job
+carried, abort_flush (after a failed run) changes nothing, so the next flush retries
+it all. A flush's catalog writes are idempotent, so a retry is always safe.
 """
 
 from __future__ import annotations
@@ -105,6 +112,9 @@ class VolumeView:
         self._links: _BaseLinks | None = None  # the base's hardlinks, found when first needed
         self._linked: set[int] = set()  # hardlinked inodes whose every directory is materialized
         self.lock = trio.Lock()
+        self._frozen = False  # a flush or fold is between its prepare and its apply/abort
+        self._deferred_atime: set[int] = set()  # reads while frozen (relatime, applied at thaw)
+        self._deferred_forget: set[int] = set()  # forgets while frozen
         self._load_overlay()
         if ROOT_INO not in self.nodes:
             self.nodes[ROOT_INO] = self._base_root(row[4])
@@ -207,6 +217,7 @@ class VolumeView:
 
     def _touch(self, ino: int) -> None:
         """Mark an inode changed: it (and its parent's listing) go to the overlay."""
+        assert not self._frozen, "a mutation ran inside a flush or fold (the view lock was not held)"
         if ino not in self.overlay:
             node = self.node(ino)
             if ino != ROOT_INO:
@@ -338,6 +349,9 @@ class VolumeView:
         return node.target
 
     def forget(self, ino: int) -> None:
+        if self._frozen:
+            self._deferred_forget.add(ino)  # the running job may hold this inode's rows
+            return
         node = self.nodes.get(ino)
         if node is None or ino == ROOT_INO:
             return
@@ -404,6 +418,11 @@ class VolumeView:
         """A program read the file (the adapter calls this for reads through a handle
         opened for reading without O_NOATIME; read_plan alone is no access: the digest
         control, read-ahead and the kernel's read-modify-write of a page plan reads too)."""
+        if self._frozen:
+            # A fold in flight has captured the overlay: marking an inode dirty now would
+            # outlive the fold and name an inode whose parent is no longer copied up.
+            self._deferred_atime.add(ino)
+            return
         node = self.nodes.get(ino)
         if node is not None:
             self._relatime(node)
@@ -668,18 +687,18 @@ class VolumeView:
     def _truncate(self, node: Node, size: int, fetched: dict[BlobId, bytes]) -> None:
         cs = self.chunk_size
         keep = chunkmap.n_chunks(size, cs)
+        tail = size % cs
+        last = (node.ino, keep - 1)
+        ref = ZERO_ID
+        if size < node.size and tail and last not in self.buffers:
+            ref = self._chunk_ref(node, keep - 1)
+            if ref != ZERO_ID and ref not in fetched:
+                raise NeedChunks([ref])  # before any change: the retry starts from scratch
         if node.nlink:
             self.logical += size - node.size
         if size < node.size:
-            tail = size % cs
-            last = (node.ino, keep - 1)
-            if tail and last not in self.buffers:
-                ref = self._chunk_ref(node, keep - 1)
-                if ref != ZERO_ID:
-                    data = fetched.get(ref)
-                    if data is None:
-                        raise NeedChunks([ref])
-                    self._set_buffer(last, bytearray(data))
+            if ref != ZERO_ID:
+                self._set_buffer(last, bytearray(fetched[ref]))
             if tail and last in self.buffers:
                 buf = self.buffers[last]
                 if len(buf) > tail:
@@ -817,18 +836,20 @@ class VolumeView:
         return bool(self.overlay or self.dirty_nodes or self.buffers or self.deleted)
 
     def prepare_flush(self) -> FlushJob | None:
+        """Capture every change not yet committed (the view is frozen until apply_flush
+        or abort_flush). Nothing is cleared here: a change stays dirty until committed."""
+        self._thaw_deferred()
         if not (self.dirty_nodes or self.buffers or self.deleted or self.cuts):
             return None
         chunks = [
             (ino, n, self._chunk_bytes(ino, n, buf), self.versions.get((ino, n), 0))
             for (ino, n), buf in self.buffers.items()
         ]
-        rows = [self.nodes[i].row(self.name) for i in sorted(self.dirty_nodes) if i in self.nodes]
+        inos = sorted(i for i in self.dirty_nodes if i in self.nodes)
+        rows = [self.nodes[i].row(self.name) for i in inos]
         job = FlushJob(chunks, rows, sorted(self.deleted), dict(self.cuts), self.next_ino, self.logical)
-        self.dirty_nodes.clear()
-        self.deleted.clear()
-        self.cuts.clear()
-        self.dirty_since = time.monotonic() if self.buffers else None
+        job.inos = set(self.dirty_nodes)
+        self._frozen = True
         return job
 
     def _chunk_bytes(self, ino: int, n: int, buf: bytearray) -> bytes:
@@ -843,6 +864,13 @@ class VolumeView:
         return bytes(buf) + bytes(want - len(buf))
 
     def apply_flush(self, job: FlushJob) -> None:
+        """The job committed: what it carried is clean, unless changed again since."""
+        self._frozen = False
+        self.dirty_nodes -= job.inos
+        self.deleted.difference_update(job.deleted)
+        for ino, cut in job.cuts.items():
+            if self.cuts.get(ino) == cut:
+                del self.cuts[ino]
         for (ino, n), bid in job.ids.items():
             if ino not in self.nodes or n >= self.cuts.get(ino, NO_LIMIT):
                 continue
@@ -850,31 +878,60 @@ class VolumeView:
         for ino, n, _, version in job.chunks:
             if self.versions.get((ino, n)) == version:
                 self._drop_buffer((ino, n))
-        if not self.buffers and not self.dirty_nodes:
-            self.dirty_since = None
+        self.dirty_since = time.monotonic() if self.buffers or self.dirty_nodes or self.deleted else None
+
+    def abort_flush(self, job: FlushJob) -> None:
+        """The job failed: everything it carried is still dirty (the next flush retries).
+        The age clock restarts, so the timer retries after the dirty age, not every tick."""
+        self._frozen = False
+        self.dirty_since = time.monotonic()
+
+    def _thaw_deferred(self) -> None:
+        """Apply what arrived while the view was frozen (reads' atimes, forgets)."""
+        atimes, self._deferred_atime = self._deferred_atime, set()
+        forgets, self._deferred_forget = self._deferred_forget, set()
+        for ino in atimes:
+            self.accessed(ino)
+        for ino in forgets:
+            self.forget(ino)
 
     def flush_sync(self) -> None:
         """prepare, run and apply in one go (tests, and the daemon's exit path)."""
         job = self.prepare_flush()
         if job is not None:
-            run_flush(self.repo, self.name, job)
+            try:
+                run_flush(self.repo, self.name, job)
+            except BaseException:
+                self.abort_flush(job)
+                raise
             self.apply_flush(job)
 
     async def flush(self) -> None:
         job = self.prepare_flush()
         if job is not None:
-            await trio.to_thread.run_sync(run_flush, self.repo, self.name, job)
+            try:
+                await trio.to_thread.run_sync(run_flush, self.repo, self.name, job)
+            except BaseException:
+                self.abort_flush(job)
+                raise
             self.apply_flush(job)
 
     # -- snapshots ---------------------------------------------------------------------
 
     def prepare_fold(self, label: str | None) -> FoldJob:
-        """Call right after a flush, with the lock held: the catalog then matches memory."""
+        """Call right after a flush, with the lock held: the catalog then matches memory.
+        The view is frozen until apply_fold or abort_fold."""
         rows = {i: Node.from_row(self.nodes[i].row(self.name)) for i in self.overlay if i in self.nodes}
         chunk_ids = {i: dict(c) for i, c in self.chunk_ids.items() if i in rows}
+        self._frozen = True
         return FoldJob(rows, chunk_ids, label, self.logical)
 
+    def abort_fold(self, job: FoldJob) -> None:
+        """The fold failed: its transaction did not commit, the overlay stays as it was."""
+        self._frozen = False
+
     def apply_fold(self, job: FoldJob) -> None:
+        self._frozen = False
         self.base = job.new_root
         for ino in list(self.overlay):
             node = self.nodes.get(ino)
@@ -895,32 +952,48 @@ class VolumeView:
         self._linked.clear()
 
     def snapshot_sync(self, label: str | None = None) -> int:
+        """flush + fold in this thread; the caller holds a job slot (a fold is heavy work)."""
         self.flush_sync()
         job = self.prepare_fold(label)
-        self._fold(job)
+        try:
+            self._run_fold(job)
+        except BaseException:
+            self.abort_fold(job)
+            raise
         self.apply_fold(job)
         return job.snapshot
 
-    def _fold(self, job: FoldJob) -> None:
-        """The blocking part of a snapshot, in one of the store's job slots (bounded work)."""
-        from casfs.lifecycle.queue import job_slot
-
-        with job_slot(self.repo, f"snapshot {self.name}"):
-            run_fold(self.repo, self.name, self.kind, self.base, self.chunk_size, self.next_ino, job)
+    def _run_fold(self, job: FoldJob) -> None:
+        run_fold(self.repo, self.name, self.kind, self.base, self.chunk_size, self.next_ino, job)
 
     async def take_snapshot(self, label: str | None = None) -> int:
-        async with self.lock:
-            await self.flush()
-            job = self.prepare_fold(label)
-            await trio.to_thread.run_sync(self._fold, job)
-            self.apply_fold(job)
-            return job.snapshot
+        """Wait for a store job slot first, and only then take the lock: writers are not
+        stalled behind other processes' imports, only behind the fold itself."""
+        from casfs.lifecycle.queue import acquire_slot
+
+        slot = await trio.to_thread.run_sync(acquire_slot, self.repo, f"snapshot {self.name}")
+        try:
+            async with self.lock:
+                await self.flush()
+                job = self.prepare_fold(label)
+                try:
+                    await trio.to_thread.run_sync(self._run_fold, job)
+                except BaseException:
+                    self.abort_fold(job)
+                    raise
+                self.apply_fold(job)
+                return job.snapshot
+        finally:
+            slot.release()
 
     def close(self, snapshot: bool = True) -> int | None:
         """Flush; then, if anything changed since the base, take a snapshot."""
         self.flush_sync()
         if snapshot and self.overlay:
-            return self.snapshot_sync()
+            from casfs.lifecycle.queue import job_slot
+
+            with job_slot(self.repo, f"snapshot {self.name}"):
+                return self.snapshot_sync()
         return None
 
     async def aclose(self, snapshot: bool = True) -> int | None:
