@@ -15,7 +15,7 @@ from pathlib import Path
 
 from casfs.errors import UnsupportedFormat
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 # The format-1 schema; later formats add to it (see MIGRATIONS).
 SCHEMA = """
@@ -136,6 +136,16 @@ ALTER TABLE volumes ADD COLUMN last_used REAL;
 """
 
 
+# Format 4: what a read/write mount could not save when it ended.
+UNSAVED_SCHEMA = """
+-- Set when a read/write mount of the volume ended without saving every change it had
+-- acknowledged to writers (a forced unmount while the store could not take the data):
+-- JSON {"time", "pid", "error", "unsaved": [[path, bytes], ...]}. Cleared by the next
+-- mount that ends cleanly. NULL: the last mount saved everything.
+ALTER TABLE volumes ADD COLUMN unsaved TEXT;
+"""
+
+
 def _statements(script: str) -> list[str]:
     # Split on ';' (no comment holds one): executescript would commit the transaction.
     return [s for s in script.split(";") if s.strip()]
@@ -151,11 +161,16 @@ def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _migrate_3_to_4(conn: sqlite3.Connection) -> None:
+    for statement in _statements(UNSAVED_SCHEMA):
+        conn.execute(statement)
+
+
 Migration = Callable[[sqlite3.Connection], None]
 # MIGRATIONS[v] upgrades a store of format v to v + 1, inside one transaction.
-MIGRATIONS: dict[int, Migration] = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
+MIGRATIONS: dict[int, Migration] = {1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4}
 # The schema text of each format step, applied in order by create().
-SCHEMAS = (SCHEMA, OVERLAY_SCHEMA, LIFECYCLE_SCHEMA)
+SCHEMAS = (SCHEMA, OVERLAY_SCHEMA, LIFECYCLE_SCHEMA, UNSAVED_SCHEMA)
 
 BUSY_TIMEOUT_S = 60.0
 

@@ -384,6 +384,7 @@ def cmd_volume_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_volume_info(args: argparse.Namespace) -> int:
+    from casfs import volumes
     from casfs.volumes import get_volume
 
     with _open(args) as repo:
@@ -409,6 +410,7 @@ def cmd_volume_info(args: argparse.Namespace) -> int:
                     ("last used", _when(d["last_used"]) if d["last_used"] else None),
                     ("grace", _grace(d)),
                     ("snapshots", ", ".join(map(str, d["snapshots"]))),
+                    ("NOT SAVED", volumes.describe_unsaved(d["unsaved"]) if d["unsaved"] else None),
                 ]
             )
         _check_unreadable([d])

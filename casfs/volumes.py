@@ -75,6 +75,7 @@ class VolumeInfo:
     owner_pid: int | None = None  # the process holding the phase (the daemon, when mounted)
     grace_s: float | None = None  # ephemeral: gc removes it once unused for this long
     last_used: float | None = None  # created, or last mounted or unmounted
+    unsaved: dict[str, Any] | None = None  # what the last read/write mount lost (catalog.UNSAVED_SCHEMA)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,14 +91,35 @@ class Source:
     blank_block: int | None = None
 
 
-_COLUMNS = "name, kind, mode, phase, origin, size, chunk_size, base, created, owner_pid, grace_s, last_used"
+_COLUMNS = (
+    "name, kind, mode, phase, origin, size, chunk_size, base, created, owner_pid, grace_s, last_used, unsaved"
+)
 
 
 def _info(conn: sqlite3.Connection, row: tuple[Any, ...]) -> VolumeInfo:
-    name, kind, mode, phase, origin, size, chunk_size, base, created, pid, grace_s, last_used = row
+    name, kind, mode, phase, origin, size, chunk_size, base, created, pid, grace_s, last_used, unsaved = row
     snaps = [n for (n,) in conn.execute("SELECT n FROM snapshots WHERE volume = ? ORDER BY n", (name,))]
-    return VolumeInfo(
+    info = VolumeInfo(
         name, kind, mode, phase, origin, size, chunk_size, base.hex(), created, snaps, pid, grace_s, last_used
+    )
+    info.unsaved = json.loads(unsaved) if unsaved else None
+    return info
+
+
+def describe_unsaved(note: dict[str, Any]) -> str:
+    """One line on what a volume's last read/write mount could not save."""
+    items = note.get("unsaved") or []
+    listed = ", ".join(f"{path} ({size} bytes)" for path, size in items[:5])
+    more = f" and {len(items) - 5} more" if len(items) > 5 else ""
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(note.get("time", 0)))
+    lost = f"{listed or 'changes'}{more}"
+    return f"its last mount (pid {note.get('pid')}, {when}) could not save {lost}: {note.get('error')}"
+
+
+def record_unsaved(conn: sqlite3.Connection, name: str, note: dict[str, Any] | None) -> None:
+    """Record what a read/write mount could not save as it ended (None: it saved all)."""
+    conn.execute(
+        "UPDATE volumes SET unsaved = ? WHERE name = ?", (json.dumps(note) if note else None, name)
     )
 
 

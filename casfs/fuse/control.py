@@ -10,6 +10,7 @@
     user.casfs.digest          any regular file                get             anyone who may read it
     user.casfs.corrupt_reads   the mount root                  get             owner
     user.casfs.corrupt_ids     the mount root                  get             owner
+    user.casfs.flush           the mount root                  set             owner
 
 "A volume" is a volume's root: the mount root of a single-volume mount (the file, for
 a block volume), or volumes/<name> in a whole-store mount. The owner is root or the
@@ -132,7 +133,11 @@ class ControlPlane:
             PREFIX + b"digest": Control(self._digest, None, Who.ANYONE),
             PREFIX + b"corrupt_reads": Control(self._corrupt_reads, None, Who.OWNER),
             PREFIX + b"corrupt_ids": Control(self._corrupt_ids, None, Who.OWNER),
+            PREFIX + b"flush": Control(None, self._flush, Who.OWNER),
         }
+        # Saves every read/write volume of this mount (the daemon sets it): `casfs umount`
+        # asks for it before unmounting, and refuses to unmount if it fails.
+        self.flush_all: Callable[[], Awaitable[None]] | None = None
 
     async def get(self, name: bytes, target: Target, uid: int) -> bytes:
         control = self.table.get(name)
@@ -248,6 +253,13 @@ class ControlPlane:
         return " ".join(BlobId(b).hex() for b in list(self.chunks.last_corrupt)).encode()
 
     # -- setters -----------------------------------------------------------------
+
+    async def _flush(self, t: Target, value: bytes) -> None:
+        if not t.is_mount_root:
+            raise OSError(errno.EINVAL, "flush is asked of the mount root")
+        await trio.to_thread.run_sync(syncfs_path, self.mountpoint)  # the kernel's cache first
+        if self.flush_all is not None:
+            await self.flush_all()
 
     async def _take_snapshot(self, t: Target, value: bytes) -> None:
         s = t.subject

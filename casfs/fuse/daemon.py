@@ -89,6 +89,19 @@ class _Mounted:
     rw_views: dict[str, View] = field(default_factory=dict)
     clean: bool = False  # the main loop ended by an unmount, not an error
     snapshots: list[str] = field(default_factory=list)
+    unsaved: dict[str, dict[str, Any]] = field(default_factory=dict)  # volume -> what it lost
+
+    async def flush_all(self) -> None:
+        """Save every read/write view (the first error is raised, after trying all)."""
+        failed: OSError | None = None
+        for view in list(self.rw_views.values()):
+            try:
+                async with view.lock:  # type: ignore[attr-defined]
+                    await view.flush()  # type: ignore[attr-defined]
+            except OSError as e:
+                failed = failed or e
+        if failed is not None:
+            raise failed
 
 
 # -- entry points ------------------------------------------------------------------
@@ -97,8 +110,25 @@ class _Mounted:
 def mount_main(args: argparse.Namespace) -> int:
     cfg = _config(args)
     if getattr(args, "foreground", False):
+        _warn_unsaved(cfg)
         return run_daemon(cfg)
-    return _spawn(cfg)
+    rc = _spawn(cfg)
+    if rc == 0:
+        _warn_unsaved(cfg)
+    return rc
+
+
+def _warn_unsaved(cfg: Config) -> None:
+    """Say so when a volume's last read/write mount ended without saving everything."""
+    repo = Repository.open(cfg.store)
+    try:
+        infos = [volumes.get_volume(repo, cfg.volume)] if cfg.volume else volumes.list_volumes(repo)
+    finally:
+        repo.close()
+    for info in infos:
+        if info.unsaved:
+            what = volumes.describe_unsaved(info.unsaved)
+            print(f"casfs: warning: volume {info.name}: {what}", file=sys.stderr)
 
 
 def umount_main(args: argparse.Namespace) -> int:
@@ -110,6 +140,8 @@ def umount_main(args: argparse.Namespace) -> int:
     run_file = run_path(store, mountpoint)
     before = _read_json(run_file)
     pid = int(before["pid"]) if before and before.get("state") == "mounted" else None
+    if before is not None and not before.get("read_only", True):
+        _save_before_unmount(mountpoint)
     try:
         done = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
@@ -125,10 +157,25 @@ def umount_main(args: argparse.Namespace) -> int:
     after = _read_json(run_file) or {}
     for snap in after.get("snapshots", []):
         print(f"snapshot {snap}")
+    where = log_path(store, mountpoint)
     if after.get("pid") != pid or after.get("state") != "exited":
-        where = log_path(store, mountpoint)
         raise CasfsError(f"the daemon of {mountpoint} (pid {pid}) did not finish cleanly; see {where}")
+    if not after.get("clean", False):
+        lost = ", ".join(after.get("unsaved", [])) or "some volumes"
+        raise CasfsError(f"{mountpoint} unmounted, but changes to {lost} could not be saved; see {where}")
     return 0
+
+
+def _save_before_unmount(mountpoint: str) -> None:
+    """Ask the daemon to save everything it buffers; if it cannot, refuse to unmount
+    (as umount(8) refuses a busy filesystem): unmounting would throw the data away."""
+    try:
+        os.setxattr(mountpoint, "user.casfs.flush", b"")
+    except OSError as e:
+        raise CasfsError(
+            f"not unmounting {mountpoint}: saving its buffered writes failed: {os.strerror(e.errno or 5)}; "
+            "it stays mounted and nothing is lost (free space in the store, then run casfs umount again)"
+        ) from None
 
 
 def run_daemon(cfg: Config) -> int:
@@ -213,6 +260,7 @@ async def _serve(cfg: Config) -> int:
             stack.push_async_callback(_close_views, mounted)
             root, subject = _root_view(cfg, repo, chunks, mounted)
             controls = ControlPlane(repo, writer, chunks, cfg.mountpoint, os.getuid(), mounted.held)
+            controls.flush_all = mounted.flush_all
             options = MountOptions(cfg.mountpoint, str(cfg.store), cfg.read_only, owner_uid=os.getuid())
             if cfg.zero_timeouts:
                 options.immutable_timeout = options.mutable_timeout = 0.0
@@ -232,9 +280,11 @@ async def _serve(cfg: Config) -> int:
                 nursery.cancel_scope.cancel()
             # Only the clean path snapshots (the exit stack closes the views).
             mounted.clean = True
-    _write_run_file(cfg, {"state": "exited", "clean": True, "snapshots": mounted.snapshots})
+    saved = not mounted.unsaved
+    lost = sorted(mounted.unsaved)
+    _write_run_file(cfg, {"state": "exited", "clean": saved, "snapshots": mounted.snapshots, "unsaved": lost})
     log.info("unmounted %s%s", cfg.mountpoint, "".join(f"; snapshot {s}" for s in mounted.snapshots))
-    return 0
+    return 0 if saved else 1
 
 
 def _root_view(
@@ -351,17 +401,28 @@ async def _close_views(mounted: _Mounted) -> None:
             continue
         try:
             n = await maybe_await(closer(snapshot=mounted.clean))
-        except Exception:
-            log.exception("closing volume %s", name)
+        except Exception as e:
+            _record_unsaved(mounted, name, view, e)
             continue
         if n is not None:
             mounted.snapshots.append(f"{name}@{n}")
 
 
+def _record_unsaved(mounted: _Mounted, name: str, view: View, error: Exception) -> None:
+    """The last flush failed as the mount ended: say exactly what is lost, in the log
+    now and on the volume (the next mount and `casfs volume info` show it)."""
+    unsaved = view.unsaved() if hasattr(view, "unsaved") else []
+    log.error("volume %s: the final flush failed, changes NOT saved: %s", name, error)
+    for path, size in unsaved:
+        log.error("volume %s: not saved: %s (%d buffered bytes)", name, path, size)
+    mounted.unsaved[name] = {"time": time.time(), "pid": os.getpid(), "error": str(error), "unsaved": unsaved}
+
+
 async def _release_claims(writer: CatalogWriter, mounted: _Mounted) -> None:
     for name in sorted(mounted.held):
+        note = mounted.unsaved.get(name)
         try:
-            await writer.run(functools.partial(release_volume, name=name))
+            await writer.run(functools.partial(release_volume, name=name, unsaved=note))
         except Exception:
             log.exception("releasing volume %s", name)
 
@@ -406,14 +467,16 @@ def claim_volume(repo: Repository, name: str) -> None:
         volumes.touch(conn, name)
 
 
-def release_volume(repo: Repository, *, name: str) -> None:
+def release_volume(repo: Repository, *, name: str, unsaved: dict[str, Any] | None = None) -> None:
     conn = repo.conn
     with transaction(conn):
-        conn.execute(
+        released = conn.execute(
             "UPDATE volumes SET phase = 'ready', owner_pid = NULL WHERE name = ? AND phase = 'mounted' "
             "AND owner_pid = ?",
             (name, os.getpid()),
-        )
+        ).rowcount
+        if released:
+            volumes.record_unsaved(conn, name, unsaved)
         volumes.touch(conn, name)
 
 

@@ -208,15 +208,15 @@ class Operations(pyfuse3.Operations):
         lock: AbstractAsyncContextManager[Any] = getattr(view, "lock", None) or nullcontext()
         fetched: dict[BlobId, bytes] = {}
         async with lock:
+            if getattr(view, "dirty_bytes", 0) > self.opts.dirty_limit_bytes:
+                # Before the change, not after: if the flush fails (a full disk), this
+                # call fails having changed nothing, and what is buffered stays buffered.
+                await view.flush()  # type: ignore[attr-defined]
             while True:
                 try:
-                    result = change(fetched)
-                    break
+                    return change(fetched)
                 except NeedChunks as e:
                     fetched.update(await self.chunks.fetch_async(e.ids))
-            if getattr(view, "dirty_bytes", 0) > self.opts.dirty_limit_bytes:
-                await view.flush()  # type: ignore[attr-defined]
-        return result
 
     async def flush_aged(self, views: Sequence[View], age_s: float) -> None:
         """Flush read/write views whose oldest unflushed change is older than age_s
@@ -225,8 +225,12 @@ class Operations(pyfuse3.Operations):
         for view in views:
             since = getattr(view, "dirty_since", None)
             if since is not None and now - since >= age_s:
-                async with view.lock:  # type: ignore[attr-defined]
-                    await view.flush()  # type: ignore[attr-defined]
+                try:
+                    async with view.lock:  # type: ignore[attr-defined]
+                        await view.flush()  # type: ignore[attr-defined]
+                except OSError as e:
+                    # Still buffered, retried after age_s; fsync reports it to the application.
+                    log.warning("flushing %s failed, will retry: %s", _describe(view, ROOT_INO), e)
 
     # -- lookups and attributes --------------------------------------------------
 

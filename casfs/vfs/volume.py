@@ -829,6 +829,44 @@ class VolumeView:
                     del self._buffered[key[0]]
         self.versions.pop(key, None)
 
+    # -- describing (logs, and what a failed unmount could not save) -------------------
+
+    def describe(self, ino: int) -> str:
+        return f"volume {self.name}: {self.path_of(ino)}"
+
+    def path_of(self, ino: int) -> str:
+        """A path naming the inode now, or <inode N> if it has none (unlinked)."""
+        parts: list[bytes] = []
+        at = ino
+        while at != ROOT_INO:
+            node = self.nodes.get(at)
+            name = None if node is None else self._name_in(node.parent, at)
+            if node is None or name is None:
+                return f"<inode {ino}>"
+            parts.append(name)
+            at = node.parent
+        return "/" + b"/".join(reversed(parts)).decode(errors="replace")
+
+    def _name_in(self, parent: int, ino: int) -> bytes | None:
+        pnode = self.nodes.get(parent)
+        if pnode is None or not pnode.is_dir:
+            return None
+        if pnode.listing is not None:
+            return next((n for n, (_, i) in pnode.listing.entries.items() if i == ino), None)
+        return next((e.name for e in self._base_entries(pnode) if e.attrs.ino == ino), None)
+
+    def unsaved(self) -> list[tuple[str, int]]:
+        """What is not yet committed: (path, buffered bytes) per changed file, symlink
+        or device (a directory's own change is its entries', which these name)."""
+        held: dict[int, int] = {}
+        for (ino, _), buf in self.buffers.items():
+            held[ino] = held.get(ino, 0) + len(buf)
+        for ino in self.dirty_nodes | self.deleted:
+            node = self.nodes.get(ino)
+            if node is None or not node.is_dir:
+                held.setdefault(ino, 0)
+        return sorted((self.path_of(ino), n) for ino, n in held.items())
+
     # -- flushing: prepare (trio thread) / run (worker) / apply (trio thread) ----------
 
     @property
