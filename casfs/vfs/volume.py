@@ -917,15 +917,18 @@ class VolumeView:
             if self.versions.get((ino, n)) == version:
                 self._drop_buffer((ino, n))
         self.dirty_since = time.monotonic() if self.buffers or self.dirty_nodes or self.deleted else None
+        self._thaw_deferred()
 
     def abort_flush(self, job: FlushJob) -> None:
         """The job failed: everything it carried is still dirty (the next flush retries).
         The age clock restarts, so the timer retries after the dirty age, not every tick."""
         self._frozen = False
         self.dirty_since = time.monotonic()
+        self._thaw_deferred()
 
     def _thaw_deferred(self) -> None:
-        """Apply what arrived while the view was frozen (reads' atimes, forgets)."""
+        """Apply what arrived while the view was frozen (reads' atimes, forgets), once
+        it no longer is."""
         atimes, self._deferred_atime = self._deferred_atime, set()
         forgets, self._deferred_forget = self._deferred_forget, set()
         for ino in atimes:
@@ -967,6 +970,7 @@ class VolumeView:
     def abort_fold(self, job: FoldJob) -> None:
         """The fold failed: its transaction did not commit, the overlay stays as it was."""
         self._frozen = False
+        self._thaw_deferred()
 
     def apply_fold(self, job: FoldJob) -> None:
         self._frozen = False
@@ -988,6 +992,7 @@ class VolumeView:
         self._contents.clear()
         self._links = None
         self._linked.clear()
+        self._thaw_deferred()  # (a read during the fold is now of a base inode: no atime)
 
     def snapshot_sync(self, label: str | None = None) -> int:
         """flush + fold in this thread; the caller holds a job slot (a fold is heavy work)."""
