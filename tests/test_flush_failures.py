@@ -172,3 +172,26 @@ def test_mutating_a_frozen_view_is_refused(repo: Repository) -> None:
         v.mknod(ROOT_INO, b"g", stat.S_IFREG | 0o644, 0, 0, 0)
     v.abort_flush(job)
     v.flush_sync()
+
+
+def test_fsck_recomputes_logical_sizes(repo: Repository) -> None:
+    """Counters are checked, not trusted: a volume or snapshot size that disagrees with
+    its root is reported, and repaired."""
+    volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
+    v = VolumeView(repo, "v")
+    for name, size in ((b"a", 4608), (b"b", 70_000)):
+        f = v.mknod(ROOT_INO, name, stat.S_IFREG | 0o644, 0, 0, 0)
+        v.write_sync(f.ino, 0, os.urandom(size))
+    v.link(v.lookup(ROOT_INO, b"a").ino, ROOT_INO, b"a2")  # a hardlink counts once
+    assert v.snapshot_sync() == 1
+    assert fsck(repo).clean
+    db = str(repo.catalog_path)
+    subprocess.run(["sqlite3", db, "UPDATE volumes SET size = -4356 WHERE name = 'v'"], check=True)
+    subprocess.run(["sqlite3", db, "UPDATE snapshots SET size = 1 WHERE volume = 'v'"], check=True)
+    found = sorted(p.message for p in fsck(repo).problems)
+    assert found == [
+        "snapshot v@1: size 1 recorded, its root holds 74608 bytes",
+        "volume v: size -4356 recorded, its root holds 74608 bytes",
+    ]
+    assert all(p.repaired for p in fsck(repo, repair=True).problems)
+    assert repo.conn.execute("SELECT size FROM volumes WHERE name = 'v'").fetchone()[0] == 74608

@@ -61,18 +61,20 @@ def dir_image(repo: Repository, name: str, files: dict[bytes, Sequence[bytes]]) 
     """A directory image: /sub/<name> for each file (one chunk: direct; more: a map)."""
     with repo.batch() as b:
         entries = []
+        total = 0
         for ino, (fname, chunks) in enumerate(sorted(files.items()), start=10):
             ids = [b.put(c) for c in chunks]
             size = len(chunks[0]) if len(chunks) == 1 else len(chunks) * CS
             content = chunkmap.build_content(b.put_kind, ids, size, CS)
             attrs = tree.Attrs(mode=stat.S_IFREG | 0o644, size=size, ino=ino)
             entries.append(tree.Entry(fname, attrs, content))
+            total += size
         sub = b.put(tree.Tree(tree.Attrs(mode=stat.S_IFDIR | 0o755, ino=2), CS, entries).encode(), TREE)
         top = tree.Tree(
             tree.Attrs(mode=stat.S_IFDIR | 0o755, ino=1), CS, [tree.dir_entry(b"sub", 0o755, 2, sub)]
         )
         root = b.put(top.encode(), TREE)
-        b.commit({root: 1}, then=_add_image_row(name, "dir", root, 0))
+        b.commit({root: 1}, then=_add_image_row(name, "dir", root, total))
     return root
 
 

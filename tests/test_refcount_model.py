@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from casfs import catalog
-from casfs.refcount import ledger
+from casfs.refcount import ledger, logical
 from casfs.refcount.fsck import fsck
 from casfs.refcount.gc import gc
 from casfs.refcount.ledger import Batch
@@ -98,10 +98,11 @@ class RefcountModel(RuleBasedStateMachine):
         self.n += 1
 
         def row(c: sqlite3.Connection) -> None:
+            size = logical.root_size(self.repo.get_meta, kind, root)  # (its blobs are published)
             c.execute(
                 "INSERT INTO images (name, kind, phase, root, size, chunk_size, created) "
-                "VALUES (?, ?, 'ready', ?, 0, ?, 0)",
-                (name, kind, root, CS),
+                "VALUES (?, ?, 'ready', ?, ?, ?, 0)",
+                (name, kind, root, size, CS),
             )
 
         b.commit({root: 1}, then=row)

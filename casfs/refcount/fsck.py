@@ -16,6 +16,8 @@ a `sample` fraction of data blobs (re-hashing is the expensive part), and report
   size        a row's size or stored bytes differ from the verified file
   kind        a parent reads a blob as metadata of another kind than its row says, so
               the children it sees are not the ones the row holds references on
+  logical     an image's, volume's or snapshot's recorded size differs from what its
+              root holds (refcount.logical); repair sets the recomputed one
 
 Consistency: the rows, the roots and the file list are read in one read transaction
 while fsck holds the store's lock exclusively, so no batch is between publishing its
@@ -47,6 +49,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, TypeVar
 
 from casfs import catalog
 from casfs.errors import Corruption, MissingBlob
+from casfs.refcount import logical
 from casfs.roots import live_roots
 from casfs.snapshots.kinds import DATA, KIND_NAMES, children
 from casfs.store.ids import BlobId
@@ -54,7 +57,7 @@ from casfs.store.ids import BlobId
 if TYPE_CHECKING:
     from casfs.repo import Repository
 
-ProblemKind = Literal["missing", "corrupt", "miscounted", "dangling", "orphan", "size", "kind"]
+ProblemKind = Literal["missing", "corrupt", "miscounted", "dangling", "orphan", "size", "kind", "logical"]
 
 READ_WORKERS = 4
 
@@ -141,6 +144,7 @@ def fsck(
         plan = _Plan(rows, roots, files)
         _walk(repo, plan, report, sample, workers)
         plan.findings(report)
+        _check_logical(repo, conn, report, repair)
         if repair and report.problems:
             _repair(repo, conn, plan, report)
     report.problems.sort(key=lambda p: (p.kind, p.blob))
@@ -315,6 +319,17 @@ def _bounded_map(
         pending.add(pool.submit(fn, item))
     for f in pending:
         yield f.result()
+
+
+def _check_logical(repo: Repository, conn: sqlite3.Connection, report: FsckReport, repair: bool) -> None:
+    found = logical.mismatches(conn, repo.get_meta)
+    if repair and found:
+        with catalog.transaction(conn):
+            for m in found:
+                logical.repair(conn, m)
+    for m in found:
+        message = f"{m.what}: size {m.recorded} recorded, its root holds {m.actual} bytes"
+        report.problems.append(Problem("logical", "", message, repaired=repair))
 
 
 def _repair(repo: Repository, conn: sqlite3.Connection, plan: _Plan, report: FsckReport) -> None:
