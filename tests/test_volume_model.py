@@ -4,7 +4,11 @@ Hypothesis drives the same operations on casfs.vfs.volume.VolumeView and on a re
 directory; after every step the two trees must match (names, types, modes, sizes,
 bytes, xattrs, link counts). Flushes, snapshots and crash-restarts (a new view opened
 from the catalog after a flush) are operations too, so the overlay's durability and
-the fold are checked against the same model.
+the fold are checked against the same model. So are store failures: while the store
+refuses writes (`chattr +i STORE/tmp`, as a full disk would), flushes and snapshots
+must fail and change nothing durable; a crash then brings back exactly what the last
+successful flush acknowledged, and the next good flush saves everything since.
+At the end: fsck is clean and nothing holds the store's lock.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from casfs import volumes
+from casfs.refcount.fsck import fsck
 from casfs.repo import Repository
 from casfs.vfs.api import ROOT_INO, assemble
 from casfs.vfs.volume import VolumeView
@@ -103,10 +109,16 @@ class VolumeModel(RuleBasedStateMachine):
         volumes.create_volume(self.repo, "v", volumes.Source(blank_dir=True))
         self.view = VolumeView(self.repo, "v")
         self.durable: Path | None = None  # a copy of the model as of the last flush
+        self.failing = False  # the store refuses writes
 
     def teardown(self) -> None:
-        self.repo.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        try:
+            self.store_recovers()
+            report = fsck(self.repo, timeout=0)  # Busy if a failed flush leaked the lock
+            assert report.clean, [p.message for p in report.problems]
+        finally:
+            self.repo.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     # -- helpers -----------------------------------------------------------------
 
@@ -233,13 +245,33 @@ class VolumeModel(RuleBasedStateMachine):
 
     @rule()
     def flush(self) -> None:
+        if self.failing:
+            with pytest.raises(OSError):
+                self.view.flush_sync()
+            return
         self.view.flush_sync()
         self._remember_durable()
 
     @rule()
     def snapshot(self) -> None:
+        if self.failing:
+            with pytest.raises(OSError):
+                self.view.snapshot_sync()
+            return
         self.view.snapshot_sync()
         self._remember_durable()
+
+    @rule()
+    def store_fails(self) -> None:
+        if not self.failing:
+            subprocess.run(["chattr", "+i", str(self.repo.path / "tmp")], check=True)
+            self.failing = True
+
+    @rule()
+    def store_recovers(self) -> None:
+        if self.failing:
+            subprocess.run(["chattr", "-i", str(self.repo.path / "tmp")], check=True)
+            self.failing = False
 
     @precondition(lambda self: self.durable is not None)
     @rule()
