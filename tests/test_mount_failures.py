@@ -239,3 +239,27 @@ def test_a_full_disk_is_enospc_and_nothing_acknowledged_is_lost(tmp_path: Path) 
         with contextlib.closing(Repository.open(store)) as repo:
             report = fsck(repo)
             assert report.clean, [p.message for p in report.problems]
+
+
+def test_import_on_a_full_disk_says_so_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Issue 7, defect 2: ENOSPC is reported as such (not 'Directory not empty'), exit 1,
+    the staging directory is emptied and the store's lock is released."""
+    source = tmp_path / "disk.raw"
+    source.write_bytes(os.urandom(8 << 20))
+    with small_disk(tmp_path) as disk:
+        store = disk / "store"
+        Repository.init(store).close()
+        fill(disk / "filler")
+        done = casfs(store, "image", "import", "big", source)
+        assert done.returncode == 1, done
+        assert "No space left on device" in done.stderr and "Directory not empty" not in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+        assert list((store / "tmp").iterdir()) == []
+        (disk / "filler").unlink()
+        gc = casfs(store, "gc")
+        assert gc.returncode == 0, gc.stderr
+        again = casfs(store, "image", "import", "big", source)
+        assert again.returncode == 0, again.stderr
+        with contextlib.closing(Repository.open(store)) as repo:
+            report = fsck(repo)
+            assert report.clean, [p.message for p in report.problems]

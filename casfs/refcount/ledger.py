@@ -34,7 +34,11 @@ class Batch:
     def __init__(self, repo: Repository) -> None:
         self.repo = repo
         self.lock = repo.writer_lock()
-        self.staging = repo.blobs.staging()
+        try:
+            self.staging = repo.blobs.staging()
+        except BaseException:
+            self.lock.release()  # (a full disk: no staging directory, and no lock kept)
+            raise
         self._mutex = threading.Lock()
         # id -> (kind, plaintext size, stored size, children with multiplicity)
         self.new: dict[BlobId, tuple[int, int, int, Counter[BlobId]]] = {}
@@ -100,8 +104,11 @@ class Batch:
             self.close()
 
     def abort(self) -> None:
-        self.staging.discard()
-        self.close()
+        """Forget what is staged and release the lock; never raises (discard logs)."""
+        try:
+            self.staging.discard()
+        finally:
+            self.close()
 
     def close(self) -> None:
         if not self.closed:
@@ -112,8 +119,9 @@ class Batch:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if not self.closed:
-            self.abort()
+        # Also after a failed commit: what it staged and did not publish goes (published
+        # blobs no row names are orphans, swept by gc and recovery).
+        self.abort()
 
 
 def add_refs(conn: sqlite3.Connection, increments: Mapping[BlobId, int]) -> None:

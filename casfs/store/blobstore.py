@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import logging
 import os
 import uuid
 from abc import ABC, abstractmethod
@@ -28,6 +29,7 @@ from casfs.lifecycle.pids import alive
 from casfs.store import codec
 from casfs.store.ids import ID_SIZE, BlobId, blob_id, verify_id
 
+log = logging.getLogger(__name__)
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 # Below this many files, fsync each one; above, one syncfs() is far cheaper.
 _SYNCFS_THRESHOLD = 16
@@ -228,6 +230,9 @@ class FileStaging(Staging):
                 view = view[os.write(fd, view) :]
             if len(self.pending) < _SYNCFS_THRESHOLD:
                 os.fsync(fd)
+        except BaseException:
+            _remove_quietly(tmp)  # a partial file (a full disk): the error is the write's
+            raise
         finally:
             os.close(fd)
         self.pending[bid] = tmp
@@ -258,15 +263,37 @@ class FileStaging(Staging):
         self._remove_dir()
 
     def discard(self) -> None:
-        for tmp in self.pending.values():
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        """Remove whatever is staged. Never raises: it runs on error paths, where the
+        error that matters is the first one; what it cannot remove is logged (and the
+        start-up sweep of a later process removes it)."""
         self.pending.clear()
+        try:
+            leftovers = list(os.scandir(self.dir))
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            log.warning("cannot list staging directory %s: %s", self.dir, e)
+            return
+        for entry in leftovers:
+            _remove_quietly(entry.path)
         self._remove_dir()
 
     def _remove_dir(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             self.dir.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("cannot remove staging directory %s: %s", self.dir, e)
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        log.warning("cannot remove staged file %s: %s", path, e)
 
 
 def _verified(bid: BlobId, stored: bytes) -> bytes:
