@@ -8,10 +8,12 @@ MIGRATIONS (one function per version step) so that no volume is lost to an upgra
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from casfs.errors import UnsupportedFormat
 
@@ -175,8 +177,43 @@ SCHEMAS = (SCHEMA, OVERLAY_SCHEMA, LIFECYCLE_SCHEMA, UNSAVED_SCHEMA)
 BUSY_TIMEOUT_S = 60.0
 
 
+class OwnedConnection(sqlite3.Connection):
+    """A connection used by exactly one thread, its owner: the one that opened it.
+
+    Statements from any other thread fail at once (a connection shared between the
+    event loop and a worker interleaved their transactions: "cannot start a transaction
+    within a transaction", and reads of another thread's uncommitted rows). sqlite3's own
+    check_same_thread would do as much, but also refuses close() from another thread,
+    which a repository needs when it closes the connections of its worker threads."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.owner = threading.get_ident()
+
+    def _check_owner(self) -> None:
+        if threading.get_ident() != self.owner:
+            raise sqlite3.ProgrammingError(
+                f"catalog connection of thread {self.owner} used by thread {threading.get_ident()}"
+            )
+
+    def execute(self, *args: Any, **kwargs: Any) -> sqlite3.Cursor:
+        self._check_owner()
+        return super().execute(*args, **kwargs)
+
+    def executemany(self, *args: Any, **kwargs: Any) -> sqlite3.Cursor:
+        self._check_owner()
+        return super().executemany(*args, **kwargs)
+
+    def executescript(self, *args: Any, **kwargs: Any) -> sqlite3.Cursor:
+        self._check_owner()
+        return super().executescript(*args, **kwargs)
+
+
 def connect(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    """A new connection, owned by the calling thread (OwnedConnection)."""
+    conn = sqlite3.connect(
+        path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False, factory=OwnedConnection
+    )
     conn.execute("PRAGMA journal_mode = WAL")
     # FULL: a transaction that returned is on disk, which fsync's promise to users needs.
     conn.execute("PRAGMA synchronous = FULL")

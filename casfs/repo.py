@@ -5,8 +5,11 @@
     STORE/tmp/          staging files of batches in flight
     STORE/lock          flock: shared by every writer batch, exclusive for gc
 
-SQLite connections are per thread: `conn` belongs to the thread that opened the
-repository, `thread_conn()` gives worker threads their own (read-only use).
+SQLite connections: one per thread, owned by it. `conn` is the calling thread's own
+(opened on first use; catalog.OwnedConnection refuses any other thread), so a flush
+committing in a worker and the event loop claiming a volume never share a
+transaction. Writers on different connections are serialized by SQLite's write lock
+(BEGIN IMMEDIATE, with a busy timeout). close() closes them all.
 """
 
 from __future__ import annotations
@@ -58,8 +61,9 @@ class Repository:
         self.catalog_path = path / "catalog.db"
         self.lock_path = path / "lock"
         self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []  # every thread's, for close()
+        self._conns_lock = threading.Lock()
         self.meta_cache: LRU[BlobId, bytes] = LRU(META_CACHE_BYTES)
-        self.conn: sqlite3.Connection = None  # type: ignore[assignment]
 
     @classmethod
     def init(cls, path: Path) -> Repository:
@@ -73,7 +77,6 @@ class Repository:
         repo = cls(path)
         repo.blobs.create()
         repo.lock_path.touch()
-        repo.conn = catalog.connect(repo.catalog_path)
         catalog.create(repo.conn)
         return repo
 
@@ -83,26 +86,31 @@ class Repository:
         if not (path / "catalog.db").exists():
             raise NotFound(f"no casfs store at {path} (create one with `casfs init`)")
         repo = cls(path)
-        repo.conn = catalog.connect(repo.catalog_path)
         catalog.check_and_migrate(repo.conn, repo.catalog_path)
         return repo
 
-    def close(self) -> None:
-        self.conn.close()
-        c = getattr(self._local, "conn", None)
-        if c is not None:
-            c.close()
-
-    def thread_conn(self) -> sqlite3.Connection:
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The calling thread's catalog connection."""
         c: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if c is None:
             c = self._local.conn = catalog.connect(self.catalog_path)
+            with self._conns_lock:
+                self._conns.append(c)
         return c
+
+    def close(self) -> None:
+        """Close every thread's connection (none may be in use: the work is done)."""
+        with self._conns_lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            c.close()
+        self._local = threading.local()
 
     # -- blobs ---------------------------------------------------------------
 
     def is_live(self, bid: BlobId) -> bool:
-        row = self.thread_conn().execute("SELECT refs FROM blobs WHERE id = ?", (bid,)).fetchone()
+        row = self.conn.execute("SELECT refs FROM blobs WHERE id = ?", (bid,)).fetchone()
         return row is not None and row[0] > 0
 
     def get(self, bid: BlobId) -> bytes:

@@ -206,7 +206,7 @@ class ControlPlane:
         from casfs.refcount import usage as u
 
         def work(repo: Repository) -> int:
-            conn = repo.thread_conn()
+            conn = repo.conn
             if s.kind == "volume":
                 roots = u.volume_roots(conn, s.name)
             elif s.kind == "image":

@@ -74,7 +74,7 @@ def queue_dir(repo: Repository) -> Path:
 
 
 def queue_limit(repo: Repository) -> int:
-    return int(config.effective(repo.thread_conn(), "queue.limit").value)
+    return int(config.effective(repo.conn, "queue.limit").value)
 
 
 class Slot:

@@ -82,7 +82,7 @@ def _rows(conn: sqlite3.Connection, ids: Sequence[BlobId]) -> Iterator[tuple[Blo
 
 def usage(repo: Repository, roots: Iterable[Root]) -> Usage:
     roots = list(roots)
-    conn = repo.thread_conn()
+    conn = repo.conn
     root_refs: Counter[BlobId] = Counter(r.blob for r in roots if r.blob != ZERO_ID)
     rows: dict[BlobId, _Row] = {}
     edges: dict[BlobId, Counter[BlobId]] = {}  # metadata blob -> children with multiplicity
@@ -158,7 +158,7 @@ def snapshot_roots(conn: sqlite3.Connection, volume: str, n: int) -> list[Root]:
 
 
 def store_usage(repo: Repository) -> StoreUsage:
-    conn = repo.thread_conn()
+    conn = repo.conn
     images, image_bytes = conn.execute(
         "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM images WHERE phase = 'ready'"
     ).fetchone()

@@ -180,7 +180,7 @@ class _Folder:
         if node.base == ZERO_ID:
             ids = [changes.get(n, ZERO_ID) for n in range(count)]
             return chunkmap.build_content(self.batch.put_kind, ids, node.size, self.cs)
-        row = self.repo.thread_conn().execute("SELECT kind FROM blobs WHERE id = ?", (node.base,)).fetchone()
+        row = self.repo.conn.execute("SELECT kind FROM blobs WHERE id = ?", (node.base,)).fetchone()
         mapped = row is not None and row[0] == MAP_ROOT
         content = chunkmap.Content(self.repo.get_meta, node.base, node.size, self.cs, mapped)
         # Unchanged content keeps its id, unless a truncate cut it (base_limit): the old
