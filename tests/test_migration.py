@@ -1,4 +1,4 @@
-"""Old stores stay readable: a store of format 1 and one of format 2, built with the
+"""Old stores stay readable: stores of formats 1, 2 and 3, built with the
 schema text of their time, are migrated to the current format on open (once, however
 many processes open them at the same moment) with their volumes and snapshots intact."""
 
@@ -27,7 +27,6 @@ def old_store(path: Path, version: int) -> Path:
     path.mkdir()
     repo.blobs.create()
     repo.lock_path.touch()
-    repo.conn = catalog.connect(repo.catalog_path)
     repo.conn.executescript(
         "BEGIN;"
         + "".join(catalog.SCHEMAS[:version])
@@ -58,7 +57,7 @@ def old_store(path: Path, version: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_old_store_is_migrated_with_its_volumes(tmp_path: Path, version: int) -> None:
     store = old_store(tmp_path / "store", version)
     assert query(store, "SELECT value FROM meta WHERE key = 'format_version'") == [(str(version),)]
