@@ -962,3 +962,18 @@ def test_kill_9_keeps_every_fsynced_byte(blank: Repository, tmp_path: Path) -> N
     fsck_clean(store)
     # the recovered changes became a snapshot at that clean unmount
     assert [s.n for s in volumes.list_snapshots(blank, "v")] == [1, 2]
+
+
+def test_size_of_a_directory_volume_is_its_files_bytes(blank: Repository, tmp_path: Path) -> None:
+    """Issue 7, defect 13: user.casfs.size of a directory volume was the root directory's
+    st_size (0); it is the bytes of its regular files (a hardlinked file once)."""
+    with mounted(blank.path, tmp_path / "mnt", volume="v") as m:
+        (m.path / "a").write_bytes(b"x" * 1000)
+        (m.path / "d").mkdir()
+        (m.path / "d" / "b").write_bytes(os.urandom(70_000))
+        os.link(m.path / "a", m.path / "d" / "a2")
+        os.symlink("a", m.path / "s")
+        assert xattr(m.path, "user.casfs.size") == "71000"
+        os.truncate(m.path / "d" / "b", 5)
+        assert xattr(m.path, "user.casfs.size") == "1005"
+    assert volumes.get_volume(blank, "v").size == 1005

@@ -185,9 +185,11 @@ class ControlPlane:
         return str(origin).encode()
 
     async def _size(self, t: Target) -> bytes:
-        if t.subject is not None and t.subject.kind == "volume" and not t.view.read_only:
-            # A read/write view knows its current size (the catalog has its base's).
-            return str(t.view.getattr(t.ino).size).encode()
+        current = getattr(t.view, "size_bytes", None)
+        if t.subject is not None and t.subject.kind == "volume" and current is not None:
+            # A read/write view knows its current size (the catalog has its base's): for
+            # a directory volume its files' bytes, not the root directory's st_size.
+            return str(current).encode()
         (size,) = self._row(
             t,
             ("volume", "image", "snapshot"),

@@ -1048,7 +1048,8 @@ class VolumeView:
 
     @property
     def size_bytes(self) -> int:
-        return self.nodes[ROOT_INO].size if self.kind == "block" else 0
+        """The volume's logical size now: the disk's, or its regular files' bytes."""
+        return self.nodes[ROOT_INO].size if self.kind == "block" else self.logical
 
 
 @dataclass
