@@ -19,10 +19,11 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from casfs import catalog
-from casfs.errors import Busy, NotFound, UsageError
+from casfs.errors import Busy, Corruption, NotFound, UsageError
 from casfs.refcount.ledger import Batch
 from casfs.store.blobstore import FileBlobStore
 from casfs.store.cache import LRU
@@ -64,6 +65,8 @@ class Repository:
         self._conns: list[sqlite3.Connection] = []  # every thread's, for close()
         self._conns_lock = threading.Lock()
         self.meta_cache: LRU[BlobId, bytes] = LRU(META_CACHE_BYTES)
+        # Called (from any thread) with each metadata blob that failed its check.
+        self.on_corrupt: Callable[[BlobId], None] | None = None
 
     @classmethod
     def init(cls, path: Path) -> Repository:
@@ -122,10 +125,16 @@ class Repository:
         return self.blobs.get_if_cached(bid, max_stored)
 
     def get_meta(self, bid: BlobId) -> bytes:
-        """Verified plaintext of a tree or map blob, through a shared cache."""
+        """Verified plaintext of a tree or map blob, through a shared cache. A blob that
+        fails its check is reported to `on_corrupt` (the mount counts them) first."""
         plain = self.meta_cache.get(bid)
         if plain is None:
-            plain = self.blobs.get(bid)
+            try:
+                plain = self.blobs.get(bid)
+            except Corruption:
+                if self.on_corrupt is not None:
+                    self.on_corrupt(bid)
+                raise
             self.meta_cache.put(bid, plain)
         return plain
 

@@ -370,6 +370,28 @@ def test_a_corrupt_blob_fails_that_read_only(populated: Populated, tmp_path: Pat
         assert victim.hex() in m.log()  # logged with its id
 
 
+def test_a_corrupt_tree_blob_is_counted_too(populated: Populated, tmp_path: Path) -> None:
+    """Issue 7, defect 7: metadata (trees, maps) failing its check counts in
+    user.casfs.corrupt_reads and corrupt_ids, as data chunks do."""
+    repo, src, _ = populated
+    root = BlobId(bytes.fromhex(images.get_image(repo, "tree").root or ""))
+    sub = Tree.decode(repo.get(root)).find(b"sub")
+    assert sub is not None
+    path = repo.blobs.path(sub.blob)
+    os.chmod(path, 0o644)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    with mounted(repo.path, tmp_path / "mnt") as m:
+        assert xattr_value(m.path, "user.casfs.corrupt_reads") == "0"
+        with pytest.raises(OSError) as e:
+            os.listdir(m.path / "images" / "tree" / "sub")
+        assert e.value.errno == errno.EIO
+        assert int(xattr_value(m.path, "user.casfs.corrupt_reads")) >= 1
+        assert sub.blob.hex() in xattr_value(m.path, "user.casfs.corrupt_ids")
+        assert (m.path / "images" / "tree" / "hello.txt").read_text() == "hello, world\n"
+
+
 # -- single-volume mounts -------------------------------------------------------------------
 
 

@@ -255,6 +255,7 @@ async def _serve(cfg: Config) -> int:
             stack.callback(writer.close)
             chunks = ChunkCache(repo.get, cfg.cache_bytes, get_nowait=repo.get_if_cached)
             stack.callback(chunks.close)
+            repo.on_corrupt = chunks.count_corrupt  # trees and maps count as data chunks do
             mounted = _Mounted()
             stack.push_async_callback(_release_claims, writer, mounted)
             stack.push_async_callback(_close_views, mounted)

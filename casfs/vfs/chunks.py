@@ -112,7 +112,7 @@ class ChunkCache:
         try:
             return fut.result()
         except Corruption:
-            self._count_corrupt(bid)
+            self.count_corrupt(bid)
             raise
 
     def split(self, pieces: Iterable[Piece]) -> tuple[dict[BlobId, bytes], list[BlobId]]:
@@ -157,7 +157,7 @@ class ChunkCache:
             try:
                 out[bid] = fut.result()
             except Corruption:
-                self._count_corrupt(bid)
+                self.count_corrupt(bid)
                 raise
         return out
 
@@ -178,7 +178,7 @@ class ChunkCache:
             try:
                 data = self._get_nowait(bid)
             except Corruption:
-                self._count_corrupt(bid)
+                self.count_corrupt(bid)
                 raise
             if data is None:
                 self._cold_run += 1
@@ -200,7 +200,7 @@ class ChunkCache:
         try:
             return self._get(bid)
         except Corruption:
-            self._count_corrupt(bid)
+            self.count_corrupt(bid)
             raise
 
     def _load(self, bid: BlobId, fut: Future[bytes]) -> None:
@@ -215,7 +215,8 @@ class ChunkCache:
             with self._lock:
                 self._inflight.pop(bid, None)
 
-    def _count_corrupt(self, bid: BlobId) -> None:
+    def count_corrupt(self, bid: BlobId) -> None:
+        """Count a blob that failed its check (data here; metadata via repo.on_corrupt)."""
         with self._lock:
             self.corrupt_reads += 1
             self.last_corrupt.append(bid)
