@@ -41,8 +41,6 @@ from casfs.units import check_name
 
 DEFAULT_CHUNK_SIZE = 64 << 10
 FORMATS = ("auto", "raw", "tar", "dir")
-_GZIP_MAGIC = b"\x1f\x8b"
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 Progress = Callable[[int], None]
 
@@ -65,17 +63,53 @@ class ImageInfo:
         return asdict(self)
 
 
+# A name that says tar is read as one, whatever the bytes: a damaged archive must be
+# refused, not imported as a disk image. The compression the name promises, if any.
+_TAR_NAMES = {
+    ".tar": None, ".tar.gz": "gzip", ".tgz": "gzip", ".tar.zst": "zstd", ".tzst": "zstd",
+    ".tar.bz2": "bzip2", ".tbz2": "bzip2", ".tbz": "bzip2", ".tar.xz": "xz", ".txz": "xz",
+}
+
+
+def _tar_name(source: Path) -> str | None:
+    """The tar suffix the file's name ends with, if any."""
+    name = source.name.lower()
+    return next((suffix for suffix in _TAR_NAMES if name.endswith(suffix)), None)
+
+
 def detect_format(source: Path) -> str:
     if source.is_dir():
         return "dir"
     with open(source, "rb") as f:
         head = f.read(512)
-    if head.startswith(_GZIP_MAGIC) or head.startswith(_ZSTD_MAGIC):
+    if _tar_name(source) is not None or _compression(head) is not None:
         return "tar"
     # POSIX and GNU tar headers carry "ustar" at 257; pre-POSIX archives need --format tar.
     if head[257:262] == b"ustar":
         return "tar"
     return "raw"
+
+
+def _compression(head: bytes) -> str | None:
+    from casfs.importers.tarball import COMPRESSIONS
+
+    return next((name for magic, name in COMPRESSIONS.items() if head.startswith(magic)), None)
+
+
+def check_tar_name(source: Path) -> None:
+    """A name that promises a compression must hold it: x.tar.gz of zlib bytes is refused."""
+    suffix = _tar_name(source)
+    if suffix is None or source.is_dir():
+        return
+    with open(source, "rb") as f:
+        found = _compression(f.read(8))
+    promised = _TAR_NAMES[suffix]
+    if promised is not None and found != promised:
+        what = f"{found} data" if found else f"not {promised} data"
+        raise UsageError(
+            f"{source.name} is named as a {promised}-compressed tar archive but is {what} "
+            "(--format raw imports it as a disk image)"
+        )
 
 
 def _row_to_info(row: sqlite3.Row | tuple[Any, ...]) -> ImageInfo:
@@ -122,6 +156,8 @@ def import_image(
     if not source.exists() and not source.is_symlink():
         raise NotFound(f"source {source} does not exist")
     fmt = detect_format(source) if fmt == "auto" else fmt
+    if fmt == "tar":
+        check_tar_name(source)
     if fmt == "dir" and expected:
         raise UsageError("--expect checks a file's bytes; a directory source has none to check")
     kind = "block" if fmt == "raw" else "dir"

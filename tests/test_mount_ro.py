@@ -373,7 +373,7 @@ def test_a_corrupt_blob_fails_that_read_only(populated: Populated, tmp_path: Pat
 def test_a_corrupt_tree_blob_is_counted_too(populated: Populated, tmp_path: Path) -> None:
     """Issue 7, defect 7: metadata (trees, maps) failing its check counts in
     user.casfs.corrupt_reads and corrupt_ids, as data chunks do."""
-    repo, src, _ = populated
+    repo, _, _ = populated
     root = BlobId(bytes.fromhex(images.get_image(repo, "tree").root or ""))
     sub = Tree.decode(repo.get(root)).find(b"sub")
     assert sub is not None

@@ -185,4 +185,10 @@ def test_truncated_zstd_is_refused(repo: Repository) -> None:
 
 
 def test_other_compression_is_refused_by_name(repo: Repository) -> None:
-    refused(repo, b"BZh91AY&SY" + bytes(100), UsageError, "bzip2-compressed tar archives are not supported")
+    lz4 = b"\x04\x22\x4d\x18" + bytes(100)
+    refused(repo, lz4, UsageError, "lz4-compressed tar archives are not supported")
+
+
+def test_corrupt_bzip2_and_xz_are_refused(repo: Repository) -> None:
+    refused(repo, b"BZh91AY&SY" + bytes(100), UsageError, "tar archive is corrupt")
+    refused(repo, b"\xfd7zXZ\x00" + bytes(100), UsageError, "tar archive is corrupt")

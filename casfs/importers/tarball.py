@@ -1,4 +1,4 @@
-"""Import a tar archive (plain, gzip or zstd) from a stream, refusing hostile members.
+"""Import a tar archive (plain, gzip, zstd, bzip2 or xz) from a stream, refusing hostile members.
 
 The stream is read once, front to back, and always to its very end (trailing bytes
 after the end-of-archive marker included): the caller hashes what is read to check
@@ -28,7 +28,9 @@ UsageError saying "tar archive is truncated: ..." or "tar archive is corrupt: ..
 
 from __future__ import annotations
 
+import bz2
 import gzip
+import lzma
 import os
 import stat
 import tarfile
@@ -49,7 +51,11 @@ Progress = Callable[[int], None]
 
 _GZIP = b"\x1f\x8b"
 _ZSTD = b"\x28\xb5\x2f\xfd"
-_UNSUPPORTED = {b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x04\x22\x4d\x18": "lz4"}
+_BZIP2 = b"BZh"
+_XZ = b"\xfd7zXZ\x00"
+_UNSUPPORTED = {b"\x04\x22\x4d\x18": "lz4"}
+# The compression each magic number announces (images.py checks a name against it).
+COMPRESSIONS = {_GZIP: "gzip", _ZSTD: "zstd", _BZIP2: "bzip2", _XZ: "xz"}
 _XATTR = "SCHILY.xattr."
 _READ = 1 << 16
 _NAME_MAX = 255  # Linux limits: what could not be extracted is refused
@@ -89,8 +95,12 @@ def import_tar(
         raise UsageError(f"tar archive is truncated: {e}") from None
     except tarfile.ReadError as e:
         raise _read_error(str(e)) from None
-    except (tarfile.TarError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError) as e:
+    except (tarfile.TarError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError, lzma.LZMAError) as e:
         raise UsageError(f"tar archive is corrupt: {e}") from None
+    except OSError as e:
+        if e.errno is not None:
+            raise  # reading the source failed: not the archive's fault
+        raise UsageError(f"tar archive is corrupt: {e}") from None  # (bz2: "Invalid data stream")
     _check_symlinks(b)
     return b.finish()
 
@@ -121,7 +131,10 @@ def _add(
             b.add_link(parts, node)
         elif m.ischr() or m.isblk():
             if not allow_devices:
-                raise HostileArchive(f"tar member {m.name!r} refused: device nodes are not allowed")
+                raise HostileArchive(
+                    f"tar member {m.name!r} refused: device nodes are not allowed "
+                    "(--allow-devices keeps them, e.g. for a root filesystem's /dev)"
+                )
             kind = stat.S_IFCHR if m.ischr() else stat.S_IFBLK
             b.add_special(parts, _attrs(m, kind).with_(rdev=os.makedev(m.devmajor, m.devminor)))
         elif m.isfifo():
@@ -296,9 +309,15 @@ def _decompressor(src: _Source) -> _Readable:
         return gzip.GzipFile(fileobj=cast(BinaryIO, src), mode="rb")
     if magic.startswith(_ZSTD):
         return _Zstd(src)
+    if magic.startswith(_BZIP2):
+        return bz2.BZ2File(cast(BinaryIO, src), mode="rb")
+    if magic.startswith(_XZ):
+        return lzma.LZMAFile(cast(BinaryIO, src), mode="rb")
     for prefix, name in _UNSUPPORTED.items():
         if magic.startswith(prefix):
-            raise UsageError(f"{name}-compressed tar archives are not supported (use plain, gzip or zstd)")
+            raise UsageError(
+                f"{name}-compressed tar archives are not supported (use plain, gzip, zstd, bzip2 or xz)"
+            )
     return src
 
 
