@@ -148,6 +148,19 @@ class ChunkMap:
         count = n_chunks(self.root.size, self.root.chunk_size)
         return [self.chunk(n) for n in range(count)]
 
+    def data_chunks(self) -> list[int]:
+        """The numbers of the chunks holding data, in order; a page of holes costs
+        nothing (a blank 64 GiB disk is its root alone)."""
+        count = n_chunks(self.root.size, self.root.chunk_size)
+        if self.root.depth == 0:
+            return [n for n, bid in enumerate(self.root.ids[:count]) if bid != ZERO_ID]
+        found: list[int] = []
+        for p, pid in enumerate(self.root.ids):
+            if pid != ZERO_ID:
+                base = p * PAGE_ENTRIES
+                found += [base + i for i, bid in enumerate(decode_page(self.get(pid))) if bid != ZERO_ID]
+        return [n for n in found if n < count]
+
     def rewrite(self, put: Put, changes: Mapping[int, BlobId], new_size: int) -> BlobId:
         """Store the map with `changes` applied and the size set; only touched pages
         (and the root) are written. Chunks past the new end are dropped."""

@@ -49,7 +49,20 @@ class BlockView:
 
     def getattr(self, ino: int) -> Stat:
         self._check(ino)
+        if self._stat.blocks is None:
+            self._stat = self._stat.with_(blocks=self._allocated_blocks())
         return self._stat
+
+    def _allocated_blocks(self) -> int:
+        """512-byte blocks holding data: holes allocate nothing (so `du` and `qemu-img
+        info` show what the disk holds, not its size). Counted once: the view is immutable."""
+        if self.map is None:
+            return 0
+        chunks = self.map.data_chunks()
+        used = len(chunks) * self.chunk_size
+        if chunks and chunks[-1] == -(-self.size // self.chunk_size) - 1:
+            used -= -(-self.size // self.chunk_size) * self.chunk_size - self.size  # a short last chunk
+        return (used + 511) // 512
 
     def lookup(self, parent: int, name: bytes) -> Stat:
         self._check(parent)

@@ -145,19 +145,30 @@ class VolumeView:
     def _base_root(self, size: int) -> Node:
         if self.kind == "block":
             st = self.repo.path.stat()
+            changed = self._base_time_ns()
             return Node(
                 ROOT_INO,
                 stat.S_IFREG | 0o644,
                 st.st_uid,
                 st.st_gid,
                 size=size,
-                mtime_ns=st.st_mtime_ns,
-                ctime_ns=st.st_mtime_ns,
-                atime_ns=st.st_mtime_ns,
+                mtime_ns=changed,
+                ctime_ns=changed,
+                atime_ns=changed,
                 base=self.base,
                 parent=ROOT_INO,
             )
         return Node.from_tree(self._tree(self.base), self.base, ROOT_INO)
+
+    def _base_time_ns(self) -> int:
+        """When the base was made: its snapshot's time (the fold that ended the last
+        writes), or the volume's creation. A block volume's mtime until it is written."""
+        row = self.repo.conn.execute(
+            "SELECT coalesce((SELECT max(created) FROM snapshots WHERE volume = ? AND root = ?), created) "
+            "FROM volumes WHERE name = ?",
+            (self.name, self.base, self.name),
+        ).fetchone()
+        return int(row[0] * 1e9)
 
     def _tree(self, bid: BlobId) -> Tree:
         """A base tree, decoded once: readdir of a big directory comes in many calls, and
@@ -275,7 +286,7 @@ class VolumeView:
 
     def _stat(self, node: Node) -> Stat:
         st = node.stat()
-        if node.is_file and self.kind == "dir":
+        if node.is_file:
             st = st.with_(blocks=self._blocks(node))
         return st
 
@@ -307,11 +318,12 @@ class VolumeView:
         found = self._allocated.get(node.base)
         if found is None:
             content = self._content(node)
-            if isinstance(content, chunkmap.Content) and content.map is not None:
-                ids = content.map.all_chunks()
+            if isinstance(content, chunkmap.ChunkMap):
+                found = content.data_chunks()  # a block volume's disk
+            elif content.map is not None:
+                found = content.map.data_chunks()
             else:
-                ids = [content.chunk(0)]
-            found = [n for n, bid in enumerate(ids) if bid != ZERO_ID]
+                found = [0] if content.chunk(0) != ZERO_ID else []
             if len(self._allocated) > 4096:
                 self._allocated.clear()
             self._allocated[node.base] = found
