@@ -170,15 +170,18 @@ class ControlPlane:
         return tuple(row)
 
     async def _phase(self, t: Target) -> bytes:
-        (phase,) = self._row(
+        """The phase; "mounted by pid N" when another process holds it (this mount's
+        own holds read plain "mounted")."""
+        phase, pid = self._row(
             t,
             ("volume", "image"),
             {
-                "volume": "SELECT phase FROM volumes WHERE name = ?",
-                "image": "SELECT phase FROM images WHERE name = ?",
+                "volume": "SELECT phase, owner_pid FROM volumes WHERE name = ?",
+                "image": "SELECT phase, owner_pid FROM images WHERE name = ?",
             },
         )
-        return str(phase).encode()
+        elsewhere = pid is not None and pid != os.getpid() and phase not in ("ready", "failed")
+        return f"{phase} by pid {pid}".encode() if elsewhere else str(phase).encode()
 
     async def _origin(self, t: Target) -> bytes:
         (origin,) = self._row(t, ("volume",), {"volume": "SELECT origin FROM volumes WHERE name = ?"})

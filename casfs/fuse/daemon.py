@@ -55,6 +55,7 @@ from casfs.store.ids import BlobId
 from casfs.vfs.api import ROOT_INO, View
 from casfs.vfs.chunks import DEFAULT_CACHE_BYTES, ChunkCache
 from casfs.vfs.storeview import OpenRw, StoreView, Subject, static_view
+from casfs.vfs.volume import VolumeView
 
 log = logging.getLogger("casfs.daemon")
 
@@ -298,7 +299,7 @@ def _root_view(
     if cfg.volume is None:
         if not stat.S_ISDIR(mode):
             raise UsageError(f"{cfg.mountpoint} is not a directory (a whole store mounts on a directory)")
-        store_view = StoreView(repo, None if cfg.read_only else _rw_opener(repo, chunks, mounted))
+        store_view = StoreView(repo, None if cfg.read_only else _rw_opener(repo, chunks, mounted, lazy=True))
         return store_view, store_view.subject
     info = volumes.get_volume(repo, cfg.volume)
     if info.kind == "dir" and not stat.S_ISDIR(mode):
@@ -310,11 +311,7 @@ def _root_view(
     if info.mode == "rw" and not cfg.read_only:
         claim_volume(repo, cfg.volume)
         mounted.held.add(cfg.volume)
-        opener = _rw_opener(repo, chunks, mounted)
-        if opener is not None:
-            view = opener(cfg.volume)
-        else:
-            log.warning("no read/write volume view in this build: serving %s read-only", cfg.volume)
+        view = _rw_opener(repo, chunks, mounted)(cfg.volume)
     if view is None:
         with transaction(repo.conn):
             volumes.touch(repo.conn, cfg.volume)  # a read-only mount is a use too (ephemeral volumes)
@@ -336,21 +333,19 @@ def _is_file(view: View) -> bool:
     return stat.S_ISREG(view.getattr(ROOT_INO).mode)
 
 
-def _rw_opener(repo: Repository, chunks: ChunkCache, mounted: _Mounted) -> OpenRw | None:
-    try:
-        from casfs.vfs import volume
-    except ModuleNotFoundError as e:
-        if e.name != "casfs.vfs.volume":
-            raise
-        return None
-    make: Callable[..., View] = getattr(volume, "open_volume", None) or volume.VolumeView
+def _rw_opener(repo: Repository, chunks: ChunkCache, mounted: _Mounted, lazy: bool = False) -> OpenRw:
+    """Makes the read/write view of a volume. `lazy` (a whole-store mount): the view
+    claims its volume only at its first change, so browsing claims nothing."""
 
-    def open_rw(name: str) -> View:
+    def claim(name: str) -> None:
         if name not in mounted.held:
             claim_volume(repo, name)
             mounted.held.add(name)
-        # >>> The one place a read/write volume view is made (casfs.vfs.volume). <<<
-        view = make(repo, name)
+
+    def open_rw(name: str) -> View:
+        if not lazy:
+            claim(name)
+        view = VolumeView(repo, name, claim=functools.partial(claim, name) if lazy else None)
         mounted.rw_views[name] = view
         return view
 

@@ -194,6 +194,9 @@ class Operations(pyfuse3.Operations):
     def _writable(self, view: View) -> View:
         if self.opts.read_only or view.read_only:
             raise FUSEError(errno.EROFS)
+        ensure = getattr(view, "ensure_writable", None)
+        if ensure is not None:
+            ensure()  # the first change claims the volume (Busy: another process has it)
         return view
 
     def _entry_reply(self, view: View, st: Stat, parent: View) -> pyfuse3.EntryAttributes:

@@ -1,7 +1,8 @@
 """The synthetic top level of a whole-store mount.
 
     /images/<name>              an image's TreeView or BlockView
-    /volumes/<name>             a volume: its read/write view, or a read-only view of its base
+    /volumes/<name>             a volume: its read/write view (claimed at its first change, not
+                                at lookup), or its base read-only while another process holds it
     /snapshots/<volume>/<n>     snapshot n of a volume, read-only
 
 The directories here are made up (mode 0555) and follow the catalog: listings are
@@ -25,7 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from casfs.errors import Busy, CasfsError
+from casfs.errors import CasfsError
+from casfs.lifecycle.pids import alive
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
 from casfs.vfs.api import ROOT_INO, Piece, Stat, View, enoent
@@ -35,9 +37,6 @@ from casfs.vfs.treeview import TreeView
 log = logging.getLogger(__name__)
 
 LISTING_TTL_S = 1.0
-# A volume another daemon holds read/write is served read-only; try to open it read/write
-# again no sooner than this (opening claims it in the catalog: a write).
-RW_RETRY_S = 10.0
 IMAGES_INO, VOLUMES_INO, SNAPSHOTS_INO = 2, 3, 4
 _FIRST_DYNAMIC_INO = 16
 _VISIBLE = "phase NOT IN ('creating', 'deleting')"
@@ -56,8 +55,8 @@ class Subject:
         return f"{self.name}@{self.n}" if self.n is not None else self.name
 
 
-# Opens the read/write view of a volume (claiming it), or raises Busy if another
-# process has it; the daemon provides it for read/write mounts.
+# Opens the read/write view of a volume, which claims it at its first change (Busy then
+# if another process has it); the daemon provides it for read/write mounts.
 OpenRw = Callable[[str], View]
 
 
@@ -94,7 +93,7 @@ class StoreView:
         self._listings: dict[int, tuple[float, list[str]]] = {}
         self._snapdir_ino: dict[str, int] = {}
         self._snapdir_name: dict[int, str] = {}
-        self._rw_refused: dict[str, float] = {}
+        self._rw_generation: dict[str, tuple[BlobId, int]] = {}  # an unclaimed rw view's
 
     # -- junctions: which (view, inode) a name leads to ------------------------------
 
@@ -268,26 +267,31 @@ class StoreView:
         )
 
     def _volume(self, name: str) -> View:
+        """A read/write volume is served by a view that claims it only when first
+        changed (browsing claims nothing); one another live process holds is served
+        read-only from its base, and its phase says who holds it."""
         row = self.repo.conn.execute(
-            "SELECT kind, mode, base, chunk_size, next_ino, created FROM volumes "
-            f"WHERE name = ? AND {_VISIBLE}",
+            "SELECT kind, mode, base, chunk_size, next_ino, created, phase, owner_pid, next_snapshot "
+            f"FROM volumes WHERE name = ? AND {_VISIBLE}",
             (name,),
         ).fetchone()
         if row is None:
             raise enoent(name)
-        kind, mode, base, chunk_size, next_ino, created = row
-        rw = self._views.get(("rw", name))
-        if rw is not None:
-            return rw
-        open_rw = self.open_rw
-        refused = self._rw_refused.get(name, -RW_RETRY_S)
-        if mode == "rw" and open_rw is not None and time.monotonic() - refused >= RW_RETRY_S:
-            try:
-                return self._remember(("rw", name), Subject("volume", name), lambda: open_rw(name))
-            except Busy as e:  # another daemon has it read/write: show its base read-only
-                log.info("volume %s: %s; serving it read-only", name, e)
-                self._rw_refused[name] = time.monotonic()
+        kind, mode, base, chunk_size, next_ino, created, phase, pid, next_snapshot = row
         base = BlobId(bytes(base))
+        rw = self._views.get(("rw", name))
+        if rw is not None and getattr(rw, "claimed", True):
+            return rw  # ours: its changes are the volume's
+        held_elsewhere = phase != "ready" and pid not in (None, os.getpid()) and alive(pid)
+        open_rw = self.open_rw
+        if mode == "rw" and open_rw is not None and not held_elsewhere:
+            # An unclaimed view caches the catalog: a new one once the volume moved on.
+            generation = (base, next_snapshot)
+            if rw is None or self._rw_generation.get(name) != generation:
+                rw = self._views[("rw", name)] = open_rw(name)
+                self._subjects[id(rw)] = Subject("volume", name)
+                self._rw_generation[name] = generation
+            return rw
         return self._remember(
             ("volume", name, base),
             Subject("volume", name),

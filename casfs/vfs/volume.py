@@ -31,6 +31,7 @@ it all. A flush's catalog writes are idempotent, so a retry is always safe.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import stat
 import time
@@ -82,14 +83,22 @@ class VolumeView:
     read_only = False
     immutable = False
 
-    def __init__(self, repo: Repository, name: str) -> None:
-        row = repo.conn.execute(
-            "SELECT kind, base, chunk_size, next_ino, size FROM volumes WHERE name = ?", (name,)
-        ).fetchone()
-        if row is None:
-            raise CasfsError(f"no volume named {name!r}")
+    def __init__(self, repo: Repository, name: str, claim: Callable[[], None] | None = None) -> None:
+        """A view of volume `name`. With `claim`, the caller has not claimed the volume:
+        the view is a read-only cache of the catalog until its first change, which calls
+        `claim` (Busy if another process holds the volume) and reloads (ensure_writable)."""
         self.repo = repo
         self.name = name
+        self.claim = claim
+        self.lock = trio.Lock()
+        self._load()
+
+    def _load(self) -> None:
+        row = self.repo.conn.execute(
+            "SELECT kind, base, chunk_size, next_ino, size FROM volumes WHERE name = ?", (self.name,)
+        ).fetchone()
+        if row is None:
+            raise CasfsError(f"no volume named {self.name!r}")
         self.kind: str = row[0]
         self.base = BlobId(row[1])
         self.chunk_size: int = row[2]
@@ -111,7 +120,6 @@ class VolumeView:
         self._allocated: dict[BlobId, list[int]] = {}  # base content -> its data chunks
         self._links: _BaseLinks | None = None  # the base's hardlinks, found when first needed
         self._linked: set[int] = set()  # hardlinked inodes whose every directory is materialized
-        self.lock = trio.Lock()
         self._frozen = False  # a flush or fold is between its prepare and its apply/abort
         self._deferred_atime: set[int] = set()  # reads while frozen (relatime, applied at thaw)
         self._deferred_forget: set[int] = set()  # forgets while frozen
@@ -119,11 +127,24 @@ class VolumeView:
         if ROOT_INO not in self.nodes:
             self.nodes[ROOT_INO] = self._base_root(row[4])
 
+    @property
+    def claimed(self) -> bool:
+        """This view holds the volume read/write (its changes are the volume's)."""
+        return self.claim is None
+
+    def ensure_writable(self) -> None:
+        """Before the first change of an unclaimed view: claim the volume, then reload,
+        since until now the view was only a cache of a catalog others could change."""
+        if self.claim is not None:
+            self.claim()
+            self.claim = None
+            self._load()
+
     # -- loading ---------------------------------------------------------------
 
     def _load_overlay(self) -> None:
         conn = self.repo.conn
-        with transaction(conn):
+        with transaction(conn) if self.claimed else contextlib.nullcontext(conn):
             # Unlinked inodes that were still open when the daemon died: nothing names them.
             orphans = [
                 i
@@ -131,7 +152,7 @@ class VolumeView:
                     "SELECT ino FROM overlay_inodes WHERE volume = ? AND nlink = 0", (self.name,)
                 )
             ]
-            for ino in orphans:
+            for ino in orphans if self.claimed else ():  # (an unclaimed view writes nothing)
                 delete_inode_rows(conn, self.name, ino)
         for row in conn.execute("SELECT * FROM overlay_inodes WHERE volume = ?", (self.name,)):
             node = Node.from_row(tuple(row))
@@ -229,6 +250,7 @@ class VolumeView:
     def _touch(self, ino: int) -> None:
         """Mark an inode changed: it (and its parent's listing) go to the overlay."""
         assert not self._frozen, "a mutation ran inside a flush or fold (the view lock was not held)"
+        assert self.claim is None, "a change to a volume this view has not claimed (ensure_writable)"
         if ino not in self.overlay:
             node = self.node(ino)
             if ino != ROOT_INO:
@@ -1029,6 +1051,7 @@ class VolumeView:
         slot = await trio.to_thread.run_sync(acquire_slot, self.repo, f"snapshot {self.name}")
         try:
             async with self.lock:
+                self.ensure_writable()  # a snapshot changes the volume: this mount claims it
                 await self.flush()
                 job = self.prepare_fold(label)
                 try:
@@ -1042,7 +1065,10 @@ class VolumeView:
             slot.release()
 
     def close(self, snapshot: bool = True) -> int | None:
-        """Flush; then, if anything changed since the base, take a snapshot."""
+        """Flush; then, if anything changed since the base, take a snapshot. A view that
+        never claimed its volume changed nothing and leaves it as it is."""
+        if not self.claimed:
+            return None
         self.flush_sync()
         if snapshot and self.overlay:
             from casfs.lifecycle.queue import job_slot
