@@ -20,6 +20,8 @@ import pytest
 from casfs import images, volumes
 from casfs.refcount.fsck import fsck
 from casfs.repo import Repository
+from casfs.snapshots.chunkmap import ChunkMap
+from casfs.store.ids import BlobId
 from casfs.vfs.api import ROOT_INO, assemble
 from casfs.vfs.volume import VolumeView
 
@@ -195,3 +197,26 @@ def test_fsck_recomputes_logical_sizes(repo: Repository) -> None:
     ]
     assert all(p.repaired for p in fsck(repo, repair=True).problems)
     assert repo.conn.execute("SELECT size FROM volumes WHERE name = 'v'").fetchone()[0] == 74608
+
+
+def test_importing_the_same_content_again_heals_a_damaged_blob(repo: Repository, tmp_path: Path) -> None:
+    """Issue 7, defect 6: dedup trusted the damaged file. A blob found damaged (by a
+    read, or by fsck) is stored again by the next import of the same content."""
+    src = tmp_path / "disk.raw"
+    src.write_bytes(os.urandom(5 * CHUNK))
+    images.import_image(repo, "one", src)
+    victim = images.get_image(repo, "one")
+    chunk = ChunkMap(repo.get_meta, BlobId(bytes.fromhex(victim.root or ""))).chunk(2)
+    path = repo.blobs.path(chunk)
+    path.chmod(0o644)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    report = fsck(repo)
+    [problem] = report.problems
+    assert problem.kind == "corrupt" and "importing the same content again heals it" in problem.message
+    images.import_image(repo, "two", src)  # the same bytes, under another name
+    out = tmp_path / "out.raw"
+    images.export_image(repo, "one", out)
+    assert out.read_bytes() == src.read_bytes()
+    assert repo.blobs.damaged() == set()

@@ -368,6 +368,7 @@ def test_a_corrupt_blob_fails_that_read_only(populated: Populated, tmp_path: Pat
         assert victim.hex() in xattr_value(m.path, "user.casfs.corrupt_ids")
         assert "Input/output error" in getfattr(tree / "sub/big.bin", "user.casfs.digest").stderr
         assert victim.hex() in m.log()  # logged with its id
+    assert victim in repo.blobs.damaged()  # remembered: the next import of it heals it
 
 
 def test_a_corrupt_tree_blob_is_counted_too(populated: Populated, tmp_path: Path) -> None:

@@ -211,6 +211,8 @@ class _Plan:
         problems = report.problems
         for bid, p in self.unreadable.items():
             p.message += f" (refs: stored {self.rows[bid].refs}, expected {self.expected(bid)})"
+            if self.expected(bid) > 0:
+                p.message += "; importing the same content again heals it"
             problems.append(p)
         # The children of unreadable referenced metadata are unknown; so, for a dangling
         # reference read as metadata (or from a root, kind unknown), are its own.
@@ -297,6 +299,7 @@ def _read(repo: Repository, bid: BlobId, kind: int) -> _Read:
     try:
         kids = list(children(kind, plain))
     except (Corruption, ValueError) as e:
+        repo.blobs.mark_damaged(bid)  # (its hash is right: the bytes stored were wrong)
         return _Read(bid, [], error=("corrupt", f"{_kind_name(kind)} blob {bid.hex()} is malformed: {e}"))
     return _Read(bid, kids, len(plain), stored)
 

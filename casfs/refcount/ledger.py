@@ -45,6 +45,9 @@ class Batch:
         self.stored_bytes = 0
         self.reused = 0
         self.closed = False
+        # Found damaged by a read: stored again, not deduplicated against (heals them).
+        self.damaged = repo.blobs.damaged()
+        self.healed: set[BlobId] = set()
 
     def put(self, plain: bytes | memoryview, kind: int = DATA) -> BlobId:
         """Stage a blob unless the store already holds it live; returns its id.
@@ -56,7 +59,10 @@ class Batch:
             if bid in self.new:
                 return bid
         # A live blob has a file: the stat is a cheap filter before the catalog lookup.
-        if self.repo.blobs.has(bid) and self.repo.is_live(bid):
+        if bid in self.damaged:
+            with self._mutex:
+                self.healed.add(bid)  # its file failed a check: this copy replaces it
+        elif self.repo.blobs.has(bid) and self.repo.is_live(bid):
             with self._mutex:
                 self.reused += 1
             return bid
@@ -100,6 +106,8 @@ class Batch:
                 add_refs(conn, increments)
                 if then is not None:
                     then(conn)
+            for bid in self.healed:
+                self.repo.blobs.clear_damaged(bid)
         finally:
             self.close()
 

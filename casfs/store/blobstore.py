@@ -82,6 +82,18 @@ class BlobStore(ABC):
     @abstractmethod
     def list(self) -> Iterator[BlobId]: ...
 
+    @abstractmethod
+    def mark_damaged(self, bid: BlobId) -> None:
+        """Record that a blob failed its check; get() does it for what it reads."""
+
+    @abstractmethod
+    def damaged(self) -> set[BlobId]:
+        """Blobs recorded damaged: a writer of the same content stores it again."""
+
+    @abstractmethod
+    def clear_damaged(self, bid: BlobId) -> None:
+        """A verified copy replaced the blob (idempotent)."""
+
     def put(self, plain: bytes) -> BlobId:
         """Store one data blob durably (convenience for small writers; takes no writer
         lock, so it is not for use while gc may run: use a ledger Batch)."""
@@ -105,6 +117,9 @@ class FileBlobStore(BlobStore):
         self.blob_dir = root / "blobs"
         self._blob_dir_s = str(self.blob_dir)
         self.tmp_dir = root / "tmp"
+        # damaged/<id>: a blob whose file failed its check when read. A writer storing
+        # the same content again replaces the file instead of trusting it (heals it).
+        self.damaged_dir = root / "damaged"
 
     def create(self) -> None:
         self.blob_dir.mkdir(parents=True, exist_ok=True)
@@ -139,7 +154,35 @@ class FileBlobStore(BlobStore):
         finally:
             os.close(fd)
         stored = parts[0] if len(parts) == 1 else b"".join(parts)
-        return _verified(bid, stored)
+        return self._checked(bid, stored)
+
+    def _checked(self, bid: BlobId, stored: bytes) -> bytes:
+        try:
+            return _verified(bid, stored)
+        except Corruption:
+            self.mark_damaged(bid)
+            raise
+
+    def mark_damaged(self, bid: BlobId) -> None:
+        """Remember that this blob's file failed its check (best effort: a read-only
+        store still reports the error, it only cannot remember it)."""
+        try:
+            self.damaged_dir.mkdir(exist_ok=True)
+            (self.damaged_dir / bid.hex()).touch()
+        except OSError as e:
+            log.warning("cannot record damaged blob %s: %s", bid.hex(), e)
+
+    def damaged(self) -> set[BlobId]:
+        """Blobs found damaged and not yet healed."""
+        try:
+            names = os.listdir(self.damaged_dir)
+        except FileNotFoundError:
+            return set()
+        return {BlobId(bytes.fromhex(n)) for n in names if len(n) == 2 * ID_SIZE}
+
+    def clear_damaged(self, bid: BlobId) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.damaged_dir / bid.hex()).unlink()
 
     def get_if_cached(self, bid: BlobId, max_stored: int) -> bytes | None:
         """get(), only when the blob's file is at most `max_stored` bytes and all of it
@@ -162,7 +205,7 @@ class FileBlobStore(BlobStore):
                 return None
         finally:
             os.close(fd)
-        return _verified(bid, bytes(buf))
+        return self._checked(bid, bytes(buf))
 
     def has(self, bid: BlobId) -> bool:
         return os.path.exists(self.path_str(bid))
