@@ -43,6 +43,13 @@ class Busy(CasfsError):
     exit_code = 4
 
 
+class Stale(CasfsError):
+    """What a caller read has changed since (a view of a volume others wrote)."""
+
+    errno = _errno.ESTALE
+    exit_code = 4
+
+
 class ReadOnly(CasfsError):
     errno = _errno.EROFS
     exit_code = 4

@@ -116,6 +116,14 @@ def describe_unsaved(note: dict[str, Any]) -> str:
     return f"its last mount (pid {note.get('pid')}, {when}) could not save {lost}: {note.get('error')}"
 
 
+def generation(conn: sqlite3.Connection, name: str) -> tuple[object, ...]:
+    """What changes whenever the volume does at rest or changes hands: its base, its
+    next snapshot number and its last use (every claim and release stamps it)."""
+    query = "SELECT base, next_snapshot, last_used FROM volumes WHERE name = ?"
+    row = conn.execute(query, (name,)).fetchone()
+    return tuple(row) if row is not None else ()
+
+
 def record_unsaved(conn: sqlite3.Connection, name: str, note: dict[str, Any] | None) -> None:
     """Record what a read/write mount could not save as it ended (None: it saved all)."""
     conn.execute(

@@ -44,7 +44,7 @@ import trio
 
 from casfs import volumes
 from casfs.catalog import transaction
-from casfs.errors import Busy, CasfsError, NotFound, UsageError
+from casfs.errors import Busy, CasfsError, NotFound, Stale, UsageError
 from casfs.fuse.control import CatalogWriter, ControlPlane, maybe_await, syncfs_path
 from casfs.fuse.inodes import InodeTable
 from casfs.fuse.operations import MountOptions, Operations
@@ -337,9 +337,9 @@ def _rw_opener(repo: Repository, chunks: ChunkCache, mounted: _Mounted, lazy: bo
     """Makes the read/write view of a volume. `lazy` (a whole-store mount): the view
     claims its volume only at its first change, so browsing claims nothing."""
 
-    def claim(name: str) -> None:
+    def claim(name: str, expected: tuple[object, ...] | None = None) -> None:
         if name not in mounted.held:
-            claim_volume(repo, name)
+            claim_volume(repo, name, expected)
             mounted.held.add(name)
 
     def open_rw(name: str) -> View:
@@ -395,6 +395,13 @@ async def _close_views(mounted: _Mounted) -> None:
         closer = getattr(view, "close", None)
         if closer is None:
             continue
+        if mounted.clean and isinstance(view, VolumeView) and not view.claimed and view.overlay:
+            # Read here, never changed, but a crashed mount left an overlay: fold it now,
+            # as the unmount of the mount that made it would have, if no one else holds it.
+            try:
+                view.ensure_writable()
+            except CasfsError as e:
+                log.info("volume %s: its overlay stays for its next user: %s", name, e)
         try:
             n = await maybe_await(closer(snapshot=mounted.clean))
         except Exception as e:
@@ -442,14 +449,18 @@ def _fail(cfg: Config, code: int, message: str) -> None:
 # -- claims: one read/write daemon per volume --------------------------------------
 
 
-def claim_volume(repo: Repository, name: str) -> None:
-    """Phase ready -> mounted with our pid; Busy if a live process holds it."""
+def claim_volume(repo: Repository, name: str, expected: tuple[object, ...] | None = None) -> None:
+    """Phase ready -> mounted with our pid; Busy if a live process holds it. With
+    `expected` (a view's volume_generation when it loaded), Stale if the volume has
+    been claimed, written or snapshotted since: that view no longer shows it."""
     conn = repo.conn
     with transaction(conn):
         row = conn.execute("SELECT phase, owner_pid, mode FROM volumes WHERE name = ?", (name,)).fetchone()
         if row is None:
             raise NotFound(f"no volume named {name!r}")
         phase, pid, mode = row
+        if expected is not None and volumes.generation(conn, name) != expected:
+            raise Stale(f"volume {name!r} changed since this mount read it: look it up again")
         if mode != "rw":
             raise UsageError(f"volume {name!r} is read-only")
         if phase in ("creating", "deleting"):

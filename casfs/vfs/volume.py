@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import trio
 
+from casfs import volumes
 from casfs.catalog import transaction
 from casfs.errors import CasfsError
 from casfs.repo import Repository
@@ -83,10 +84,13 @@ class VolumeView:
     read_only = False
     immutable = False
 
-    def __init__(self, repo: Repository, name: str, claim: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, repo: Repository, name: str, claim: Callable[[tuple[object, ...]], None] | None = None
+    ) -> None:
         """A view of volume `name`. With `claim`, the caller has not claimed the volume:
-        the view is a read-only cache of the catalog until its first change, which calls
-        `claim` (Busy if another process holds the volume) and reloads (ensure_writable)."""
+        the view reads it as the catalog had it when loaded, and its first change calls
+        `claim(generation)` (ensure_writable), which refuses if the volume has changed
+        hands or content since (Stale) or another process holds it (Busy)."""
         self.repo = repo
         self.name = name
         self.claim = claim
@@ -94,6 +98,7 @@ class VolumeView:
         self._load()
 
     def _load(self) -> None:
+        self.generation = volumes.generation(self.repo.conn, self.name)
         row = self.repo.conn.execute(
             "SELECT kind, base, chunk_size, next_ino, size FROM volumes WHERE name = ?", (self.name,)
         ).fetchone()
@@ -133,12 +138,15 @@ class VolumeView:
         return self.claim is None
 
     def ensure_writable(self) -> None:
-        """Before the first change of an unclaimed view: claim the volume, then reload,
-        since until now the view was only a cache of a catalog others could change."""
+        """Before the first change of an unclaimed view: claim the volume, as it was
+        when this view read it (the kernel holds inodes of what it read)."""
         if self.claim is not None:
-            self.claim()
+            self.claim(self.generation)
             self.claim = None
-            self._load()
+            # Unlinked inodes a crashed mount left open: nothing names them (_load_overlay
+            # deletes them when the view is claimed from the start).
+            for ino in [i for i, n in self.nodes.items() if n.nlink == 0 and i in self.overlay]:
+                self._drop_inode(ino)
 
     # -- loading ---------------------------------------------------------------
 
