@@ -8,6 +8,7 @@ MIGRATIONS (one function per version step) so that no volume is lost to an upgra
 from __future__ import annotations
 
 import sqlite3
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ from typing import Any
 
 from casfs.errors import UnsupportedFormat
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 
 # The format-1 schema; later formats add to it (see MIGRATIONS).
 SCHEMA = """
@@ -109,7 +110,8 @@ CREATE TABLE overlay_inodes (
     base_limit INTEGER NOT NULL,   -- file: base chunks at or past this number are gone (truncated)
     target     BLOB NOT NULL,      -- symlink target
     parent     INTEGER NOT NULL,   -- directory: its parent's ino (the root is its own parent)
-    listing    BLOB,               -- directory: encoded (cookie, name, ino) entries, NULL: the base subtree's
+    listing    BLOB,               -- directory: non-NULL once copied up (format 5: its header, entries
+                                   -- in overlay_entries, before: every entry), NULL: the base subtree's
     PRIMARY KEY (volume, ino)
 ) WITHOUT ROWID;
 
@@ -148,6 +150,23 @@ ALTER TABLE volumes ADD COLUMN unsaved TEXT;
 """
 
 
+# Format 5: a materialized directory's entries as rows, so a flush writes the entries
+# that changed, not the whole listing (overlay_inodes.listing keeps only its header).
+ENTRIES_SCHEMA = """
+-- The entries of the overlay's materialized directories (those whose overlay_inodes
+-- row has a non-NULL listing). Since format 5 that column holds only the listing's
+-- header: the next readdir cookie, 8 bytes little-endian.
+CREATE TABLE overlay_entries (
+    volume TEXT NOT NULL,
+    dir    INTEGER NOT NULL,       -- the directory's ino
+    name   BLOB NOT NULL,
+    cookie INTEGER NOT NULL,       -- its readdir offset: stable while others come and go
+    ino    INTEGER NOT NULL,       -- the inode it names (an overlay_inodes row)
+    PRIMARY KEY (volume, dir, name)
+) WITHOUT ROWID;
+"""
+
+
 def _statements(script: str) -> list[str]:
     # Split on ';' (no comment holds one): executescript would commit the transaction.
     return [s for s in script.split(";") if s.strip()]
@@ -168,11 +187,38 @@ def _migrate_3_to_4(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _migrate_4_to_5(conn: sqlite3.Connection) -> None:
+    """Split each listing blob of format 4 into entry rows and its header. The blob
+    was: next cookie (u64), then per entry cookie (u64), ino (u64), name length (u16),
+    name (all little-endian)."""
+    for statement in _statements(ENTRIES_SCHEMA):
+        conn.execute(statement)
+    head = struct.Struct("<QQH")
+    query = "SELECT volume, ino, listing FROM overlay_inodes WHERE listing IS NOT NULL"
+    rows = conn.execute(query).fetchall()
+    for volume, ino, blob in rows:
+        raw = bytes(blob)
+        pos = 8
+        while pos < len(raw):
+            cookie, child, n = head.unpack_from(raw, pos)
+            pos += head.size
+            entry = (volume, ino, raw[pos : pos + n], cookie, child)
+            conn.execute("INSERT INTO overlay_entries VALUES (?, ?, ?, ?, ?)", entry)
+            pos += n
+        header = (raw[:8], volume, ino)
+        conn.execute("UPDATE overlay_inodes SET listing = ? WHERE volume = ? AND ino = ?", header)
+
+
 Migration = Callable[[sqlite3.Connection], None]
 # MIGRATIONS[v] upgrades a store of format v to v + 1, inside one transaction.
-MIGRATIONS: dict[int, Migration] = {1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4}
+MIGRATIONS: dict[int, Migration] = {
+    1: _migrate_1_to_2,
+    2: _migrate_2_to_3,
+    3: _migrate_3_to_4,
+    4: _migrate_4_to_5,
+}
 # The schema text of each format step, applied in order by create().
-SCHEMAS = (SCHEMA, OVERLAY_SCHEMA, LIFECYCLE_SCHEMA, UNSAVED_SCHEMA)
+SCHEMAS = (SCHEMA, OVERLAY_SCHEMA, LIFECYCLE_SCHEMA, UNSAVED_SCHEMA, ENTRIES_SCHEMA)
 
 BUSY_TIMEOUT_S = 60.0
 

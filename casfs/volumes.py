@@ -387,6 +387,7 @@ def finish_delete(repo: Repository, name: str) -> bool:
         ledger.release(conn, [BlobId(row[1]), *roots, *chunks])
         conn.execute("DELETE FROM overlay_chunks WHERE volume = ?", (name,))
         conn.execute("DELETE FROM overlay_inodes WHERE volume = ?", (name,))
+        conn.execute("DELETE FROM overlay_entries WHERE volume = ?", (name,))
         conn.execute("DELETE FROM snapshots WHERE volume = ?", (name,))
         conn.execute("DELETE FROM volumes WHERE name = ?", (name,))
     return True

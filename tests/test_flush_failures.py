@@ -220,3 +220,32 @@ def test_importing_the_same_content_again_heals_a_damaged_blob(repo: Repository,
     images.export_image(repo, "one", out)
     assert out.read_bytes() == src.read_bytes()
     assert repo.blobs.damaged() == set()
+
+
+def test_a_failed_flush_of_a_big_directory_keeps_its_entry_changes(repo: Repository) -> None:
+    """Entries are flushed by name (overlay_entries): creates, renames and unlinks in a
+    big directory that a failed flush carried are written by the next one."""
+    volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
+    v = VolumeView(repo, "v")
+    d = v.mkdir(ROOT_INO, b"d", 0o755, 0, 0)
+    for i in range(500):
+        v.mknod(d.ino, b"f%d" % i, stat.S_IFREG | 0o644, 0, 0, 0)
+    v.flush_sync()
+    with store_refuses_writes(repo):
+        v.write_sync(v.lookup(d.ino, b"f1").ino, 0, b"x")  # (a chunk: the flush must stage a blob)
+        v.rename(d.ino, b"f0", d.ino, b"renamed")
+        v.unlink(d.ino, b"f2")
+        v.mknod(d.ino, b"new", stat.S_IFREG | 0o644, 0, 0, 0)
+        v.rename(d.ino, b"f3", ROOT_INO, b"moved-up")
+        with pytest.raises(OSError):
+            v.flush_sync()
+    v.flush_sync()
+    want = sorted({b"f%d" % i for i in range(4, 500)} | {b"f1", b"renamed", b"new"})
+    cookies = {name: cookie for name, _, cookie in v.readdir(d.ino, 0)}
+    again = VolumeView(repo, "v")
+    d2 = again.lookup(ROOT_INO, b"d").ino
+    assert sorted(name for name, _, _ in again.readdir(d2, 0)) == want
+    assert {name: cookie for name, _, cookie in again.readdir(d2, 0)} == cookies  # cookies kept
+    assert sorted(name for name, _, _ in again.readdir(ROOT_INO, 0)) == [b"d", b"moved-up"]
+    rows = repo.conn.execute("SELECT count(*) FROM overlay_entries WHERE dir = ?", (d.ino,)).fetchone()
+    assert rows[0] == len(want)

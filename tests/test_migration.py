@@ -1,10 +1,12 @@
-"""Old stores stay readable: stores of formats 1, 2 and 3, built with the
+"""Old stores stay readable: stores of formats 1 to 4, built with the
 schema text of their time, are migrated to the current format on open (once, however
 many processes open them at the same moment) with their volumes and snapshots intact."""
 
 from __future__ import annotations
 
 import sqlite3
+import stat
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -15,6 +17,7 @@ from lifecycle_util import CLI, assert_consistent, env, js, ok, query
 from casfs import catalog
 from casfs.repo import Repository
 from casfs.snapshots.kinds import TREE
+from casfs.vfs.volume import VolumeView
 from casfs.volumes import _blank_tree
 
 SPEC = '{"blank_block": null, "blank_dir": true, "image": null, "mode": "rw", "snapshot": null}'
@@ -57,7 +60,7 @@ def old_store(path: Path, version: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_old_store_is_migrated_with_its_volumes(tmp_path: Path, version: int) -> None:
     store = old_store(tmp_path / "store", version)
     assert query(store, "SELECT value FROM meta WHERE key = 'format_version'") == [(str(version),)]
@@ -103,3 +106,36 @@ def test_a_fresh_store_has_every_step(tmp_path: Path) -> None:
         assert set(catalog.MIGRATIONS) == set(range(1, catalog.FORMAT_VERSION))
     finally:
         repo.close()
+
+
+def test_a_crashed_mounts_overlay_survives_the_upgrade_to_entry_rows(tmp_path: Path) -> None:
+    """Format 5 moved a copied-up directory's entries out of its overlay row: a store of
+    format 4 whose mount crashed, with a listing in the old blob form, keeps its names,
+    readdir cookies and all, and folds them into the next snapshot."""
+    store = old_store(tmp_path / "store", 4)
+    mode_dir, mode_file = stat.S_IFDIR | 0o755, stat.S_IFREG | 0o644
+    names = {b"a": (3, 10), b"b": (5, 11)}  # name -> (cookie, ino)
+    listing = struct.pack("<Q", 6) + b"".join(
+        struct.pack("<QQH", cookie, ino, len(name)) + name for name, (cookie, ino) in names.items()
+    )
+    with sqlite3.connect(store / "catalog.db") as conn:
+        base = conn.execute("SELECT base FROM volumes WHERE name = 'v'").fetchone()[0]
+        row = "INSERT INTO overlay_inodes VALUES (" + ", ".join("?" * 17) + ")"
+        conn.execute(row, ("v", 1, mode_dir, 0, 0, 0, 0, 1, 1, 1, 2, b"", base, 1 << 62, b"", 1, listing))
+        for ino in (10, 11):
+            file = ("v", ino, mode_file, 0, 0, 0, 0, 1, 1, 1, 1, b"", bytes(32), 1 << 62, b"", 1, None)
+            conn.execute(row, file)
+        conn.execute("UPDATE volumes SET next_ino = 12 WHERE name = 'v'")
+    repo = Repository.open(store)
+    try:
+        view = VolumeView(repo, "v")
+        assert [(name, cookie) for name, _, cookie in view.readdir(1, 0)] == [(b"a", 3), (b"b", 5)]
+        c = view.mknod(1, b"c", mode_file, 0, 0, 0)
+        assert view.nodes[1].listing is not None and view.nodes[1].listing.entries[b"c"][0] == 6
+        view.flush_sync()
+        assert sorted(n for n, _, _ in VolumeView(repo, "v").readdir(1, 0)) == [b"a", b"b", b"c"]
+        assert c.ino == 12
+    finally:
+        repo.close()
+    ok(store, "snapshot", "create", "v")
+    assert_consistent(store)

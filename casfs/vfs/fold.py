@@ -31,6 +31,11 @@ class FlushJob:
     logical: int
     ids: dict[tuple[int, int], BlobId] = field(default_factory=dict)
     inos: set[int] = field(default_factory=set)  # the dirty inodes it carries (rows, or gone)
+    # Directory entries: only the changed ones, or every entry of a `whole_dirs` listing.
+    listings: list[int] = field(default_factory=list)  # directories whose entries it writes
+    whole_dirs: list[int] = field(default_factory=list)
+    entries: list[tuple[int, bytes, int, int]] = field(default_factory=list)  # dir, name, cookie, ino
+    gone: list[tuple[int, bytes]] = field(default_factory=list)  # dir, name
 
 
 @dataclass
@@ -60,6 +65,7 @@ def delete_inode_rows(conn: sqlite3.Connection, volume: str, ino: int, from_chun
     )
     if from_chunk == 0:
         conn.execute("DELETE FROM overlay_inodes WHERE volume = ? AND ino = ?", (volume, ino))
+        conn.execute("DELETE FROM overlay_entries WHERE volume = ? AND dir = ?", (volume, ino))
 
 
 _UPSERT_INODE = "INSERT OR REPLACE INTO overlay_inodes VALUES (" + ", ".join("?" * 17) + ")"
@@ -78,6 +84,16 @@ def run_flush(repo: Repository, volume: str, job: FlushJob) -> None:
                 if ino not in job.deleted:
                     delete_inode_rows(conn, volume, ino, from_chunk=cut)
             conn.executemany(_UPSERT_INODE, job.rows)
+            whole = [(volume, d) for d in job.whole_dirs]
+            conn.executemany("DELETE FROM overlay_entries WHERE volume = ? AND dir = ?", whole)
+            conn.executemany(
+                "DELETE FROM overlay_entries WHERE volume = ? AND dir = ? AND name = ?",
+                [(volume, d, name) for d, name in job.gone],
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO overlay_entries VALUES (?, ?, ?, ?, ?)",
+                [(volume, d, name, cookie, ino) for d, name, cookie, ino in job.entries],
+            )
             for (ino, n), bid in job.ids.items():
                 old = conn.execute(
                     "SELECT chunk FROM overlay_chunks WHERE volume = ? AND ino = ? AND n = ?",
@@ -129,6 +145,7 @@ def run_fold(
             ledger.release(conn, olds)
             conn.execute(f"DELETE FROM overlay_chunks WHERE {live}", (volume, volume))
             conn.execute("DELETE FROM overlay_inodes WHERE volume = ? AND nlink > 0", (volume,))
+            conn.execute("DELETE FROM overlay_entries WHERE volume = ?", (volume,))
             conn.execute(
                 "UPDATE volumes SET base = ?, size = ?, next_ino = MAX(next_ino, ?) WHERE name = ?",
                 (job.new_root, job.size, next_ino, volume),

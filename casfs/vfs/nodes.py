@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import stat
 import struct
 from collections.abc import Iterator
@@ -15,7 +16,6 @@ from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import Stat
 
 _XHEAD = struct.Struct("<HI")
-_LHEAD = struct.Struct("<QQH")  # cookie, ino, name length
 
 # No chunk limit: a file that was never truncated reads every base chunk.
 NO_LIMIT = 1 << 62
@@ -28,6 +28,10 @@ class Listing:
 
     entries: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # name -> (cookie, ino)
     next_cookie: int = 1
+    # What the catalog lacks (overlay_entries rows): every entry (`whole`, a listing just
+    # copied up), or the names added, removed or re-pointed since the last flush.
+    whole: bool = field(default=True, compare=False)
+    changed: set[bytes] = field(default_factory=set, compare=False)
     # (next_cookie, len(entries)) -> (cookie, name) in cookie order: see after()
     _order: tuple[tuple[int, int], list[tuple[int, bytes]]] | None = field(
         default=None, compare=False, repr=False
@@ -36,6 +40,14 @@ class Listing:
     def add(self, name: bytes, ino: int) -> None:
         self.entries[name] = (self.next_cookie, ino)
         self.next_cookie += 1
+        self.changed.add(name)
+
+    def remove(self, name: bytes) -> None:
+        del self.entries[name]
+        self.changed.add(name)
+
+    def copy(self) -> Listing:
+        return Listing(dict(self.entries), self.next_cookie)
 
     def ino(self, name: bytes) -> int | None:
         item = self.entries.get(name)
@@ -57,24 +69,29 @@ class Listing:
     def replace(self, name: bytes, ino: int) -> None:
         cookie, _ = self.entries[name]
         self.entries[name] = (cookie, ino)
+        self.changed.add(name)
 
-    def encode(self) -> bytes:
-        parts = [struct.pack("<Q", self.next_cookie)]
-        for name, (cookie, ino) in self.entries.items():
-            parts += [_LHEAD.pack(cookie, ino, len(name)), name]
-        return b"".join(parts)
+    def pending(self) -> tuple[bool, list[tuple[bytes, int, int]], list[bytes]]:
+        """What a flush writes: (whole, (name, cookie, ino) to store, names to delete)."""
+        if self.whole:
+            return True, [(n, c, i) for n, (c, i) in self.entries.items()], []
+        present = [(n, *self.entries[n]) for n in self.changed if n in self.entries]
+        return False, present, [n for n in self.changed if n not in self.entries]
+
+    def committed(self) -> None:
+        self.whole = False
+        self.changed.clear()
+
+    def header(self) -> bytes:
+        """The overlay row's `listing` column: the next cookie (entries have rows)."""
+        return struct.pack("<Q", self.next_cookie)
 
     @staticmethod
-    def decode(raw: bytes) -> Listing:
+    def from_header(raw: bytes, entries: dict[bytes, tuple[int, int]]) -> Listing:
         (next_cookie,) = struct.unpack_from("<Q", raw)
-        pos = 8
-        entries: dict[bytes, tuple[int, int]] = {}
-        while pos < len(raw):
-            cookie, ino, n = _LHEAD.unpack_from(raw, pos)
-            pos += _LHEAD.size
-            entries[raw[pos : pos + n]] = (cookie, ino)
-            pos += n
-        return Listing(entries, next_cookie)
+        listing = Listing(entries, max(next_cookie, max((c for c, _ in entries.values()), default=0) + 1))
+        listing.whole = False
+        return listing
 
 
 @dataclass
@@ -151,16 +168,24 @@ class Node:
             min(self.base_limit, NO_LIMIT),
             self.target,
             self.parent,
-            self.listing.encode() if self.listing is not None else None,
+            self.listing.header() if self.listing is not None else None,
         )
 
     @staticmethod
-    def from_row(row: tuple[Any, ...]) -> Node:
+    def from_row(row: tuple[Any, ...], entries: dict[bytes, tuple[int, int]] | None = None) -> Node:
+        """A node from its overlay row; a directory's `entries` come from overlay_entries."""
         _, ino, mode, uid, gid, rdev, size, at, mt, ct, nlink, xattrs, base, limit, target, parent, lst = row
+        listing = Listing.from_header(lst, entries or {}) if lst is not None else None
         return Node(
             ino, mode, uid, gid, rdev, size, at, mt, ct, nlink, decode_xattrs(xattrs), BlobId(base), limit,
-            target, parent, Listing.decode(lst) if lst is not None else None,
+            target, parent, listing,
         )  # fmt: skip
+
+    def copy(self) -> Node:
+        """A copy the fold can read while this one changes (listing and xattrs too)."""
+        return dataclasses.replace(
+            self, xattrs=dict(self.xattrs), listing=self.listing.copy() if self.listing is not None else None
+        )
 
     @staticmethod
     def from_entry(entry: Entry, parent: int, chunk_size: int) -> Node:

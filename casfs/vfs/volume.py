@@ -162,8 +162,13 @@ class VolumeView:
             ]
             for ino in orphans if self.claimed else ():  # (an unclaimed view writes nothing)
                 delete_inode_rows(conn, self.name, ino)
+        entries: dict[int, dict[bytes, tuple[int, int]]] = {}
+        for d, name, cookie, ino in conn.execute(
+            "SELECT dir, name, cookie, ino FROM overlay_entries WHERE volume = ?", (self.name,)
+        ):
+            entries.setdefault(d, {})[bytes(name)] = (cookie, ino)
         for row in conn.execute("SELECT * FROM overlay_inodes WHERE volume = ?", (self.name,)):
-            node = Node.from_row(tuple(row))
+            node = Node.from_row(tuple(row), entries.get(row[1]))
             self.nodes[node.ino] = node
             self.overlay.add(node.ino)
         for ino, n, chunk in conn.execute(
@@ -594,7 +599,7 @@ class VolumeView:
     def _remove_name(self, parent: int, name: bytes, child: Node) -> None:
         listing = self._materialize(parent)
         self._touch(child.ino)  # while nlink still counts this name (see _materialize_links)
-        del listing.entries[name]
+        listing.remove(name)
         now = _now()
         pnode = self.node(parent)
         pnode.mtime_ns = pnode.ctime_ns = now
@@ -650,7 +655,7 @@ class VolumeView:
         old_listing = self._materialize(old_parent)
         new_listing = self._materialize(new_parent)
         self._touch(src.ino)
-        del old_listing.entries[old_name]
+        old_listing.remove(old_name)
         new_listing.add(new_name, src.ino)
         self._moved(src, old_parent, new_parent)
 
@@ -929,6 +934,15 @@ class VolumeView:
         rows = [self.nodes[i].row(self.name) for i in inos]
         job = FlushJob(chunks, rows, sorted(self.deleted), dict(self.cuts), self.next_ino, self.logical)
         job.inos = set(self.dirty_nodes)
+        for ino in inos:  # a changed listing's directory is always dirty (_touch of the parent)
+            listing = self.nodes[ino].listing
+            if listing is not None:
+                whole, present, gone = listing.pending()
+                job.listings.append(ino)
+                if whole:
+                    job.whole_dirs.append(ino)
+                job.entries += [(ino, name, cookie, child) for name, cookie, child in present]
+                job.gone += [(ino, name) for name in gone]
         self._frozen = True
         return job
 
@@ -947,6 +961,10 @@ class VolumeView:
         """The job committed: what it carried is clean, unless changed again since."""
         self._frozen = False
         self.dirty_nodes -= job.inos
+        for ino in job.listings:
+            node = self.nodes.get(ino)
+            if node is not None and node.listing is not None:
+                node.listing.committed()
         self.deleted.difference_update(job.deleted)
         for ino, cut in job.cuts.items():
             if self.cuts.get(ino) == cut:
@@ -1004,7 +1022,7 @@ class VolumeView:
     def prepare_fold(self, label: str | None) -> FoldJob:
         """Call right after a flush, with the lock held: the catalog then matches memory.
         The view is frozen until apply_fold or abort_fold."""
-        rows = {i: Node.from_row(self.nodes[i].row(self.name)) for i in self.overlay if i in self.nodes}
+        rows = {i: self.nodes[i].copy() for i in self.overlay if i in self.nodes}
         chunk_ids = {i: dict(c) for i, c in self.chunk_ids.items() if i in rows}
         self._frozen = True
         return FoldJob(rows, chunk_ids, label, self.logical)
