@@ -8,12 +8,15 @@ from the same run, with the ratios casfs/native and casfs/bindfs.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -63,6 +66,28 @@ def unmount(path: Path) -> None:
             return
         with contextlib.suppress(subprocess.TimeoutExpired):
             subprocess.run(cmd, capture_output=True, timeout=120)
+
+
+def arguments(description: str | None) -> argparse.ArgumentParser:
+    """A script's parser with the options every benchmark takes (--workdir, --json)."""
+    p = argparse.ArgumentParser(description=description.splitlines()[0] if description else None)
+    p.add_argument("--workdir", default=os.environ.get("CASFS_BENCH_DIR", "/var/tmp"))
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+@contextlib.contextmanager
+def scratch(parent: str, prefix: str, mounts: Sequence[str] = ("casfs", "bindfs")) -> Iterator[Path]:
+    """A work directory under `parent`, removed afterwards unless one of its `mounts`
+    could not be unmounted (never delete through a live mount)."""
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        yield work
+    finally:
+        for mnt in mounts:
+            unmount(work / mnt)
+        if not any(is_mounted(work / m) for m in mounts):
+            shutil.rmtree(work, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -21,20 +21,17 @@ casfs's unmount after the copy (flush and snapshot) is timed too. Run as root.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import PEERS, Casfs, Row, drop_caches, is_mounted, sh, table, timed, unmount
+from benchlib import PEERS, Casfs, Row, arguments, drop_caches, scratch, sh, table, timed, unmount
 
 STEPS = ("cp -a", "ls -lR warm", "du -s warm", "find | wc -l", "ls -lR cold")
 
@@ -115,19 +112,11 @@ def report_table(report: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p = arguments(__doc__)
     p.add_argument("--source", default="/usr/share")
-    p.add_argument("--workdir", default=os.environ.get("CASFS_BENCH_DIR", "/var/tmp"))
-    p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="casfs-dirbench-", dir=args.workdir))
-    try:
+    with scratch(args.workdir, "casfs-dirbench-") as work:
         report = run(Path(args.source), work)
-    finally:
-        for mnt in (work / "casfs", work / "bindfs"):
-            unmount(mnt)
-        if not any(is_mounted(work / m) for m in ("casfs", "bindfs")):
-            shutil.rmtree(work, ignore_errors=True)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -14,19 +14,16 @@ the changed entries only (issue 7, defect 11). Run as root.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import PEERS, Casfs, Row, is_mounted, sh, table, unmount
+from benchlib import PEERS, Casfs, Row, arguments, scratch, sh, table, unmount
 
 
 def grow(d: Path, have: int, want: int) -> None:
@@ -83,21 +80,12 @@ def run(work: Path, sizes: list[int], batch: int) -> dict[str, dict[str, float]]
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p = arguments(__doc__)
     p.add_argument("--sizes", default="100,1000,5000,20000")
     p.add_argument("--batch", type=int, default=200)
-    p.add_argument("--workdir", default=os.environ.get("CASFS_BENCH_DIR", "/var/tmp"))
-    p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
-    work = Path(tempfile.mkdtemp(prefix="casfs-dirfsync-", dir=args.workdir))
-    try:
-        rates = run(work, sizes, args.batch)
-    finally:
-        for mnt in (work / "casfs", work / "bindfs"):
-            unmount(mnt)
-        if not any(is_mounted(work / m) for m in ("casfs", "bindfs")):
-            shutil.rmtree(work, ignore_errors=True)
+    with scratch(args.workdir, "casfs-dirfsync-") as work:
+        rates = run(work, [int(s) for s in args.sizes.split(",")], args.batch)
     report: dict[str, Any] = {"batch": args.batch, "rates": rates}
     if args.json:
         print(json.dumps(report, indent=2))

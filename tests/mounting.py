@@ -262,6 +262,18 @@ def as_nobody(*cmd: str | Path) -> subprocess.CompletedProcess[str]:
 
 
 @contextlib.contextmanager
+def running(store: Path, mountpoint: Path, *, volume: str | None = None) -> Iterator[Mount]:
+    """A daemon for a test that ends it some other way (kill -9, a refused or forced
+    unmount): afterwards no mount and no daemon are left, whatever happened."""
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    m = start_daemon(store, mountpoint, volume=volume)
+    try:
+        yield m
+    finally:
+        cleanup(m.path, m.pid, m.proc)
+
+
+@contextlib.contextmanager
 def mounted(
     store: Path, mountpoint: Path, *, volume: str | None = None, ro: bool = False, extra: Sequence[str] = ()
 ) -> Iterator[Mount]:

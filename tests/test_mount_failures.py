@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mounting import casfs, cleanup, is_mounted, mounted, run, start_daemon, wait_gone
+from mounting import casfs, is_mounted, mounted, run, running, wait_gone
 
 from casfs import volumes
 from casfs.lifecycle.queue import acquire_slot, queue_limit
@@ -57,9 +57,7 @@ def fsync(path: Path) -> None:
 def test_a_failed_fsync_then_a_good_one_keeps_everything_after_kill_9(store: Path, tmp_path: Path) -> None:
     """Issue 7, defect 1, through a mount: what the second fsync acknowledged survives."""
     mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    m = start_daemon(store, mnt, volume="v")
-    try:
+    with running(store, mnt, volume="v") as m:
         (mnt / "a").write_bytes(b"first")
         fsync(mnt / "a")
         with store_refuses_writes(store):
@@ -73,8 +71,6 @@ def test_a_failed_fsync_then_a_good_one_keeps_everything_after_kill_9(store: Pat
         os.kill(m.pid, signal.SIGKILL)
         assert wait_gone(m.pid, m.proc, 30)
         assert run(["fusermount3", "-u", "-z", mnt]).returncode == 0
-    finally:
-        cleanup(mnt, m.pid, m.proc)
     with mounted(store, mnt, volume="v") as m:
         assert sorted(os.listdir(m.path)) == ["b", "marker"]
         assert (m.path / "b").read_bytes() == b"first and more"
@@ -84,10 +80,8 @@ def test_umount_refuses_when_it_cannot_save_and_loses_nothing(store: Path, tmp_p
     """Issue 7, defect 3: `casfs umount` saves first; if it cannot, it exits non-zero and
     the volume stays mounted with the data readable; once the store recovers, it saves."""
     mnt = tmp_path / "mnt"
-    mnt.mkdir()
     data = os.urandom(300_000)
-    m = start_daemon(store, mnt, volume="v")
-    try:
+    with running(store, mnt, volume="v") as m:
         (mnt / "unsynced").write_bytes(data)  # no fsync: buffered in the daemon
         with store_refuses_writes(store):
             done = casfs(store, "umount", mnt)
@@ -100,8 +94,6 @@ def test_umount_refuses_when_it_cannot_save_and_loses_nothing(store: Path, tmp_p
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "snapshot v@1"
         assert wait_gone(m.pid, m.proc, 30)
-    finally:
-        cleanup(mnt, m.pid, m.proc)
     with mounted(store, mnt, volume="v") as m:
         assert (m.path / "unsynced").read_bytes() == data
 
@@ -111,9 +103,7 @@ def test_a_forced_unmount_that_cannot_save_says_what_was_lost(store: Path, tmp_p
     non-zero, its run file and log say what was not saved, and so do the next mount
     and `casfs volume info`."""
     mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    m = start_daemon(store, mnt, volume="v")
-    try:
+    with running(store, mnt, volume="v") as m:
         (mnt / "saved").write_bytes(b"safe")
         fsync(mnt / "saved")
         (mnt / "lost").write_bytes(b"x" * 5000)
@@ -124,8 +114,6 @@ def test_a_forced_unmount_that_cannot_save_says_what_was_lost(store: Path, tmp_p
         runs = [json.loads(p.read_text()) for p in (store / "run").glob("*.json")]
         assert [(r["clean"], r["unsaved"]) for r in runs] == [(False, ["v"])]
         assert "not saved: /lost (5000 buffered bytes)" in m.log()
-    finally:
-        cleanup(mnt, m.pid, m.proc)
     info = json.loads(casfs(store, "volume", "info", "v", "--json").stdout)
     assert info["unsaved"]["unsaved"] == [["/lost", 5000]]
     assert "could not save /lost (5000 bytes)" in casfs(store, "volume", "info", "v").stdout
