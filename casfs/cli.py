@@ -718,12 +718,7 @@ def _daemon(entry: str) -> Command:
     def run(args: argparse.Namespace) -> int:
         from casfs.repo import store_path
 
-        try:
-            daemon = importlib.import_module("casfs.fuse.daemon")
-        except ModuleNotFoundError as e:
-            if e.name and not e.name.startswith("casfs"):
-                raise
-            raise CasfsError("mounting is not available: casfs.fuse.daemon is not installed") from None
+        daemon = importlib.import_module("casfs.fuse.daemon")  # (trio and pyfuse3: only to mount)
         if entry == "mount_main":
             args.store_path = store_path(args.store)
         return int(getattr(daemon, entry)(args))

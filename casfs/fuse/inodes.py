@@ -35,10 +35,6 @@ class InodeTable:
         self._index: dict[int, int] = {id(root): 0}
         self._lookups: dict[int, int] = {}
 
-    @property
-    def root_view(self) -> View:
-        return self._views[0]
-
     def get(self, fino: int) -> tuple[View, int]:
         """The (view, view inode) a FUSE inode names."""
         index = fino >> VIEW_SHIFT
@@ -78,9 +74,3 @@ class InodeTable:
         fino = self.fuse_ino(view, ino)
         if fino not in self._lookups and fino != ROOT:
             view.forget(ino)
-
-    def lookups(self, fino: int) -> int:
-        return self._lookups.get(fino, 0)
-
-    def views(self) -> list[View]:
-        return list(self._views)

@@ -29,7 +29,7 @@ casfs.vfs.api.View; only called when view.read_only is False and the mount is no
     dirty_bytes: int, dirty_since: float | None (monotonic)   the write-back bounds
     async flush()                     make every buffered change durable (fsync)
     async take_snapshot(label) -> int   (the control plane)
-    async aclose(snapshot) -> int | None, or close(snapshot)   (the daemon, at unmount)
+    close(snapshot) -> int | None     (the daemon, at unmount)
 """
 
 from __future__ import annotations

@@ -142,13 +142,8 @@ def volume_roots(conn: sqlite3.Connection, name: str) -> list[Root]:
         Root(BlobId(bytes(r)), s)
         for r, s in conn.execute("SELECT root, size FROM snapshots WHERE volume = ? ORDER BY n", (name,))
     ]
-    try:
-        chunks = conn.execute(
-            "SELECT chunk FROM overlay_chunks WHERE volume = ? AND chunk != ?", (name, ZERO_ID)
-        )
-        out += [Root(BlobId(bytes(c)), 0) for (c,) in chunks]
-    except sqlite3.OperationalError:  # a format-1 catalog: no overlay table
-        pass
+    chunks = conn.execute("SELECT chunk FROM overlay_chunks WHERE volume = ? AND chunk != ?", (name, ZERO_ID))
+    out += [Root(BlobId(bytes(c)), 0) for (c,) in chunks]
     return out
 
 

@@ -36,17 +36,6 @@ def verify_id(bid: bytes, data: bytes) -> bool:
     return blob_id(data) == bid or meta_id(data) == bid
 
 
-def hex_id(bid: bytes) -> str:
-    return bid.hex()
-
-
-def parse_hex_id(text: str) -> BlobId:
-    raw = bytes.fromhex(text)
-    if len(raw) != ID_SIZE:
-        raise ValueError(f"a blob id is {ID_SIZE} bytes, got {len(raw)}")
-    return BlobId(raw)
-
-
 def is_zero(data: bytes | memoryview) -> bool:
     """True when every byte is zero (a hole). Fast: compares against a zero buffer
     (with bytes; a memoryview compares item by item, so it is copied first)."""

@@ -281,18 +281,6 @@ class ChunkCache:
             self._load(bid, fut)
         self.prefetched += len(run)
 
-    # -- figures -----------------------------------------------------------------
-
-    def statistics(self) -> dict[str, int]:
-        return {
-            "cached_bytes": self._lru.size_bytes,
-            "hits": self._lru.hits,
-            "misses": self._lru.misses,
-            "prefetched": self.prefetched,
-            "inline": self.inline,
-            "corrupt_reads": self.corrupt_reads,
-        }
-
 
 async def _wait_future(fut: Future[bytes]) -> None:
     done = trio.Event()

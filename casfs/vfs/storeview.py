@@ -192,10 +192,6 @@ class StoreView:
         names = {ROOT_INO: "/", IMAGES_INO: "/images", VOLUMES_INO: "/volumes", SNAPSHOTS_INO: "/snapshots"}
         return names.get(ino, f"<{ino}>")
 
-    def close_views(self) -> list[View]:
-        """Every view made so far (the daemon flushes the read/write ones at unmount)."""
-        return list(self._views.values())
-
     # -- the catalog -------------------------------------------------------------
 
     def _listing(self, ino: int) -> list[str]:

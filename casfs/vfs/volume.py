@@ -1103,13 +1103,6 @@ class VolumeView:
                 return self.snapshot_sync()
         return None
 
-    async def aclose(self, snapshot: bool = True) -> int | None:
-        async with self.lock:
-            await self.flush()
-            if not (snapshot and self.overlay):
-                return None
-        return await self.take_snapshot()
-
     @property
     def size_bytes(self) -> int:
         """The volume's logical size now: the disk's, or its regular files' bytes."""
