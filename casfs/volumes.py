@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from casfs.catalog import transaction
+from casfs.catalog.volumes import add_snapshot
 from casfs.errors import Busy, Conflict, NotFound, UsageError
 from casfs.images import image_root
 from casfs.lifecycle import pids
@@ -114,21 +115,6 @@ def describe_unsaved(note: dict[str, Any]) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(note.get("time", 0)))
     lost = f"{listed or 'changes'}{more}"
     return f"its last mount (pid {note.get('pid')}, {when}) could not save {lost}: {note.get('error')}"
-
-
-def generation(conn: sqlite3.Connection, name: str) -> tuple[object, ...]:
-    """What changes whenever the volume does at rest or changes hands: its base, its
-    next snapshot number and its last use (every claim and release stamps it)."""
-    query = "SELECT base, next_snapshot, last_used FROM volumes WHERE name = ?"
-    row = conn.execute(query, (name,)).fetchone()
-    return tuple(row) if row is not None else ()
-
-
-def record_unsaved(conn: sqlite3.Connection, name: str, note: dict[str, Any] | None) -> None:
-    """Record what a read/write mount could not save as it ended (None: it saved all)."""
-    conn.execute(
-        "UPDATE volumes SET unsaved = ? WHERE name = ?", (json.dumps(note) if note else None, name)
-    )
 
 
 def list_volumes(repo: Repository) -> list[VolumeInfo]:
@@ -303,13 +289,6 @@ def _create_blank(
     return get_volume(repo, name), True
 
 
-def touch(conn: sqlite3.Connection, name: str) -> None:
-    """Record that a volume is used now (the daemon calls this at mount and unmount):
-    an ephemeral volume's grace period counts from its last use. Commits at once
-    unless the caller has a transaction open."""
-    conn.execute("UPDATE volumes SET last_used = ? WHERE name = ?", (time.time(), name))
-
-
 def _volume_row(conn: sqlite3.Connection, name: str) -> tuple[Any, ...]:
     row = conn.execute(
         "SELECT phase, base, size, next_ino, next_snapshot, mode, owner_pid FROM volumes WHERE name = ?",
@@ -398,15 +377,8 @@ def record_snapshot(
 ) -> int:
     """Add snapshot n+1 of `volume` with `root` (inside the caller's transaction): one
     reference on the root, whatever the volume's size."""
-    (n,) = conn.execute("SELECT next_snapshot FROM volumes WHERE name = ?", (volume,)).fetchone()
     ledger.retain(conn, [root])
-    conn.execute(
-        "INSERT INTO snapshots (volume, n, root, size, next_ino, label, created) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (volume, n, root, size, next_ino, label, time.time()),
-    )
-    conn.execute("UPDATE volumes SET next_snapshot = ? WHERE name = ?", (n + 1, volume))
-    return int(n)
+    return add_snapshot(conn, volume, root, size, next_ino, label)
 
 
 def has_overlay(conn: sqlite3.Connection, volume: str) -> bool:

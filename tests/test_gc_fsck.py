@@ -20,7 +20,8 @@ from casfs.refcount.fsck import FsckReport, fsck
 from casfs.refcount.gc import gc
 from casfs.repo import Repository
 from casfs.snapshots import chunkmap, tree
-from casfs.snapshots.kinds import DATA, MAP_ROOT, TREE, children
+from casfs.snapshots.children import children
+from casfs.snapshots.kinds import DATA, MAP_ROOT, TREE
 from casfs.store.ids import ZERO_ID, BlobId, blob_id, meta_id
 
 CS = 65536

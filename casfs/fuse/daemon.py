@@ -44,6 +44,7 @@ import trio
 
 from casfs import volumes
 from casfs.catalog import transaction
+from casfs.catalog import volumes as rows
 from casfs.errors import Busy, CasfsError, NotFound, Stale, UsageError
 from casfs.fuse.control import CatalogWriter, ControlPlane, maybe_await, syncfs_path
 from casfs.fuse.inodes import InodeTable
@@ -314,7 +315,7 @@ def _root_view(
         view = _rw_opener(repo, chunks, mounted)(cfg.volume)
     if view is None:
         with transaction(repo.conn):
-            volumes.touch(repo.conn, cfg.volume)  # a read-only mount is a use too (ephemeral volumes)
+            rows.touch(repo.conn, cfg.volume)  # a read-only mount is a use too (ephemeral volumes)
         view = static_view(
             repo,
             info.kind,
@@ -459,7 +460,7 @@ def claim_volume(repo: Repository, name: str, expected: tuple[object, ...] | Non
         if row is None:
             raise NotFound(f"no volume named {name!r}")
         phase, pid, mode = row
-        if expected is not None and volumes.generation(conn, name) != expected:
+        if expected is not None and rows.generation(conn, name) != expected:
             raise Stale(f"volume {name!r} changed since this mount read it: look it up again")
         if mode != "rw":
             raise UsageError(f"volume {name!r} is read-only")
@@ -471,7 +472,7 @@ def claim_volume(repo: Repository, name: str, expected: tuple[object, ...] | Non
         conn.execute(
             "UPDATE volumes SET phase = 'mounted', owner_pid = ? WHERE name = ?", (os.getpid(), name)
         )
-        volumes.touch(conn, name)
+        rows.touch(conn, name)
 
 
 def release_volume(repo: Repository, *, name: str, unsaved: dict[str, Any] | None = None) -> None:
@@ -483,8 +484,8 @@ def release_volume(repo: Repository, *, name: str, unsaved: dict[str, Any] | Non
             (name, os.getpid()),
         ).rowcount
         if released:
-            volumes.record_unsaved(conn, name, unsaved)
-        volumes.touch(conn, name)
+            rows.record_unsaved(conn, name, unsaved)
+        rows.touch(conn, name)
 
 
 def wait_pid_gone(pid: int, timeout: float) -> bool:

@@ -2,7 +2,7 @@
 by `casfs gc` once unused for longer than that, like a volume manager's timer for
 unclaimed volumes.
 
-"Used" means mounted: the daemon calls volumes.touch() at mount and at unmount, and a
+"Used" means mounted: the daemon calls catalog.volumes.touch() at mount and at unmount, and a
 volume counts as in use while a read/write daemon holds it (phase mounted) or a live
 daemon serves it alone read-only (its run file STORE/run/*.json names the volume).
 Unused since = last_used, or the creation time. A volume is skipped, not removed, when

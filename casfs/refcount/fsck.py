@@ -51,7 +51,8 @@ from casfs import catalog
 from casfs.errors import Corruption, MissingBlob
 from casfs.refcount import logical
 from casfs.roots import live_roots
-from casfs.snapshots.kinds import DATA, KIND_NAMES, children
+from casfs.snapshots.children import children
+from casfs.snapshots.kinds import DATA, KIND_NAMES
 from casfs.store.ids import BlobId
 
 if TYPE_CHECKING:

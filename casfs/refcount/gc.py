@@ -40,7 +40,9 @@ from typing import TYPE_CHECKING
 
 from casfs.catalog import transaction
 from casfs.errors import Corruption
-from casfs.snapshots.kinds import DATA, KIND_NAMES, children
+from casfs.lifecycle import pids
+from casfs.snapshots.children import children
+from casfs.snapshots.kinds import DATA, KIND_NAMES
 from casfs.store.ids import ZERO_ID, BlobId
 
 if TYPE_CHECKING:
@@ -128,7 +130,7 @@ def gc(repo: Repository, timeout: float = 30.0, lock_slice: float = LOCK_SLICE_S
                     _free(repo, conn, pool, part, report)
                 lock.checkpoint()
             _sweep_orphans(repo, conn, lock, report)
-        report.tmp_files_removed = repo.blobs.sweep_tmp()
+        report.tmp_files_removed = repo.blobs.sweep_tmp(pids.alive)
     finally:
         lock.release()
     return report

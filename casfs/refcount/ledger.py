@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from casfs.errors import MissingBlob
-from casfs.snapshots.kinds import DATA, children
+from casfs.snapshots.children import children
+from casfs.snapshots.kinds import DATA
 from casfs.store.ids import ZERO_ID, BlobId, blob_id, is_zero, meta_id
 
 if TYPE_CHECKING:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 from casfs.errors import Corruption
 from casfs.repo import Repository
-from casfs.snapshots.kinds import DATA, children
+from casfs.snapshots.children import children
+from casfs.snapshots.kinds import DATA
 from casfs.store.ids import ZERO_ID, BlobId
 
 _IN_BATCH = 500

@@ -21,11 +21,10 @@ import logging
 import os
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from casfs.errors import Corruption, MissingBlob
-from casfs.lifecycle.pids import alive
 from casfs.store import codec
 from casfs.store.ids import ID_SIZE, BlobId, blob_id, verify_id
 
@@ -229,18 +228,15 @@ class FileBlobStore(BlobStore):
                     except ValueError:
                         continue
 
-    def sweep_tmp(self, live_pids: set[int] | None = None) -> int:
-        """Remove staging files of dead processes; returns how many were removed."""
+    def sweep_tmp(self, owner_alive: Callable[[int], bool]) -> int:
+        """Remove staging files whose process (the pid their name starts with) is not
+        `owner_alive`; returns how many were removed."""
         removed = 0
         if not self.tmp_dir.exists():
             return 0
         for entry in os.scandir(self.tmp_dir):
             pid_text = entry.name.split("-", 1)[0]
-            if (
-                pid_text.isdigit()
-                and alive(int(pid_text))
-                and (live_pids is None or int(pid_text) in live_pids)
-            ):
+            if pid_text.isdigit() and owner_alive(int(pid_text)):
                 continue
             for sub in os.scandir(entry.path) if entry.is_dir() else []:
                 os.unlink(sub.path)

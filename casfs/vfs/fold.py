@@ -11,6 +11,7 @@ import sqlite3
 import stat
 from dataclasses import dataclass, field
 
+from casfs.catalog import volumes as rows
 from casfs.refcount import ledger
 from casfs.repo import Repository
 from casfs.snapshots import chunkmap
@@ -118,8 +119,6 @@ def run_fold(
 ) -> None:
     """Fold the overlay into new tree/map blobs; in one transaction make the result
     snapshot n+1 and the new base, and empty the overlay."""
-    from casfs.volumes import record_snapshot
-
     with repo.batch() as batch:
         folder = _Folder(repo, batch, chunk_size, job)
         if kind == "block":
@@ -133,8 +132,8 @@ def run_fold(
             job.size = job.logical
 
         def publish(conn: sqlite3.Connection) -> None:
-            job.snapshot = record_snapshot(conn, volume, job.new_root, job.size, next_ino, job.label)
-            ledger.retain(conn, [job.new_root])
+            job.snapshot = rows.add_snapshot(conn, volume, job.new_root, job.size, next_ino, job.label)
+            ledger.retain(conn, [job.new_root, job.new_root])  # the snapshot's and the base's
             ledger.release(conn, [base])
             # Inodes unlinked but still open keep their rows and chunks until forgotten.
             live = "volume = ? AND ino NOT IN (SELECT ino FROM overlay_inodes WHERE volume = ? AND nlink = 0)"

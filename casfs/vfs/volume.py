@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 import trio
 
-from casfs import volumes
 from casfs.catalog import transaction
+from casfs.catalog.volumes import generation
 from casfs.errors import CasfsError
 from casfs.repo import Repository
 from casfs.snapshots import chunkmap
@@ -98,7 +98,7 @@ class VolumeView:
         self._load()
 
     def _load(self) -> None:
-        self.generation = volumes.generation(self.repo.conn, self.name)
+        self.generation = generation(self.repo.conn, self.name)
         row = self.repo.conn.execute(
             "SELECT kind, base, chunk_size, next_ino, size FROM volumes WHERE name = ?", (self.name,)
         ).fetchone()

@@ -134,7 +134,7 @@ LIFECYCLE_SCHEMA = """
 -- Seconds a volume may go unused (not mounted) before `casfs gc` removes it.
 -- NULL: kept until removed by hand.
 ALTER TABLE volumes ADD COLUMN grace_s REAL;
--- Unix time of the volume's creation, or its last mount or unmount (volumes.touch).
+-- Unix time of the volume's creation, or its last mount or unmount (catalog.volumes.touch).
 -- NULL (a volume from format 2): its creation time counts.
 ALTER TABLE volumes ADD COLUMN last_used REAL;
 """
