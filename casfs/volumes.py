@@ -10,7 +10,7 @@ handles those a dead process left):
 
   creating       a blank volume's base is being written (a clone is one transaction)
   ready          at rest
-  mounted        held read/write by a daemon (casfs.fuse.daemon.claim_volume)
+  mounted        held read/write by a daemon (casfs.lifecycle.claims.claim_volume)
   snapshotting   a crashed mount's overlay is being folded (settle): on a crash the
                  overlay is intact (the fold is one transaction) and the next snapshot
                  redoes it
@@ -520,3 +520,18 @@ def resize(repo: Repository, volume: str, size: int, allow_shrink: bool = False)
 
         batch.commit({new_base: 1}, then=swap)
     return int(old_size)
+
+
+def snapshot_at_rest(repo: Repository, volume: str, label: str | None, held: bool) -> int:
+    """Snapshot a volume that has no read/write view here: its base. A volume this
+    daemon holds (phase mounted) is at rest all the same: nothing writes it."""
+    if not held:
+        return create_snapshot(repo, volume, label)
+    conn = repo.conn
+    with transaction(conn):
+        row = conn.execute(
+            "SELECT phase, owner_pid, base, size, next_ino FROM volumes WHERE name = ?", (volume,)
+        ).fetchone()
+        if row is None or row[0] != "mounted" or row[1] != os.getpid():
+            raise Busy(f"volume {volume!r} is no longer held by this mount")
+        return record_snapshot(conn, volume, BlobId(bytes(row[2])), row[3], row[4], label)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import errno
 import inspect
 import os
-import sqlite3
 import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -39,8 +38,7 @@ import blake3
 import trio
 
 from casfs import volumes
-from casfs.catalog import transaction
-from casfs.errors import Busy, UsageError
+from casfs.errors import UsageError
 from casfs.repo import Repository
 from casfs.store.blobstore import syncfs
 from casfs.store.ids import BlobId
@@ -279,7 +277,7 @@ class ControlPlane:
             await maybe_await(take(label))
             return
         held = s.name in self.held
-        await self.writer.run(lambda repo: snapshot_at_rest(repo, s.name, label, held))
+        await self.writer.run(lambda repo: volumes.snapshot_at_rest(repo, s.name, label, held))
 
 
 def _hash_into(hasher: Any, pieces: list[Piece], fetch: Callable[[BlobId], bytes]) -> None:
@@ -296,21 +294,6 @@ def parse_label(value: bytes) -> str | None:
     if len(text) > _MAX_LABEL or not text.isprintable():
         raise UsageError(f"a snapshot label is printable text of at most {_MAX_LABEL} characters")
     return text or None
-
-
-def snapshot_at_rest(repo: Repository, volume: str, label: str | None, held: bool) -> int:
-    """Snapshot a volume that has no read/write view here: its base. A volume this
-    daemon holds (phase mounted) is at rest all the same: nothing writes it."""
-    if not held:
-        return volumes.create_snapshot(repo, volume, label)
-    conn: sqlite3.Connection = repo.conn
-    with transaction(conn):
-        row = conn.execute(
-            "SELECT phase, owner_pid, base, size, next_ino FROM volumes WHERE name = ?", (volume,)
-        ).fetchone()
-        if row is None or row[0] != "mounted" or row[1] != os.getpid():
-            raise Busy(f"volume {volume!r} is no longer held by this mount")
-        return volumes.record_snapshot(conn, volume, BlobId(bytes(row[2])), row[3], row[4], label)
 
 
 def syncfs_path(path: str) -> None:

@@ -45,10 +45,11 @@ import trio
 from casfs import volumes
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
-from casfs.errors import Busy, CasfsError, NotFound, Stale, UsageError
+from casfs.errors import Busy, CasfsError, NotFound, UsageError
 from casfs.fuse.control import CatalogWriter, ControlPlane, maybe_await, syncfs_path
 from casfs.fuse.inodes import InodeTable
 from casfs.fuse.operations import MountOptions, Operations
+from casfs.lifecycle.claims import claim_volume, release_volume
 from casfs.lifecycle.pids import alive
 from casfs.lifecycle.recovery import recover
 from casfs.repo import Repository, store_path
@@ -445,47 +446,6 @@ def _fail(cfg: Config, code: int, message: str) -> None:
             os.close(cfg.ready_fd)
         cfg.ready_fd = None
     print(f"casfs: error: {message}", file=sys.stderr)
-
-
-# -- claims: one read/write daemon per volume --------------------------------------
-
-
-def claim_volume(repo: Repository, name: str, expected: tuple[object, ...] | None = None) -> None:
-    """Phase ready -> mounted with our pid; Busy if a live process holds it. With
-    `expected` (a view's volume_generation when it loaded), Stale if the volume has
-    been claimed, written or snapshotted since: that view no longer shows it."""
-    conn = repo.conn
-    with transaction(conn):
-        row = conn.execute("SELECT phase, owner_pid, mode FROM volumes WHERE name = ?", (name,)).fetchone()
-        if row is None:
-            raise NotFound(f"no volume named {name!r}")
-        phase, pid, mode = row
-        if expected is not None and rows.generation(conn, name) != expected:
-            raise Stale(f"volume {name!r} changed since this mount read it: look it up again")
-        if mode != "rw":
-            raise UsageError(f"volume {name!r} is read-only")
-        if phase in ("creating", "deleting"):
-            raise Busy(f"volume {name!r} is {phase}")
-        if phase != "ready" and pid and pid != os.getpid() and alive(pid):
-            raise Busy(f"volume {name!r} is {phase} by process {pid}")
-        # A dead holder left it mounted: the read/write view recovers its overlay.
-        conn.execute(
-            "UPDATE volumes SET phase = 'mounted', owner_pid = ? WHERE name = ?", (os.getpid(), name)
-        )
-        rows.touch(conn, name)
-
-
-def release_volume(repo: Repository, *, name: str, unsaved: dict[str, Any] | None = None) -> None:
-    conn = repo.conn
-    with transaction(conn):
-        released = conn.execute(
-            "UPDATE volumes SET phase = 'ready', owner_pid = NULL WHERE name = ? AND phase = 'mounted' "
-            "AND owner_pid = ?",
-            (name, os.getpid()),
-        ).rowcount
-        if released:
-            rows.record_unsaved(conn, name, unsaved)
-        rows.touch(conn, name)
 
 
 def wait_pid_gone(pid: int, timeout: float) -> bool:

@@ -1,0 +1,54 @@
+"""Claims: one read/write daemon per volume (phase ready -> mounted, with its pid).
+
+A claim is a catalog write on the caller's connection; a dead holder's claim is taken
+over (its overlay is recovered by the view that opens the volume next).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from casfs.catalog import transaction
+from casfs.catalog import volumes as rows
+from casfs.errors import Busy, NotFound, Stale, UsageError
+from casfs.lifecycle.pids import alive
+from casfs.repo import Repository
+
+
+def claim_volume(repo: Repository, name: str, expected: tuple[object, ...] | None = None) -> None:
+    """Phase ready -> mounted with our pid; Busy if a live process holds it. With
+    `expected` (a view's volume_generation when it loaded), Stale if the volume has
+    been claimed, written or snapshotted since: that view no longer shows it."""
+    conn = repo.conn
+    with transaction(conn):
+        row = conn.execute("SELECT phase, owner_pid, mode FROM volumes WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise NotFound(f"no volume named {name!r}")
+        phase, pid, mode = row
+        if expected is not None and rows.generation(conn, name) != expected:
+            raise Stale(f"volume {name!r} changed since this mount read it: look it up again")
+        if mode != "rw":
+            raise UsageError(f"volume {name!r} is read-only")
+        if phase in ("creating", "deleting"):
+            raise Busy(f"volume {name!r} is {phase}")
+        if phase != "ready" and pid and pid != os.getpid() and alive(pid):
+            raise Busy(f"volume {name!r} is {phase} by process {pid}")
+        # A dead holder left it mounted: the read/write view recovers its overlay.
+        conn.execute(
+            "UPDATE volumes SET phase = 'mounted', owner_pid = ? WHERE name = ?", (os.getpid(), name)
+        )
+        rows.touch(conn, name)
+
+
+def release_volume(repo: Repository, *, name: str, unsaved: dict[str, Any] | None = None) -> None:
+    conn = repo.conn
+    with transaction(conn):
+        released = conn.execute(
+            "UPDATE volumes SET phase = 'ready', owner_pid = NULL WHERE name = ? AND phase = 'mounted' "
+            "AND owner_pid = ?",
+            (name, os.getpid()),
+        ).rowcount
+        if released:
+            rows.record_unsaved(conn, name, unsaved)
+        rows.touch(conn, name)
