@@ -11,6 +11,7 @@ import pytest
 from lifecycle_util import assert_consistent, casfs, js, ok
 
 from casfs import volumes
+from casfs.catalog import volumes as rows
 from casfs.lifecycle.ephemeral import expire
 from casfs.repo import Repository
 from casfs.units import parse_duration
@@ -64,7 +65,7 @@ def test_touch_and_holders_keep_a_volume(store: Path) -> None:
     repo = Repository.open(store)
     try:
         created = volumes.get_volume(repo, "v").created
-        volumes.touch(repo.conn, "v")
+        rows.touch(repo.conn, "v")
         used = volumes.get_volume(repo, "v").last_used
         assert used is not None and used >= created
         kept: list[str] = []
