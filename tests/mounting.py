@@ -148,6 +148,12 @@ def casfs(store: Path, *args: str | Path, timeout: float = CALL_TIMEOUT_S) -> Co
     return run([*CLI, *args], timeout=timeout, env=env)
 
 
+def fsck_clean(store: Path) -> None:
+    """`casfs fsck` finds nothing."""
+    done = casfs(store, "fsck", timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 # -- mounting ------------------------------------------------------------------------
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mounting import Mount, casfs, cleanup, mounted, run, start_daemon, wait_gone
+from mounting import Mount, casfs, cleanup, fsck_clean, mounted, run, start_daemon, wait_gone
 
 from casfs import images, volumes
 from casfs.repo import Repository
@@ -54,11 +54,6 @@ def cli(store: Path, *args: str | Path, timeout: float = 60) -> str:
     done = casfs(store, *args, timeout=timeout)
     assert done.returncode == 0, f"casfs {' '.join(map(str, args))}: {done.returncode}\n{done.stderr}"
     return done.stdout
-
-
-def fsck_clean(store: Path) -> None:
-    done = casfs(store, "fsck", timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def volume_info(store: Path, name: str) -> dict[str, Any]:

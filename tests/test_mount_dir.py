@@ -36,6 +36,7 @@ from mounting import (
     as_nobody,
     casfs,
     cleanup,
+    fsck_clean,
     is_mounted,
     mounted,
     public_dir,
@@ -52,11 +53,6 @@ EMAIL = next(Path("/usr/lib").glob("python3*/email"), None)
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-def fsck_clean(store: Path) -> None:
-    done = casfs(store, "fsck", timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def sh(cmd: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+from lifecycle_util import casfs
 
 from casfs import volumes
 from casfs.repo import Repository
 from casfs.vfs.api import ROOT_INO, assemble
 from casfs.vfs.volume import VolumeView
-
-CLI = [sys.executable, "-m", "casfs"]
-
-
-def casfs(store: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, "-s", str(store), *args], capture_output=True, text=True, timeout=60)
 
 
 def contents(repo: Repository, name: str) -> bytes:
