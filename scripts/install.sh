@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
-    fuse3 libfuse3-dev pkg-config attr bindfs fio qemu-utils e2fsprogs sqlite3 zstd
+    fuse3 libfuse3-dev pkg-config attr bindfs fio qemu-utils e2fsprogs sqlite3 zstd bzip2 xz-utils
     python3 python3-venv python3-dev gcc   # pyfuse3 builds from source against libfuse3
 )
 missing=()
