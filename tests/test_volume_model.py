@@ -5,10 +5,13 @@ directory; after every step the two trees must match (names, types, modes, sizes
 bytes, xattrs, link counts). Flushes, snapshots and crash-restarts (a new view opened
 from the catalog after a flush) are operations too, so the overlay's durability and
 the fold are checked against the same model. So are store failures: while the store
-refuses writes (`chattr +i STORE/tmp`, as a full disk would), flushes and snapshots
-must fail and change nothing durable; a crash then brings back exactly what the last
-successful flush acknowledged, and the next good flush saves everything since.
-At the end: fsck is clean and nothing holds the store's lock.
+refuses writes (`chattr +i STORE/tmp`, as a full disk would), or when a fault is
+injected into the blob store (casfs.store.faulty: the next stage, publish, or a publish
+stopped half-way fails with ENOSPC or EIO), flushes and snapshots must fail and change
+nothing durable; a crash then brings back exactly what the last successful flush
+acknowledged, and the next good flush saves everything since.
+At the end (after gc sweeps the orphans a half-done publish leaves): fsck is clean
+and nothing holds the store's lock.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import stat
 import subprocess
 import tempfile
 from collections.abc import Callable
+from errno import EIO, ENOSPC
 from pathlib import Path
 
 from hypothesis import HealthCheck, settings
@@ -27,7 +31,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from casfs import volumes
 from casfs.refcount.fsck import fsck
+from casfs.refcount.gc import gc
 from casfs.repo import Repository
+from casfs.store.faulty import Faults, FaultyBlobStore
 from casfs.vfs.api import ROOT_INO, assemble
 from casfs.vfs.volume import VolumeView
 
@@ -107,14 +113,20 @@ class VolumeModel(RuleBasedStateMachine):
         os.chmod(self.model, 0o755)
         self.repo = Repository.init(self.tmp / "store")
         volumes.create_volume(self.repo, "v", volumes.Source(blank_dir=True))
+        self.faults = Faults()
+        self.repo.blobs = FaultyBlobStore(self.repo.blobs, self.faults)  # type: ignore[assignment]
         self.view = VolumeView(self.repo, "v")
         self.durable: Path | None = None  # a copy of the model as of the last flush
         self.failing = False  # the store refuses writes
 
     def teardown(self) -> None:
         try:
+            self.faults.armed.clear()
             self.store_recovers()
-            report = fsck(self.repo, timeout=0)  # Busy if a failed flush leaked the lock
+            # A publish stopped half-way leaves orphan files (no row names them): gc's to
+            # sweep, as after a crash. Busy here if a failed flush leaked the lock.
+            gc(self.repo, timeout=0)
+            report = fsck(self.repo, timeout=0)
             assert report.clean, [p.message for p in report.problems]
         finally:
             self.repo.close()
@@ -249,17 +261,25 @@ class VolumeModel(RuleBasedStateMachine):
 
     @rule()
     def snapshot(self) -> None:
+        # A snapshot is a flush, then a fold: a fold that fails leaves the flush committed.
+        self._save(self.view.flush_sync)
         self._save(self.view.snapshot_sync)
 
     def _save(self, how: Callable[[], object]) -> None:
         """A save that succeeded made the model durable; one that failed (only while the
-        store fails, and only if there was something to write) made nothing durable."""
+        store fails or a fault fired, and only if there was something to write) made
+        nothing durable."""
+        fired = self.faults.fired
         try:
             how()
         except OSError:
-            assert self.failing
+            assert self.failing or self.faults.fired > fired
             return
         self._remember_durable()
+
+    @rule(op=st.sampled_from(["stage", "publish", "publish-half"]), code=st.sampled_from([ENOSPC, EIO]))
+    def inject(self, op: str, code: int) -> None:
+        self.faults.arm(op, code)
 
     @rule()
     def store_fails(self) -> None:
