@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import faulthandler
 import functools
 import hashlib
@@ -175,8 +176,10 @@ def _save_before_unmount(mountpoint: str) -> None:
     try:
         os.setxattr(mountpoint, "user.casfs.flush", b"")
     except OSError as e:
+        if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+            return  # a daemon from before the flush control: its unmount flushes as it can
         raise CasfsError(
-            f"not unmounting {mountpoint}: saving its buffered writes failed: {os.strerror(e.errno or 5)}; "
+            f"not unmounting {mountpoint}: saving its buffered writes failed: {os.strerror(e.errno or errno.EIO)}; "
             "it stays mounted and nothing is lost (free space in the store, then run casfs umount again)"
         ) from None
 
