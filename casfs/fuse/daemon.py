@@ -178,8 +178,9 @@ def _save_before_unmount(mountpoint: str) -> None:
     except OSError as e:
         if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
             return  # a daemon from before the flush control: its unmount flushes as it can
+        why = os.strerror(e.errno or errno.EIO)
         raise CasfsError(
-            f"not unmounting {mountpoint}: saving its buffered writes failed: {os.strerror(e.errno or errno.EIO)}; "
+            f"not unmounting {mountpoint}: saving its buffered writes failed: {why}; "
             "it stays mounted and nothing is lost (free space in the store, then run casfs umount again)"
         ) from None
 
