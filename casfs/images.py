@@ -66,8 +66,16 @@ class ImageInfo:
 # A name that says tar is read as one, whatever the bytes: a damaged archive must be
 # refused, not imported as a disk image. The compression the name promises, if any.
 _TAR_NAMES = {
-    ".tar": None, ".tar.gz": "gzip", ".tgz": "gzip", ".tar.zst": "zstd", ".tzst": "zstd",
-    ".tar.bz2": "bzip2", ".tbz2": "bzip2", ".tbz": "bzip2", ".tar.xz": "xz", ".txz": "xz",
+    ".tar": None,
+    ".tar.gz": "gzip",
+    ".tgz": "gzip",
+    ".tar.zst": "zstd",
+    ".tzst": "zstd",
+    ".tar.bz2": "bzip2",
+    ".tbz2": "bzip2",
+    ".tbz": "bzip2",
+    ".tar.xz": "xz",
+    ".txz": "xz",
 }
 
 

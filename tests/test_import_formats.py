@@ -61,9 +61,10 @@ def test_files_named_as_tars_are_read_as_tars_or_refused(store: Path, tree: Path
         assert done.returncode == 2, (what, done.stderr)
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("casfs: error: "), (what, lines)
-    assert "x.tar.gz is named as a gzip-compressed tar archive but is not gzip data" in casfs(
-        store, "image", "import", "z", str(tmp_path / "x.tar.gz")
-    ).stderr
+    assert (
+        "x.tar.gz is named as a gzip-compressed tar archive but is not gzip data"
+        in casfs(store, "image", "import", "z", str(tmp_path / "x.tar.gz")).stderr
+    )
     assert js(store, "image", "ls") == [] and stored_blobs(store) == 0
     # on purpose, as disk images
     for what, path in bad_inputs(tree, tmp_path).items():

@@ -9,7 +9,6 @@ import os
 import signal
 import stat
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import blake3
@@ -72,7 +71,7 @@ Populated = tuple[Repository, Path, bytes]
 
 
 @pytest.fixture
-def populated(store: Repository, tmp_path: Path) -> Iterator[Populated]:
+def populated(store: Repository, tmp_path: Path) -> Populated:
     """A store with a directory image `tree`, a block image `disk`, read-only volumes
     of each (`rov`, `blk`), a read/write one (`rwv`) and snapshot rov@1."""
     src = tmp_path / "src"
@@ -86,7 +85,7 @@ def populated(store: Repository, tmp_path: Path) -> Iterator[Populated]:
     volumes.create_volume(store, "blk", volumes.Source(image="disk"), read_only=True)
     volumes.create_volume(store, "rwv", volumes.Source(blank_dir=True))
     volumes.create_snapshot(store, "rov", "first")
-    yield store, src, raw
+    return store, src, raw
 
 
 def touch_open(path: Path, mode: str) -> None:

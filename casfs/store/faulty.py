@@ -46,7 +46,7 @@ class Faults:
 
     @staticmethod
     def parse(plan: str) -> Faults:
-        """"op:n:ERRNO,…", e.g. "stage:3:ENOSPC,get:1:corrupt"."""
+        """ "op:n:ERRNO,…", e.g. "stage:3:ENOSPC,get:1:corrupt"."""
         faults = Faults()
         for part in filter(None, (p.strip() for p in plan.split(","))):
             op, n, name = part.split(":")
