@@ -5,8 +5,6 @@
     control.py     the user.casfs.* xattr control plane, as a table
     daemon.py      casfs mount / umount: the daemon's lifetime, signals, run files
 
-Concurrency protocol: the trio thread owns the views, the inode table, the handles and
-the chunk cache's bookkeeping. Worker threads do the blocking work: blob reads
-(ChunkCache.fetch), digests, usage walks, catalog writes (one CatalogWriter, one
-thread at a time) and syncfs. No lock is held across an await.
+The concurrency protocol (who owns what, which locks, what runs in threads) is stated
+once, in docs/developer-notes.md, "Concurrency protocol of the daemon".
 """

@@ -3,11 +3,10 @@
 A view is one inode-number space: an image, a snapshot, a volume, or the synthetic
 store root. Its root directory (or, for a block view, its one file) is ROOT_INO.
 
-Threading contract (S3QL's block cache is the model): view methods run on the trio
-thread and never block for long: they touch only memory and small, cached metadata.
-Anything slow is described, not done: read_plan() returns chunk ids to fetch, and the
-adapter fetches them with fetch_chunk() in a worker thread (blob reads are pure and
-thread-safe). Read/write views add write-back: see casfs/vfs/volume.py.
+View methods run on the trio thread and never block for long: anything slow is
+described, not done (read_plan() returns the chunk ids to fetch, which the adapter
+fetches in worker threads). The whole protocol, read/write views included, is stated
+once in docs/developer-notes.md, "Concurrency protocol of the daemon".
 
 Errors are CasfsError subclasses (or OSError with an errno); the adapter maps both.
 """

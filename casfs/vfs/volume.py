@@ -1,6 +1,6 @@
 """A mounted read/write volume: its base root plus a durable overlay, with write-back.
 
-State (all owned by the trio thread; no locks):
+State (all owned by the trio thread; the view lock orders mutations, see docs/developer-notes.md):
 
   nodes      every inode known in memory: overlay inodes (loaded at open) and base
              inodes met through lookup/readdir (dropped again on forget)
