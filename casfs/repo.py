@@ -1,7 +1,8 @@
 """A store on disk: its catalog, its blobs and its locks, opened together.
 
     STORE/catalog.db    the catalog (SQLite, WAL)
-    STORE/blobs/ab/…    one file per blob (store.blobstore.FileBlobStore)
+    STORE/blobs/ab/…    one file per blob (store.local.FileBlobStore, unless another
+                        store.BlobStore is given)
     STORE/tmp/          staging files of batches in flight
     STORE/lock          flock: shared by every writer batch, exclusive for gc
 
@@ -25,9 +26,10 @@ from pathlib import Path
 from casfs import catalog
 from casfs.errors import Busy, Corruption, NotFound, UsageError
 from casfs.refcount.ledger import Batch
-from casfs.store.blobstore import FileBlobStore
+from casfs.store import BlobStore
 from casfs.store.cache import LRU
 from casfs.store.ids import BlobId
+from casfs.store.local import FileBlobStore
 
 ENV_STORE = "CASFS_STORE"
 META_CACHE_BYTES = 64 << 20
@@ -56,9 +58,9 @@ class FileLock:
 
 
 class Repository:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, blobs: BlobStore | None = None) -> None:
         self.path = path
-        self.blobs = FileBlobStore(path)
+        self.blobs: BlobStore = FileBlobStore(path) if blobs is None else blobs
         self.catalog_path = path / "catalog.db"
         self.lock_path = path / "lock"
         self._local = threading.local()
@@ -69,26 +71,26 @@ class Repository:
         self.on_corrupt: Callable[[BlobId], None] | None = None
 
     @classmethod
-    def init(cls, path: Path) -> Repository:
+    def init(cls, path: Path, blobs: BlobStore | None = None) -> Repository:
         path = Path(path)
         if (path / "catalog.db").exists():
-            repo = cls.open(path)
+            repo = cls.open(path, blobs)
             return repo
         if path.exists() and any(path.iterdir()):
             raise UsageError(f"{path} exists, is not empty and is not a casfs store")
         path.mkdir(parents=True, exist_ok=True)
-        repo = cls(path)
+        repo = cls(path, blobs)
         repo.blobs.create()
         repo.lock_path.touch()
         catalog.create(repo.conn)
         return repo
 
     @classmethod
-    def open(cls, path: Path) -> Repository:
+    def open(cls, path: Path, blobs: BlobStore | None = None) -> Repository:
         path = Path(path)
         if not (path / "catalog.db").exists():
             raise NotFound(f"no casfs store at {path} (create one with `casfs init`)")
-        repo = cls(path)
+        repo = cls(path, blobs)
         catalog.check_and_migrate(repo.conn, repo.catalog_path)
         return repo
 
@@ -130,7 +132,7 @@ class Repository:
         plain = self.meta_cache.get(bid)
         if plain is None:
             try:
-                plain = self.blobs.get(bid)
+                plain = self.blobs.get(bid, "meta")
             except Corruption:
                 if self.on_corrupt is not None:
                     self.on_corrupt(bid)

@@ -22,7 +22,7 @@ def repo(tmp_path: Path) -> Repository:
 
 def install(repo: Repository, plan: str) -> Faults:
     faults = Faults.parse(plan)
-    repo.blobs = FaultyBlobStore(repo.blobs, faults)  # type: ignore[assignment]
+    repo.blobs = FaultyBlobStore(repo.blobs, faults)
     return faults
 
 

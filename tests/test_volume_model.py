@@ -114,7 +114,7 @@ class VolumeModel(RuleBasedStateMachine):
         self.repo = Repository.init(self.tmp / "store")
         volumes.create_volume(self.repo, "v", volumes.Source(blank_dir=True))
         self.faults = Faults()
-        self.repo.blobs = FaultyBlobStore(self.repo.blobs, self.faults)  # type: ignore[assignment]
+        self.repo.blobs = FaultyBlobStore(self.repo.blobs, self.faults)
         self.view = VolumeView(self.repo, "v")
         self.durable: Path | None = None  # a copy of the model as of the last flush
         self.failing = False  # the store refuses writes

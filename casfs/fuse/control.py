@@ -40,8 +40,8 @@ import trio
 from casfs import volumes
 from casfs.errors import UsageError
 from casfs.repo import Repository
-from casfs.store.blobstore import syncfs
 from casfs.store.ids import BlobId
+from casfs.store.local import syncfs
 from casfs.vfs.api import Piece, View, assemble
 from casfs.vfs.chunks import ChunkCache
 from casfs.vfs.storeview import Subject

@@ -43,7 +43,7 @@ def recover(repo: Repository) -> list[str]:
     messages: list[str] = []
     wrote = _images(repo.conn, messages)
     wrote = _volumes(repo, messages) or wrote
-    staged = repo.blobs.sweep_tmp(alive)
+    staged = repo.blobs.recover_staging(alive)
     if staged:
         messages.append(f"removed {staged} staging file(s) left by dead processes")
     if wrote:

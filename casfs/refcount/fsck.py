@@ -291,7 +291,7 @@ def _walk(repo: Repository, plan: _Plan, report: FsckReport, sample: float, work
 def _read(repo: Repository, bid: BlobId, kind: int) -> _Read:
     """Runs in a worker thread: blob reads need no catalog connection."""
     try:
-        plain = repo.blobs.get(bid)
+        plain = repo.blobs.get(bid, "data" if kind == DATA else "meta")
         stored = repo.blobs.stored_size(bid)
     except MissingBlob as e:
         return _Read(bid, [], error=("missing", str(e)))

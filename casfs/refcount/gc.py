@@ -29,7 +29,6 @@ the deleting transaction.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import time
 from collections import Counter
@@ -39,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from casfs.catalog import transaction
-from casfs.errors import Corruption
+from casfs.errors import Corruption, MissingBlob
 from casfs.lifecycle import pids
 from casfs.snapshots.children import children
 from casfs.snapshots.kinds import DATA, KIND_NAMES
@@ -130,7 +129,7 @@ def gc(repo: Repository, timeout: float = 30.0, lock_slice: float = LOCK_SLICE_S
                     _free(repo, conn, pool, part, report)
                 lock.checkpoint()
             _sweep_orphans(repo, conn, lock, report)
-        report.tmp_files_removed = repo.blobs.sweep_tmp(pids.alive)
+        report.tmp_files_removed = repo.blobs.recover_staging(pids.alive)
     finally:
         lock.release()
     return report
@@ -139,7 +138,7 @@ def gc(repo: Repository, timeout: float = 30.0, lock_slice: float = LOCK_SLICE_S
 def _children(repo: Repository, g: _Garbage) -> Counter[BlobId] | str:
     """The children of a zero row with multiplicity, or why they cannot be known."""
     try:
-        return Counter(c for c, _ in children(g.kind, repo.blobs.get(g.bid)))
+        return Counter(c for c, _ in children(g.kind, repo.blobs.get(g.bid, "meta")))
     except (Corruption, ValueError) as e:  # MissingBlob is a Corruption; ValueError: unknown kind
         what = KIND_NAMES.get(g.kind, f"kind-{g.kind}")
         return f"{what} blob {g.bid.hex()} is unreadable ({e}): row deleted without decrementing its children"
@@ -218,8 +217,8 @@ def _sweep_orphans(repo: Repository, conn: sqlite3.Connection, lock: _SlicedLock
     for orphans in unreferenced_files(repo, conn):
         for bid in orphans:
             try:
-                size = os.stat(repo.blobs.path(bid)).st_size
-            except FileNotFoundError:
+                size = repo.blobs.stored_size(bid)
+            except MissingBlob:
                 continue
             repo.blobs.delete(bid)
             report.orphan_files_removed += 1

@@ -2,17 +2,19 @@
 
     store = FaultyBlobStore(FileBlobStore(path), Faults.parse("stage:3:ENOSPC,publish:1:EIO"))
 
-wraps a real store; the nth call of an operation (counted from 1, per operation, since
+wraps any BlobStore; the nth call of an operation (counted from 1, per operation, since
 the plan was made) raises the errno given, and every other call goes through. Plans
 may also be armed while running (`faults.arm("publish", errno.EIO)`: the next call
 fails), which is how a property test injects failures at random points. Operations:
 
     stage        Staging.add: nothing is staged (as a failed write or fsync of the file)
-    publish      Staging.publish, before anything is renamed (as a failed syncfs)
-    publish-half Staging.publish after half the blobs were renamed into place, as a
-                 crash or an I/O error in the middle would leave them: published files no
+    publish      Staging.publish, before anything is published (as a failed syncfs)
+    publish-half Staging.publish after half the blobs were published, as a crash or
+                 an I/O error in the middle would leave them: published blobs no
                  catalog row names (orphans for gc), the rest still staged
-    get          BlobStore.get: corrupt (raises Corruption) with the errno name "corrupt"
+    get          BlobStore.get (and get_if_cached, which always defers to it): an
+                 errno, or with the errno name "corrupt" a Corruption, the blob marked
+                 damaged (as the inner store would on bytes that fail their check)
 
 A failure never leaves a half-written blob visible: the wrapper fails before or after
 the inner store's own steps, as a real disk error would surface there.
@@ -23,12 +25,11 @@ from __future__ import annotations
 import errno as errnos
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from casfs.errors import Corruption
-from casfs.store.blobstore import BlobStore, Staging
+from casfs.store import BlobStore, Domain, Staging
 from casfs.store.ids import BlobId
 
 OPERATIONS = ("stage", "publish", "publish-half", "get")
@@ -72,18 +73,21 @@ class FaultyBlobStore(BlobStore):
         self.inner = inner
         self.faults = faults
 
-    def staging(self) -> Staging:
-        return _FaultyStaging(self.inner.staging(), self.faults)
+    def create(self) -> None:
+        self.inner.create()
 
-    def get(self, bid: BlobId) -> bytes:
+    def staging(self) -> Staging:
+        return _FaultyStaging(self.inner, self.faults)
+
+    def get(self, bid: BlobId, domain: Domain | None = None) -> bytes:
         code = self.faults.check("get")
         if code == CORRUPT:
             self.inner.mark_damaged(bid)
             raise Corruption(f"blob {bid.hex()} is corrupt (injected)")
         _raise(code)
-        return self.inner.get(bid)
+        return self.inner.get(bid, domain)
 
-    def get_if_cached(self, bid: BlobId, max_stored: int) -> bytes | None:
+    def get_if_cached(self, bid: BlobId, max_stored: int, domain: Domain | None = None) -> bytes | None:
         return None  # every read goes through get(), where the faults are
 
     def has(self, bid: BlobId) -> bool:
@@ -98,6 +102,9 @@ class FaultyBlobStore(BlobStore):
     def list(self) -> Iterator[BlobId]:
         return self.inner.list()
 
+    def recover_staging(self, owner_alive: Callable[[int], bool]) -> int:
+        return self.inner.recover_staging(owner_alive)
+
     def mark_damaged(self, bid: BlobId) -> None:
         self.inner.mark_damaged(bid)
 
@@ -107,20 +114,20 @@ class FaultyBlobStore(BlobStore):
     def clear_damaged(self, bid: BlobId) -> None:
         self.inner.clear_damaged(bid)
 
-    def __getattr__(self, name: str) -> Any:
-        # What callers reach past the interface for (sweep_tmp, path: see the object
-        # store issue) goes to the real store, unfaulted.
-        return getattr(self.inner, name)
-
 
 class _FaultyStaging(Staging):
-    def __init__(self, inner: Staging, faults: Faults) -> None:
-        self.inner = inner
+    def __init__(self, store: BlobStore, faults: Faults) -> None:
+        self.store = store
+        self.inner = store.staging()
         self.faults = faults
+        # What was staged, for publish-half (which publishes part of it on its own).
+        self.added: dict[BlobId, bytes] = {}
 
     def add(self, bid: BlobId, plain: bytes | memoryview) -> int:
         _raise(self.faults.check("stage"))
-        return self.inner.add(bid, plain)
+        size = self.inner.add(bid, plain)
+        self.added.setdefault(bid, bytes(plain))
+        return size
 
     def publish(self) -> None:
         _raise(self.faults.check("publish"))
@@ -131,12 +138,18 @@ class _FaultyStaging(Staging):
         self.inner.publish()
 
     def _publish_half(self) -> None:
-        """Rename half of the staged files into place (the inner store's own layout)."""
-        pending: dict[BlobId, str] = getattr(self.inner, "pending", {})
-        store = getattr(self.inner, "store", None)
-        for bid in list(pending)[: len(pending) // 2]:
-            if store is not None:
-                os.rename(pending.pop(bid), store.path_str(bid))
+        """Publish half of the staged blobs through a staging of their own, as a
+        publish stopped half-way leaves them: those whole and visible, the rest not
+        (still staged in the inner staging, which also holds the first half: the
+        caller's discard drops it all, and a retried publish re-publishes them alike)."""
+        half = list(self.added.items())[: len(self.added) // 2]
+        part = self.store.staging()
+        try:
+            for bid, plain in half:
+                part.add(bid, plain)
+            part.publish()
+        finally:
+            part.discard()
 
     def discard(self) -> None:
         self.inner.discard()

@@ -31,11 +31,6 @@ def meta_id(data: bytes | memoryview) -> BlobId:
     return BlobId(blake3.blake3(data, derive_key_context=_META_CONTEXT).digest())
 
 
-def verify_id(bid: bytes, data: bytes) -> bool:
-    """True when `data` is the plaintext named by `bid` (a data or a metadata id)."""
-    return blob_id(data) == bid or meta_id(data) == bid
-
-
 def is_zero(data: bytes | memoryview) -> bool:
     """True when every byte is zero (a hole). Fast: compares against a zero buffer
     (with bytes; a memoryview compares item by item, so it is copied first)."""

@@ -1,15 +1,13 @@
-"""Where blob bytes live: the small backend interface and the one-file-per-blob store.
+"""FileBlobStore: one file per blob under the store's directory; the only code that
+knows where a blob's bytes are on disk.
 
-Lifecycle of a blob in a backend (containerd's content store is the model):
+    blobs/ab/abcdef…       a published blob (one codec byte, then the payload), 0444
+    tmp/<pid>-<random>/    the staging directory of one batch in flight
+    damaged/<id>           a blob whose file failed its check when read
 
-  stage    bytes are written under a private temporary name; invisible to get/has/list.
-  publish  staged blobs become durable, then visible under their ids, all together.
-           A crash before publish leaves only temporary files (swept at start-up);
-           a crash during publish leaves each blob either absent or whole, never half.
-  get      reads, decodes and re-hashes; wrong bytes are never returned.
-  delete   idempotent: deleting an absent blob is not an error.
-
-The backend knows nothing of refcounts: the catalog decides what is live.
+Staged files are written in tmp/ and renamed into blobs/: a rename is atomic, so a
+blob is either absent or whole. They are synced before the rename (fsync each file, or
+one syncfs() for many) and the directories after it, so a published blob is durable.
 """
 
 from __future__ import annotations
@@ -20,13 +18,13 @@ import ctypes.util
 import logging
 import os
 import uuid
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from casfs.errors import Corruption, MissingBlob
-from casfs.store import codec
-from casfs.store.ids import ID_SIZE, BlobId, blob_id, verify_id
+from casfs.store import BlobStore, Domain, Staging, codec
+from casfs.store.ids import ID_SIZE, BlobId
+from casfs.store.verified import verified
 
 log = logging.getLogger(__name__)
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -39,68 +37,6 @@ def syncfs(fd: int) -> None:
     if _libc.syncfs(fd) != 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e))
-
-
-class Staging(ABC):
-    """A batch of blobs on their way into a backend."""
-
-    @abstractmethod
-    def add(self, bid: BlobId, plain: bytes | memoryview) -> int:
-        """Stage one blob (its id already computed); returns its stored size."""
-
-    @abstractmethod
-    def publish(self) -> None:
-        """Make every staged blob durable and visible. Idempotent."""
-
-    @abstractmethod
-    def discard(self) -> None:
-        """Forget staged blobs that were not published."""
-
-
-class BlobStore(ABC):
-    @abstractmethod
-    def staging(self) -> Staging: ...
-
-    @abstractmethod
-    def get(self, bid: BlobId) -> bytes:
-        """Verified plaintext. Raises MissingBlob, or Corruption naming the blob."""
-
-    def get_if_cached(self, bid: BlobId, max_stored: int) -> bytes | None:
-        """get() when it cannot wait for a disk or a network; None otherwise."""
-        return None
-
-    @abstractmethod
-    def has(self, bid: BlobId) -> bool: ...
-
-    @abstractmethod
-    def stored_size(self, bid: BlobId) -> int: ...
-
-    @abstractmethod
-    def delete(self, bid: BlobId) -> None: ...
-
-    @abstractmethod
-    def list(self) -> Iterator[BlobId]: ...
-
-    @abstractmethod
-    def mark_damaged(self, bid: BlobId) -> None:
-        """Record that a blob failed its check; get() does it for what it reads."""
-
-    @abstractmethod
-    def damaged(self) -> set[BlobId]:
-        """Blobs recorded damaged: a writer of the same content stores it again."""
-
-    @abstractmethod
-    def clear_damaged(self, bid: BlobId) -> None:
-        """A verified copy replaced the blob (idempotent)."""
-
-    def put(self, plain: bytes) -> BlobId:
-        """Store one data blob durably (convenience for small writers; takes no writer
-        lock, so it is not for use while gc may run: use a ledger Batch)."""
-        bid = blob_id(plain)
-        st = self.staging()
-        st.add(bid, plain)
-        st.publish()
-        return bid
 
 
 class FileBlobStore(BlobStore):
@@ -136,7 +72,7 @@ class FileBlobStore(BlobStore):
     def staging(self) -> FileStaging:
         return FileStaging(self)
 
-    def get(self, bid: BlobId) -> bytes:
+    def get(self, bid: BlobId, domain: Domain | None = None) -> bytes:
         name = bid.hex()
         # os.open/os.read: three system calls, where open() makes nine (buffering, fstat, ioctl).
         try:
@@ -153,18 +89,16 @@ class FileBlobStore(BlobStore):
         finally:
             os.close(fd)
         stored = parts[0] if len(parts) == 1 else b"".join(parts)
-        return self._checked(bid, stored)
+        return self._checked(bid, stored, domain)
 
-    def _checked(self, bid: BlobId, stored: bytes) -> bytes:
+    def _checked(self, bid: BlobId, stored: bytes, domain: Domain | None) -> bytes:
         try:
-            return _verified(bid, stored)
+            return verified(bid, stored, domain)
         except Corruption:
             self.mark_damaged(bid)
             raise
 
     def mark_damaged(self, bid: BlobId) -> None:
-        """Remember that this blob's file failed its check (best effort: a read-only
-        store still reports the error, it only cannot remember it)."""
         try:
             self.damaged_dir.mkdir(exist_ok=True)
             (self.damaged_dir / bid.hex()).touch()
@@ -172,7 +106,6 @@ class FileBlobStore(BlobStore):
             log.warning("cannot record damaged blob %s: %s", bid.hex(), e)
 
     def damaged(self) -> set[BlobId]:
-        """Blobs found damaged and not yet healed."""
         try:
             names = os.listdir(self.damaged_dir)
         except FileNotFoundError:
@@ -183,7 +116,7 @@ class FileBlobStore(BlobStore):
         with contextlib.suppress(FileNotFoundError):
             (self.damaged_dir / bid.hex()).unlink()
 
-    def get_if_cached(self, bid: BlobId, max_stored: int) -> bytes | None:
+    def get_if_cached(self, bid: BlobId, max_stored: int, domain: Domain | None = None) -> bytes | None:
         """get(), only when the blob's file is at most `max_stored` bytes and all of it
         is in the page cache; else None, having read nothing (RWF_NOWAIT: the read
         fails rather than wait for the disk). For callers on an event loop, where the
@@ -204,7 +137,7 @@ class FileBlobStore(BlobStore):
                 return None
         finally:
             os.close(fd)
-        return self._checked(bid, bytes(buf))
+        return self._checked(bid, bytes(buf), domain)
 
     def has(self, bid: BlobId) -> bool:
         return os.path.exists(self.path_str(bid))
@@ -228,9 +161,10 @@ class FileBlobStore(BlobStore):
                     except ValueError:
                         continue
 
-    def sweep_tmp(self, owner_alive: Callable[[int], bool]) -> int:
-        """Remove staging files whose process (the pid their name starts with) is not
-        `owner_alive`; returns how many were removed."""
+    def recover_staging(self, owner_alive: Callable[[int], bool]) -> int:
+        """Remove the entries of tmp/ whose process (the pid their name starts with) is
+        not `owner_alive`, and anything there not named by a pid; returns how many
+        files were removed."""
         removed = 0
         if not self.tmp_dir.exists():
             return 0
@@ -333,14 +267,6 @@ def _remove_quietly(path: str) -> None:
         pass
     except OSError as e:
         log.warning("cannot remove staged file %s: %s", path, e)
-
-
-def _verified(bid: BlobId, stored: bytes) -> bytes:
-    name = bid.hex()
-    plain = codec.decode(stored, f"blob {name}")
-    if not verify_id(bid, plain):
-        raise Corruption(f"blob {name} is corrupt: its content hashes to {blob_id(plain).hex()}")
-    return plain
 
 
 def _fsync_dir(path: str | Path) -> None:
