@@ -87,7 +87,8 @@ class BlobStore(Protocol):
     def get_if_cached(self, bid: BlobId, max_stored: int, domain: Domain | None = None) -> bytes | None:
         """get(), when it needs no wait for a disk or a network and the stored blob
         is at most `max_stored` bytes; None otherwise (having read nothing). For
-        callers on an event loop. Raises as get() does. This default: always None."""
+        callers on an event loop. When it reads, it raises as get() does (an absent
+        blob: MissingBlob or None). This default never reads: always None."""
         return None
 
     def has(self, bid: BlobId) -> bool:
