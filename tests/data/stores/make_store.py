@@ -95,7 +95,18 @@ def build_cli(version: int, store: Path, work: Path) -> dict[str, Any]:
     # A mount killed with SIGKILL leaves its overlay (saved by fsync) in the catalog.
     mnt = work / "mnt"
     mnt.mkdir()
-    cmd = [sys.executable, "-m", "casfs", "-s", str(store), "mount", str(mnt), "--volume", "vdir", "--foreground"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "casfs",
+        "-s",
+        str(store),
+        "mount",
+        str(mnt),
+        "--volume",
+        "vdir",
+        "--foreground",
+    ]
     daemon = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
     try:
         deadline = time.monotonic() + 30
@@ -116,7 +127,11 @@ def build_cli(version: int, store: Path, work: Path) -> dict[str, Any]:
         daemon.wait()
         if subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True).returncode:
             subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True)
-    expected["overlay"] = {"volume": "vdir", "file": OVERLAY_FILE, "sha256": hashlib.sha256(OVERLAY_TEXT).hexdigest()}
+    expected["overlay"] = {
+        "volume": "vdir",
+        "file": OVERLAY_FILE,
+        "sha256": hashlib.sha256(OVERLAY_TEXT).hexdigest(),
+    }
     return expected
 
 
