@@ -12,6 +12,8 @@ import sqlite3
 import struct
 from collections.abc import Callable
 
+from casfs.errors import UnsupportedFormat
+
 # Format 1 is tests/data/stores/format-1 (casfs 2642236): blobs, images, volumes, snapshots, meta.
 
 # Format 2: the durable overlay of mounted read/write volumes.
@@ -140,6 +142,10 @@ def _migrate_4_to_5(conn: sqlite3.Connection) -> None:
 # indexed query. SQLite cannot add a CHECK to a table: the tables are rebuilt
 # (https://www.sqlite.org/lang_altertable.html, "making other kinds of table schema
 # changes": create the new table, copy, drop the old, rename, recreate its indexes).
+PHASES_6 = {
+    "images": ("queued", "importing", "verifying", "ready", "failed"),
+    "volumes": ("creating", "ready", "mounted", "snapshotting", "deleting"),
+}
 CHECKED_TABLES = {
     "images": """
 CREATE TABLE new_images (
@@ -180,9 +186,14 @@ CREATE TABLE new_volumes (
 
 
 def _migrate_5_to_6(conn: sqlite3.Connection) -> None:
-    """Rebuild images and volumes with a CHECK on phase (a row of an unknown phase
-    fails the copy: the migration rolls back and the store stays at format 5)."""
+    """Rebuild images and volumes with a CHECK on phase. A row of a phase no casfs
+    wrote stops the migration: the store stays at format 5, as it was."""
     for table, create in CHECKED_TABLES.items():
+        known = ", ".join(f"'{p}'" for p in PHASES_6[table])
+        odd = conn.execute(f"SELECT name, phase FROM {table} WHERE phase NOT IN ({known})").fetchall()
+        if odd:
+            listed = ", ".join(f"{name} ({phase!r})" for name, phase in odd)
+            raise UnsupportedFormat(f"{table} in phases no casfs writes, left as they are: {listed}")
         columns = ", ".join(row[1] for row in conn.execute(f"PRAGMA table_info({table})"))
         conn.execute(create)
         conn.execute(f"INSERT INTO new_{table} ({columns}) SELECT {columns} FROM {table}")
