@@ -22,16 +22,19 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from casfs.catalog import images as rows
 from casfs.catalog import transaction
+from casfs.catalog import volumes as volume_rows
+from casfs.catalog.images import ImageRow
 from casfs.errors import Busy, CasfsError, Conflict, NotFound, UsageError
 from casfs.lifecycle import pids
 from casfs.lifecycle.faults import fault_point, slow_import
+from casfs.lifecycle.phases import IMAGE_IN_PROGRESS, IMAGE_STEPS, ImagePhase, check_step
 from casfs.lifecycle.queue import job_slot
 from casfs.refcount import ledger
 from casfs.repo import Repository
@@ -120,26 +123,36 @@ def check_tar_name(source: Path) -> None:
         )
 
 
-def _row_to_info(row: sqlite3.Row | tuple[Any, ...]) -> ImageInfo:
-    name, kind, phase, size, chunk_size, source, digest, root, created, error, pid = row
+def _info(row: ImageRow) -> ImageInfo:
+    root = row.root.hex() if row.root else None
     return ImageInfo(
-        name, kind, phase, size, chunk_size, source, digest, root.hex() if root else None, created, error, pid
+        row.name,
+        row.kind,
+        row.phase,
+        row.size,
+        row.chunk_size,
+        row.source,
+        row.digest,
+        root,
+        row.created,
+        row.error,
+        row.owner_pid,
     )
 
 
-_COLUMNS = "name, kind, phase, size, chunk_size, source, digest, root, created, error, owner_pid"
-IN_PROGRESS = ("queued", "importing", "verifying")
-
-
 def list_images(repo: Repository) -> list[ImageInfo]:
-    return [_row_to_info(r) for r in repo.conn.execute(f"SELECT {_COLUMNS} FROM images ORDER BY name")]
+    return [_info(r) for r in rows.image_rows(repo.conn)]
+
+
+def _row(conn: sqlite3.Connection, name: str) -> ImageRow:
+    row = rows.image_row(conn, name)
+    if row is None:
+        raise NotFound(f"no image named {name!r}")
+    return row
 
 
 def get_image(repo: Repository, name: str) -> ImageInfo:
-    row = repo.conn.execute(f"SELECT {_COLUMNS} FROM images WHERE name = ?", (name,)).fetchone()
-    if row is None:
-        raise NotFound(f"no image named {name!r}")
-    return _row_to_info(row)
+    return _info(_row(repo.conn, name))
 
 
 def import_image(
@@ -179,7 +192,7 @@ def import_image(
     fault_point("import:after-claim")
     try:
         with job_slot(repo, f"import {name}"):
-            _set_phase(repo, name, "importing")
+            _set_phase(repo, name, ImagePhase.QUEUED, ImagePhase.IMPORTING)
             fault_point("import:running")
             slow_import()
             _do_import(repo, name, source, fmt, expected, chunk_size, allow_devices, progress)
@@ -194,18 +207,12 @@ def import_image(
 
 def _unclaim(repo: Repository, name: str) -> None:
     with transaction(repo.conn):
-        repo.conn.execute(
-            "DELETE FROM images WHERE name = ? AND phase != 'ready' AND owner_pid = ?", (name, os.getpid())
-        )
+        rows.delete_unready(repo.conn, name, os.getpid())
 
 
 def _fail(repo: Repository, name: str, reason: str) -> None:
     with transaction(repo.conn):
-        repo.conn.execute(
-            "UPDATE images SET phase = 'failed', error = ?, owner_pid = NULL "
-            "WHERE name = ? AND phase != 'ready' AND owner_pid = ?",
-            (" ".join(reason.split()), name, os.getpid()),
-        )
+        rows.fail(repo.conn, name, os.getpid(), " ".join(reason.split()))
 
 
 def _claim(
@@ -214,22 +221,17 @@ def _claim(
     """Record the import (phase queued) before starting; or find it already done."""
     conn = repo.conn
     with transaction(conn):
-        row = conn.execute("SELECT phase, spec, owner_pid FROM images WHERE name = ?", (name,)).fetchone()
+        row = rows.image_row(conn, name)
         if row is not None:
-            phase, old_spec, pid = row
-            if phase == "ready":
-                if old_spec == spec:
-                    return get_image(repo, name)
+            if row.phase == ImagePhase.READY:
+                if row.spec == spec:
+                    return _info(row)
                 raise Conflict(f"image {name!r} already exists with a different source or options")
-            if phase in IN_PROGRESS and pids.alive(pid):
-                raise Busy(f"image {name!r} is being imported by process {pid}")
+            if row.phase in IMAGE_IN_PROGRESS and pids.alive(row.owner_pid):
+                raise Busy(f"image {name!r} is being imported by process {row.owner_pid}")
             # failed, or left by a dead process: replaced (it holds no blob)
-            conn.execute("DELETE FROM images WHERE name = ?", (name,))
-        conn.execute(
-            "INSERT INTO images (name, kind, phase, chunk_size, source, spec, owner_pid, created) "
-            "VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)",
-            (name, kind, chunk_size, source, spec, os.getpid(), time.time()),
-        )
+            rows.delete(conn, name)
+        rows.insert_queued(conn, name, kind, chunk_size, source, spec, os.getpid())
     return None
 
 
@@ -264,17 +266,13 @@ def _do_import(
                     built = import_tar(batch, _as_binary(reader), chunk_size, allow_devices, progress)
                     root, size, next_ino = built.root, built.size, built.next_ino
                 reader.drain()
-            _set_phase(repo, name, "verifying")
+            _set_phase(repo, name, ImagePhase.IMPORTING, ImagePhase.VERIFYING)
             reader.check(expected)
         digest = f"blake3:{reader.digests()['blake3']}" if reader else None
 
         def finish(conn: sqlite3.Connection) -> None:
-            done = conn.execute(
-                "UPDATE images SET phase = 'ready', root = ?, size = ?, next_ino = ?, digest = ?, "
-                "owner_pid = NULL WHERE name = ? AND owner_pid = ?",
-                (root, size, next_ino, digest, name, os.getpid()),
-            )
-            if done.rowcount != 1:  # rolls the commit back: the published files become orphans for gc
+            done = rows.finish(conn, name, os.getpid(), root, size, next_ino, digest)
+            if not done:  # rolls the commit back: the published files become orphans for gc
                 raise Busy(f"image {name!r} was taken over by another process during the import")
 
         fault_point("import:after-stage")
@@ -289,18 +287,14 @@ def _as_binary(reader: HashingReader) -> BinaryIO:
     return reader  # type: ignore[return-value]
 
 
-def _set_phase(repo: Repository, name: str, phase: str) -> None:
+def _set_phase(repo: Repository, name: str, old: ImagePhase, new: ImagePhase) -> None:
+    check_step(IMAGE_STEPS, old, new)
     with transaction(repo.conn):
-        repo.conn.execute("UPDATE images SET phase = ? WHERE name = ?", (phase, name))
+        rows.set_phase(repo.conn, name, new)
 
 
 def image_users(conn: sqlite3.Connection, name: str) -> list[str]:
-    return [
-        v
-        for (v,) in conn.execute(
-            "SELECT name FROM volumes WHERE origin = ? ORDER BY name", (f"image:{name}",)
-        )
-    ]
+    return volume_rows.made_from(conn, f"image:{name}")
 
 
 def remove_image(repo: Repository, name: str, if_exists: bool = False) -> bool:
@@ -308,28 +302,34 @@ def remove_image(repo: Repository, name: str, if_exists: bool = False) -> bool:
     its root loses one reference, and gc frees what no longer has any."""
     conn = repo.conn
     with transaction(conn):
-        row = conn.execute("SELECT phase, root, owner_pid FROM images WHERE name = ?", (name,)).fetchone()
+        row = rows.image_row(conn, name)
         if row is None:
             if if_exists:
                 return False
             raise NotFound(f"no image named {name!r}")
-        phase, root, pid = row
-        if phase in IN_PROGRESS and pids.alive(pid):
-            raise Busy(f"image {name!r} is being imported by process {pid}")
+        if row.phase in IMAGE_IN_PROGRESS and pids.alive(row.owner_pid):
+            raise Busy(f"image {name!r} is being imported by process {row.owner_pid}")
         users = image_users(conn, name)
         if users:
             raise Busy(f"image {name!r} is in use by volume(s): {', '.join(users)}")
-        if root is not None:
-            ledger.release(conn, [BlobId(root)])
-        conn.execute("DELETE FROM images WHERE name = ?", (name,))
+        if row.root is not None:
+            ledger.release(conn, [row.root])
+        rows.delete(conn, name)
     return True
 
 
+def ready_image(conn: sqlite3.Connection, name: str) -> ImageRow:
+    """The row of a ready image (Busy if it is not ready), with its root set."""
+    row = _row(conn, name)
+    if row.phase != ImagePhase.READY or row.root is None:
+        raise Busy(f"image {name!r} is not ready (phase {row.phase})")
+    return row
+
+
 def image_root(repo: Repository, name: str) -> tuple[BlobId, str, int]:
-    info = get_image(repo, name)
-    if info.phase != "ready" or info.root is None:
-        raise Busy(f"image {name!r} is not ready (phase {info.phase})")
-    return BlobId(bytes.fromhex(info.root)), info.kind, info.chunk_size
+    row = ready_image(repo.conn, name)
+    assert row.root is not None
+    return row.root, row.kind, row.chunk_size
 
 
 def export_root(

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from casfs import catalog
+from casfs.catalog import blobs as blob_rows
+from casfs.catalog.schema import create_tables
 from casfs.errors import Busy, Corruption, NotFound, UsageError
 from casfs.refcount.ledger import Batch
 from casfs.store import BlobStore
@@ -82,7 +84,7 @@ class Repository:
         repo = cls(path, blobs)
         repo.blobs.create()
         repo.lock_path.touch()
-        catalog.create(repo.conn)
+        create_tables(repo.conn)
         return repo
 
     @classmethod
@@ -115,8 +117,7 @@ class Repository:
     # -- blobs ---------------------------------------------------------------
 
     def is_live(self, bid: BlobId) -> bool:
-        row = self.conn.execute("SELECT refs FROM blobs WHERE id = ?", (bid,)).fetchone()
-        return row is not None and row[0] > 0
+        return blob_rows.is_live(self.conn, bid)
 
     def get(self, bid: BlobId) -> bytes:
         """Verified plaintext of a blob."""

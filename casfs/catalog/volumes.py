@@ -1,8 +1,9 @@
-"""Volume and snapshot rows the read/write view and the daemon write as they go.
+"""Volume, snapshot and overlay rows: the only SQL about them (the mounted read/write
+view, casfs.vfs, keeps its own overlay statements).
 
 Plain SQL inside the caller's transaction, and nothing else: counting references is the
-caller's (refcount.ledger), so this sits below everything that writes volumes
-(casfs.volumes at rest, casfs.vfs while mounted, the daemon's claims).
+caller's (refcount.ledger) and so are phase steps (lifecycle.phases), so this sits below
+everything that writes volumes (casfs.volumes at rest, casfs.vfs while mounted, claims).
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
-from casfs.store.ids import BlobId
+from casfs.store.ids import ZERO_ID, BlobId
 
 
 def add_snapshot(
@@ -48,3 +49,238 @@ def generation(conn: sqlite3.Connection, name: str) -> tuple[object, ...]:
 def record_unsaved(conn: sqlite3.Connection, name: str, note: dict[str, Any] | None) -> None:
     """Record what a read/write mount could not save as it ended (None: it saved all)."""
     conn.execute("UPDATE volumes SET unsaved = ? WHERE name = ?", (json.dumps(note) if note else None, name))
+
+
+# -- volume rows -----------------------------------------------------------------
+
+
+class VolumeRow(NamedTuple):
+    name: str
+    kind: str
+    mode: str
+    phase: str
+    base: BlobId
+    origin: str
+    size: int
+    chunk_size: int
+    next_ino: int
+    next_snapshot: int
+    spec: str | None
+    owner_pid: int | None
+    created: float
+    grace_s: float | None
+    last_used: float | None
+    unsaved: str | None
+
+
+_VOLUME = "SELECT " + ", ".join(VolumeRow._fields) + " FROM volumes"
+
+
+def _volume(row: tuple[Any, ...]) -> VolumeRow:
+    return VolumeRow(row[0], row[1], row[2], row[3], BlobId(bytes(row[4])), *row[5:])
+
+
+def volume_row(conn: sqlite3.Connection, name: str) -> VolumeRow | None:
+    row = conn.execute(f"{_VOLUME} WHERE name = ?", (name,)).fetchone()
+    return None if row is None else _volume(row)
+
+
+def volume_rows(conn: sqlite3.Connection) -> list[VolumeRow]:
+    return [_volume(r) for r in conn.execute(f"{_VOLUME} ORDER BY name").fetchall()]
+
+
+def insert_volume(
+    conn: sqlite3.Connection,
+    name: str,
+    *,
+    kind: str,
+    mode: str,
+    phase: str,
+    base: BlobId,
+    origin: str,
+    size: int,
+    chunk_size: int,
+    next_ino: int,
+    spec: str,
+    owner_pid: int | None,
+    grace_s: float | None,
+) -> None:
+    now = time.time()
+    conn.execute(
+        "INSERT INTO volumes (name, kind, mode, phase, base, origin, size, chunk_size, next_ino, spec, "
+        "owner_pid, created, grace_s, last_used) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            name,
+            kind,
+            mode,
+            phase,
+            base,
+            origin,
+            size,
+            chunk_size,
+            next_ino,
+            spec,
+            owner_pid,
+            now,
+            grace_s,
+            now,
+        ),
+    )
+
+
+def set_phase(
+    conn: sqlite3.Connection,
+    name: str,
+    phase: str,
+    owner_pid: int | None,
+    when: tuple[str, int | None] | None = None,
+) -> bool:
+    """Set a volume's phase and owner; with `when` (phase, owner) only if it is still
+    in that phase by that owner. True if the row changed. (Steps: lifecycle.phases.)"""
+    query = "UPDATE volumes SET phase = ?, owner_pid = ? WHERE name = ?"
+    args: tuple[object, ...] = (phase, owner_pid, name)
+    if when is not None:
+        query, args = query + " AND phase = ? AND owner_pid IS ?", (*args, *when)
+    return bool(conn.execute(query, args).rowcount)
+
+
+def delete_in_phase(conn: sqlite3.Connection, name: str, phase: str, owner_pid: int | None) -> bool:
+    """Remove a volume row that holds no reference yet (phase creating) if it is still
+    in `phase` by `owner_pid`."""
+    query = "DELETE FROM volumes WHERE name = ? AND phase = ? AND owner_pid IS ?"
+    return bool(conn.execute(query, (name, phase, owner_pid)).rowcount)
+
+
+def set_base(
+    conn: sqlite3.Connection, name: str, base: BlobId, size: int | None = None, next_ino: int | None = None
+) -> None:
+    """A new base (the caller moves the references); `size` and `next_ino` too when
+    given (next_ino never goes down: inode numbers once handed out stay taken)."""
+    conn.execute(
+        "UPDATE volumes SET base = ?, size = COALESCE(?, size), next_ino = MAX(next_ino, COALESCE(?, 0)) "
+        "WHERE name = ?",
+        (base, size, next_ino, name),
+    )
+
+
+def made_from(conn: sqlite3.Connection, origin: str) -> list[str]:
+    """Volumes made from `origin` ('image:NAME' or 'snapshot:VOL@N'), by name."""
+    return [v for (v,) in conn.execute("SELECT name FROM volumes WHERE origin = ? ORDER BY name", (origin,))]
+
+
+def made_from_snapshots_of(conn: sqlite3.Connection, volume: str) -> list[str]:
+    """Other volumes made from any snapshot of `volume`."""
+    pattern = f"snapshot:{_like_escape(volume)}@%"
+    query = "SELECT name FROM volumes WHERE origin LIKE ? ESCAPE '\\' AND name != ?"
+    return [v for (v,) in conn.execute(query, (pattern, volume))]
+
+
+def _like_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def expired(conn: sqlite3.Connection, now: float, name: str | None = None) -> list[str]:
+    """Ephemeral volumes at rest and unused for longer than their grace (`name`: that one
+    only, if it is)."""
+    query = (
+        "SELECT name FROM volumes WHERE grace_s IS NOT NULL AND phase = 'ready' "
+        "AND COALESCE(last_used, created) + grace_s < ?"
+    )
+    if name is None:
+        return [n for (n,) in conn.execute(query + " ORDER BY name", (now,))]
+    return [n for (n,) in conn.execute(query + " AND name = ?", (now, name))]
+
+
+def held_roots(conn: sqlite3.Connection, name: str) -> list[BlobId]:
+    """Every root reference the volume's rows hold: its base, its snapshots' roots and
+    its overlay's chunks (holes included: ledger.release skips ZERO_ID)."""
+    row = conn.execute("SELECT base FROM volumes WHERE name = ?", (name,)).fetchone()
+    roots = [BlobId(bytes(row[0]))] if row else []
+    roots += [
+        BlobId(bytes(r)) for (r,) in conn.execute("SELECT root FROM snapshots WHERE volume = ?", (name,))
+    ]
+    chunks = conn.execute("SELECT chunk FROM overlay_chunks WHERE volume = ?", (name,))
+    return roots + [BlobId(bytes(c)) for (c,) in chunks]
+
+
+def delete_volume(conn: sqlite3.Connection, name: str) -> None:
+    """Delete a volume with its snapshots and overlay (the caller released held_roots)."""
+    for table, column in (
+        ("overlay_chunks", "volume"),
+        ("overlay_inodes", "volume"),
+        ("overlay_entries", "volume"),
+        ("snapshots", "volume"),
+        ("volumes", "name"),
+    ):
+        conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (name,))
+
+
+def totals(conn: sqlite3.Connection) -> tuple[int, int, int, int]:
+    """(volumes, their logical bytes, snapshots, their logical bytes)."""
+    volumes, volume_bytes = conn.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM volumes").fetchone()
+    snaps, snap_bytes = conn.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM snapshots").fetchone()
+    return int(volumes), int(volume_bytes), int(snaps), int(snap_bytes)
+
+
+# -- snapshots ---------------------------------------------------------------------
+
+
+class SnapshotRow(NamedTuple):
+    """A snapshot with what it takes from its volume's row (the one snapshot join)."""
+
+    volume: str
+    n: int
+    root: BlobId
+    size: int
+    next_ino: int
+    label: str | None
+    created: float
+    kind: str  # the volume's
+    chunk_size: int  # the volume's
+    phase: str  # the volume's
+
+
+_SNAPSHOT = (
+    "SELECT s.volume, s.n, s.root, s.size, s.next_ino, s.label, s.created, v.kind, v.chunk_size, v.phase "
+    "FROM snapshots s JOIN volumes v ON v.name = s.volume"
+)
+
+
+def _snapshot(row: tuple[Any, ...]) -> SnapshotRow:
+    return SnapshotRow(row[0], row[1], BlobId(bytes(row[2])), *row[3:])
+
+
+def snapshot_row(conn: sqlite3.Connection, volume: str, n: int) -> SnapshotRow | None:
+    row = conn.execute(f"{_SNAPSHOT} WHERE s.volume = ? AND s.n = ?", (volume, n)).fetchone()
+    return None if row is None else _snapshot(row)
+
+
+def snapshot_rows(conn: sqlite3.Connection, volume: str | None = None) -> list[SnapshotRow]:
+    """A volume's snapshots by number (every volume's, by volume then number, if None)."""
+    if volume is None:
+        return [_snapshot(r) for r in conn.execute(f"{_SNAPSHOT} ORDER BY s.volume, s.n")]
+    return [_snapshot(r) for r in conn.execute(f"{_SNAPSHOT} WHERE s.volume = ? ORDER BY s.n", (volume,))]
+
+
+def snapshot_numbers(conn: sqlite3.Connection, volume: str) -> list[int]:
+    return [int(n) for (n,) in conn.execute("SELECT n FROM snapshots WHERE volume = ? ORDER BY n", (volume,))]
+
+
+def delete_snapshot(conn: sqlite3.Connection, volume: str, n: int) -> None:
+    """Delete a snapshot row (the caller released its root)."""
+    conn.execute("DELETE FROM snapshots WHERE volume = ? AND n = ?", (volume, n))
+
+
+# -- overlay -----------------------------------------------------------------------
+
+
+def has_overlay(conn: sqlite3.Connection, volume: str) -> bool:
+    """Whether a read/write mount left changes not yet folded into the base."""
+    query = "SELECT 1 FROM overlay_inodes WHERE volume = ? LIMIT 1"
+    return conn.execute(query, (volume,)).fetchone() is not None
+
+
+def overlay_chunks(conn: sqlite3.Connection, volume: str) -> list[BlobId]:
+    """The chunks (not holes) the volume's overlay holds a reference on."""
+    query = "SELECT chunk FROM overlay_chunks WHERE volume = ? AND chunk != ?"
+    return [BlobId(bytes(c)) for (c,) in conn.execute(query, (volume, ZERO_ID))]

@@ -12,6 +12,7 @@ from typing import Any
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, NotFound, Stale, UsageError
+from casfs.lifecycle.phases import VolumePhase, give_volume, take_volume
 from casfs.lifecycle.pids import alive
 from casfs.repo import Repository
 
@@ -22,33 +23,27 @@ def claim_volume(repo: Repository, name: str, expected: tuple[object, ...] | Non
     been claimed, written or snapshotted since: that view no longer shows it."""
     conn = repo.conn
     with transaction(conn):
-        row = conn.execute("SELECT phase, owner_pid, mode FROM volumes WHERE name = ?", (name,)).fetchone()
+        row = rows.volume_row(conn, name)
         if row is None:
             raise NotFound(f"no volume named {name!r}")
-        phase, pid, mode = row
+        phase, pid = VolumePhase(row.phase), row.owner_pid
         if expected is not None and rows.generation(conn, name) != expected:
             raise Stale(f"volume {name!r} changed since this mount read it: look it up again")
-        if mode != "rw":
+        if row.mode != "rw":
             raise UsageError(f"volume {name!r} is read-only")
-        if phase in ("creating", "deleting"):
+        if phase in (VolumePhase.CREATING, VolumePhase.DELETING):
             raise Busy(f"volume {name!r} is {phase}")
-        if phase != "ready" and pid and pid != os.getpid() and alive(pid):
+        if phase != VolumePhase.READY and pid and pid != os.getpid() and alive(pid):
             raise Busy(f"volume {name!r} is {phase} by process {pid}")
-        # A dead holder left it mounted: the read/write view recovers its overlay.
-        conn.execute(
-            "UPDATE volumes SET phase = 'mounted', owner_pid = ? WHERE name = ?", (os.getpid(), name)
-        )
+        # A dead holder left it mounted (or this process holds it): the read/write view
+        # recovers its overlay.
+        take_volume(conn, name, phase, VolumePhase.MOUNTED)
         rows.touch(conn, name)
 
 
 def release_volume(repo: Repository, *, name: str, unsaved: dict[str, Any] | None = None) -> None:
     conn = repo.conn
     with transaction(conn):
-        released = conn.execute(
-            "UPDATE volumes SET phase = 'ready', owner_pid = NULL WHERE name = ? AND phase = 'mounted' "
-            "AND owner_pid = ?",
-            (name, os.getpid()),
-        ).rowcount
-        if released:
+        if give_volume(conn, name, VolumePhase.MOUNTED, os.getpid()):
             rows.record_unsaved(conn, name, unsaved)
         rows.touch(conn, name)

@@ -11,7 +11,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from casfs.catalog import transaction
+from casfs.catalog import meta_value, set_meta, transaction
 from casfs.errors import UsageError
 
 
@@ -63,20 +63,20 @@ def effective(conn: sqlite3.Connection, key: str) -> Value:
     env = os.environ.get(s.env)
     if env is not None and env.strip():
         return Value(key, s.check(f"${s.env}", env), f"env:{s.env}")
-    row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-    if row is not None:
-        return Value(key, str(row[0]), "store")
+    value = meta_value(conn, key)
+    if value is not None:
+        return Value(key, value, "store")
     return Value(key, s.default, "default")
 
 
 def set_value(conn: sqlite3.Connection, key: str, text: str) -> str:
     value = _setting(key).check(key, text)
     with transaction(conn):
-        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+        set_meta(conn, key, value)
     return value
 
 
 def unset_value(conn: sqlite3.Connection, key: str) -> None:
     _setting(key)
     with transaction(conn):
-        conn.execute("DELETE FROM meta WHERE key = ?", (key,))
+        set_meta(conn, key, None)

@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from casfs.catalog import transaction
+from casfs.catalog import volumes as rows
 from casfs.errors import Busy
 from casfs.lifecycle.pids import alive
 
 if TYPE_CHECKING:
     from casfs.repo import Repository
-
-_EXPIRED = "grace_s IS NOT NULL AND phase = 'ready' AND COALESCE(last_used, created) + grace_s < ?"
 
 
 def expire(repo: Repository, now: float | None = None, kept: list[str] | None = None) -> list[str]:
@@ -36,7 +35,7 @@ def expire(repo: Repository, now: float | None = None, kept: list[str] | None = 
 
     now = time.time() if now is None else now
     conn = repo.conn
-    names = [n for (n,) in conn.execute(f"SELECT name FROM volumes WHERE {_EXPIRED} ORDER BY name", (now,))]
+    names = rows.expired(conn, now)
     served = _served_volumes(repo.path) if names else set()
     removed = []
     for name in names:
@@ -45,9 +44,7 @@ def expire(repo: Repository, now: float | None = None, kept: list[str] | None = 
         try:
             with transaction(conn):
                 # Again under the write lock: a mount since the SELECT has touched it.
-                if conn.execute(
-                    f"SELECT 1 FROM volumes WHERE name = ? AND {_EXPIRED}", (name, now)
-                ).fetchone():
+                if rows.expired(conn, now, name):
                     mark_deleting(conn, name)
                 else:
                     continue

@@ -1,6 +1,6 @@
 """fsck: recount every reference, re-hash the blobs, and (with repair) fix the counts.
 
-The invariant (catalog.SCHEMA) gives the expected count of every blob:
+The invariant (catalog.schema) gives the expected count of every blob:
 
     expected(b) = references from roots + occurrences of b among the children of all rows
 
@@ -45,12 +45,12 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack, closing
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from casfs import catalog
+from casfs.catalog import blobs as blob_rows
 from casfs.errors import Corruption, MissingBlob
 from casfs.refcount import logical
-from casfs.roots import live_roots
 from casfs.snapshots.children import children
 from casfs.snapshots.kinds import DATA, KIND_NAMES
 from casfs.store.ids import BlobId
@@ -100,13 +100,6 @@ class FsckReport:
         return [p for p in self.problems if p.kind == kind]
 
 
-class _Row(NamedTuple):  # a tuple: fsck holds one per blob in memory
-    kind: int
-    refs: int
-    size: int
-    stored: int
-
-
 @dataclass(frozen=True)
 class _Read:
     """What one blob read found: its children with their kinds, or an error."""
@@ -154,25 +147,19 @@ def fsck(
 
 def _snapshot(
     repo: Repository, conn: sqlite3.Connection
-) -> tuple[dict[BlobId, _Row], Counter[BlobId], set[BlobId]]:
-    conn.execute("BEGIN")  # one read transaction: rows and roots from the same instant
-    try:
-        rows = {
-            BlobId(bid): _Row(kind, refs, size, stored)
-            for bid, kind, refs, size, stored in conn.execute(
-                "SELECT id, kind, refs, size, stored FROM blobs"
-            )
-        }
-        roots = live_roots(conn)
-    finally:
-        conn.execute("COMMIT")
+) -> tuple[dict[BlobId, blob_rows.BlobRow], Counter[BlobId], set[BlobId]]:
+    with catalog.read_transaction(conn):  # rows and roots from the same instant
+        rows = blob_rows.all_rows(conn)
+        roots = blob_rows.live_roots(conn)
     return rows, roots, set(repo.blobs.list())
 
 
 class _Plan:
     """The recount, built from the snapshot and the blobs read."""
 
-    def __init__(self, rows: dict[BlobId, _Row], roots: Counter[BlobId], files: set[BlobId]) -> None:
+    def __init__(
+        self, rows: dict[BlobId, blob_rows.BlobRow], roots: Counter[BlobId], files: set[BlobId]
+    ) -> None:
         self.rows = rows
         self.roots = roots
         self.files = files
@@ -348,10 +335,10 @@ def _repair(repo: Repository, conn: sqlite3.Connection, plan: _Plan, report: Fsc
                 continue
             # The difference, not the value: a concurrent retain()/release() moved the
             # stored and the expected count alike.
-            conn.execute("UPDATE blobs SET refs = refs + ? WHERE id = ?", (delta, bytes.fromhex(p.blob)))
+            blob_rows.add_refs(conn, {BlobId(bytes.fromhex(p.blob)): delta})
             p.repaired = True
         for bid, (size, stored) in plan.sizes.items():
-            conn.execute("UPDATE blobs SET size = ?, stored = ? WHERE id = ?", (size, stored, bid))
+            blob_rows.set_sizes(conn, bid, size, stored)
             by_blob[("size", bid.hex())].repaired = True
         for bid, p in plan.unreadable.items():
             if plan.expected(bid) != 0:
@@ -359,7 +346,7 @@ def _repair(repo: Repository, conn: sqlite3.Connection, plan: _Plan, report: Fsc
             miscount = by_blob.get(("miscounted", bid.hex()))
             if miscount is not None and not miscount.repaired:
                 continue
-            if conn.execute("DELETE FROM blobs WHERE id = ? AND refs = 0", (bid,)).rowcount == 1:
+            if blob_rows.delete_if_garbage(conn, bid):
                 p.repaired = True
                 p.message += "; unreferenced: row deleted"
                 unlink.append(bid)

@@ -32,11 +32,12 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from casfs.catalog import blobs as blob_rows
 from casfs.catalog import transaction
 from casfs.errors import Corruption, MissingBlob
 from casfs.lifecycle import pids
@@ -51,8 +52,6 @@ if TYPE_CHECKING:
 # names 1024 chunks), so gc of a large volume never holds one giant write transaction.
 ROUND_ROWS = 1000
 ROUND_CHILDREN = 50_000
-# Ids per `IN (…)` query; well under SQLite's variable limit.
-_IN_BATCH = 500
 # Threads reading metadata and unlinking files: unlinks wait on the filesystem journal,
 # and several in flight overlap those waits (20k files: 9 s with 1, 2.2 s with 8).
 IO_WORKERS = 8
@@ -113,12 +112,7 @@ def gc(repo: Repository, timeout: float = 30.0, lock_slice: float = LOCK_SLICE_S
         conn = repo.conn
         with ThreadPoolExecutor(max_workers=IO_WORKERS, thread_name_prefix="casfs-gc") as pool:
             while True:
-                rows = [
-                    _Garbage(BlobId(bid), kind, stored)
-                    for bid, kind, stored in conn.execute(
-                        "SELECT id, kind, stored FROM blobs WHERE refs = 0 LIMIT ?", (ROUND_ROWS,)
-                    )
-                ]
+                rows = [_Garbage(*row) for row in blob_rows.garbage(conn, ROUND_ROWS)]
                 if not rows:
                     break
                 # Read before the transaction, not in it: blobs are immutable, and the
@@ -172,7 +166,7 @@ def _free(
         decrements: Counter[BlobId] = Counter()
         for g, kids in part:
             # Still zero? A retain() since the SELECT has made it live again.
-            if conn.execute("DELETE FROM blobs WHERE id = ? AND refs = 0", (g.bid,)).rowcount != 1:
+            if not blob_rows.delete_if_garbage(conn, g.bid):
                 continue
             freed.append(g)
             if isinstance(kids, str):
@@ -182,15 +176,13 @@ def _free(
         for bid, n in decrements.items():
             if bid == ZERO_ID:
                 continue
-            row = conn.execute(
-                "UPDATE blobs SET refs = refs - ? WHERE id = ? RETURNING refs", (n, bid)
-            ).fetchone()
-            if row is None:
+            refs = blob_rows.decrement(conn, bid, n)
+            if refs is None:
                 notes.append(f"blob {bid.hex()} is referenced by freed blobs but has no catalog row")
-            elif row[0] < 0:
+            elif refs < 0:
                 # Left negative, not clamped: a count that was too low may be hiding live
                 # references, and a negative row is never collected. fsck --repair recounts.
-                notes.append(f"blob {bid.hex()} refcount fell to {row[0]}")
+                notes.append(f"blob {bid.hex()} refcount fell to {refs}")
     report.rounds += 1
     report.problems += notes
     # After the commit (see the module docstring): a crash here leaves only orphans.
@@ -203,9 +195,8 @@ def _free(
 def unreferenced_files(repo: Repository, conn: sqlite3.Connection) -> Iterator[list[BlobId]]:
     """Blob files no catalog row names, a batch at a time (the caller holds the store
     lock exclusively between batches, so a file cannot gain its row meanwhile)."""
-    for chunk in _chunked(repo.blobs.list(), _IN_BATCH):
-        marks = ",".join("?" * len(chunk))
-        known = {bytes(r[0]) for r in conn.execute(f"SELECT id FROM blobs WHERE id IN ({marks})", chunk)}
+    for chunk in blob_rows.batches(repo.blobs.list()):
+        known = blob_rows.known(conn, chunk)
         yield [bid for bid in chunk if bid not in known]
 
 
@@ -224,14 +215,3 @@ def _sweep_orphans(repo: Repository, conn: sqlite3.Connection, lock: _SlicedLock
             report.orphan_files_removed += 1
             report.bytes_freed += size
         lock.checkpoint()
-
-
-def _chunked(items: Iterable[BlobId], n: int) -> Iterator[list[BlobId]]:
-    chunk: list[BlobId] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == n:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk

@@ -1,6 +1,6 @@
 """Writing blobs into the store and counting references to them.
 
-The rule (see catalog.SCHEMA): a catalog row holds references on its children, so
+The rule (see catalog.schema): a catalog row holds references on its children, so
 
   * Batch.commit inserts a row for each new blob and increments its children, then
     increments the roots it is given, in one catalog transaction, after the blobs
@@ -20,7 +20,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from casfs.errors import MissingBlob
+from casfs.catalog import blobs as blob_rows
+from casfs.catalog import transaction
 from casfs.snapshots.children import children
 from casfs.snapshots.kinds import DATA
 from casfs.store.ids import ZERO_ID, BlobId, blob_id, is_zero, meta_id
@@ -91,20 +92,14 @@ class Batch:
         try:
             self.staging.publish()
             conn = self.repo.conn
-            from casfs.catalog import transaction
-
             with transaction(conn):
                 increments: Counter[BlobId] = Counter()
                 for bid, (kind, size, stored, kids) in self.new.items():
-                    cur = conn.execute(
-                        "INSERT OR IGNORE INTO blobs (id, kind, refs, size, stored) VALUES (?, ?, 0, ?, ?)",
-                        (bid, kind, size, stored),
-                    )
-                    if cur.rowcount == 1:
+                    if blob_rows.insert(conn, bid, kind, size, stored):
                         increments.update(kids)
                 if refs:
                     increments.update(refs)
-                add_refs(conn, increments)
+                blob_rows.add_refs(conn, increments)
                 if then is not None:
                     then(conn)
             for bid in self.healed:
@@ -133,19 +128,11 @@ class Batch:
         self.abort()
 
 
-def add_refs(conn: sqlite3.Connection, increments: Mapping[BlobId, int]) -> None:
-    rows = [(n, bid) for bid, n in increments.items() if bid != ZERO_ID and n]
-    for n, bid in rows:
-        cur = conn.execute("UPDATE blobs SET refs = refs + ? WHERE id = ?", (n, bid))
-        if cur.rowcount != 1:
-            raise MissingBlob(f"blob {bid.hex()} is referenced but not in the catalog")
-
-
 def release(conn: sqlite3.Connection, roots: Iterable[BlobId]) -> None:
     """Drop one reference per listed root (inside the caller's transaction)."""
-    add_refs(conn, {bid: -n for bid, n in Counter(r for r in roots if r != ZERO_ID).items()})
+    blob_rows.add_refs(conn, {bid: -n for bid, n in Counter(r for r in roots if r != ZERO_ID).items()})
 
 
 def retain(conn: sqlite3.Connection, roots: Iterable[BlobId]) -> None:
     """Add one reference per listed root: a clone is one call here, O(1) in its size."""
-    add_refs(conn, Counter(r for r in roots if r != ZERO_ID))
+    blob_rows.add_refs(conn, Counter(r for r in roots if r != ZERO_ID))

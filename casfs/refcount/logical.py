@@ -15,30 +15,14 @@ import stat
 from collections.abc import Callable
 from typing import NamedTuple
 
+from casfs.catalog import blobs as blob_rows
+from casfs.catalog import read_transaction
 from casfs.errors import Corruption, MissingBlob
 from casfs.snapshots import chunkmap
 from casfs.snapshots.tree import Tree
 from casfs.store.ids import ZERO_ID, BlobId
 
 GetMeta = Callable[[BlobId], bytes]
-
-# Each sized row: (what, kind, root, recorded size, key), and how to correct one.
-_QUERIES = {
-    "images": (
-        "SELECT 'image ' || name, kind, root, size, name FROM images WHERE phase = 'ready'",
-        "UPDATE images SET size = ? WHERE name = ?",
-    ),
-    "volumes": (
-        "SELECT 'volume ' || name, kind, base, size, name FROM volumes WHERE phase IN ('ready', 'mounted') "
-        "AND NOT EXISTS (SELECT 1 FROM overlay_inodes o WHERE o.volume = volumes.name)",
-        "UPDATE volumes SET size = ? WHERE name = ?",
-    ),
-    "snapshots": (
-        "SELECT 'snapshot ' || s.volume || '@' || s.n, v.kind, s.root, s.size, s.volume || '@' || s.n "
-        "FROM snapshots s JOIN volumes v ON v.name = s.volume",
-        "UPDATE snapshots SET size = ? WHERE volume || '@' || n = ?",
-    ),
-}
 
 
 class Mismatch(NamedTuple):
@@ -52,18 +36,11 @@ class Mismatch(NamedTuple):
 def mismatches(conn: sqlite3.Connection, get_meta: GetMeta) -> list[Mismatch]:
     """Every recorded size that differs from its root's. Roots that cannot be read are
     skipped: fsck reports those blobs."""
-    conn.execute("BEGIN")
-    try:
-        rows = [
-            (table, what, kind, BlobId(root), size, key)
-            for table, (query, _) in _QUERIES.items()
-            for what, kind, root, size, key in conn.execute(query)
-        ]
-    finally:
-        conn.execute("COMMIT")
+    with read_transaction(conn):
+        rows = blob_rows.sized(conn)
     known: dict[tuple[str, BlobId], int] = {}
     found = []
-    for table, what, kind, root, size, key in rows:
+    for table, what, key, kind, root, size in rows:
         if (kind, root) not in known:
             try:
                 known[kind, root] = root_size(get_meta, kind, root)
@@ -91,4 +68,4 @@ def root_size(get_meta: GetMeta, kind: str, root: BlobId) -> int:
 
 
 def repair(conn: sqlite3.Connection, m: Mismatch) -> None:
-    conn.execute(_QUERIES[m.table][1], (m.actual, m.key))
+    blob_rows.set_logical_size(conn, m.table, m.key, m.actual)

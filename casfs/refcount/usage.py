@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import sqlite3
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from casfs.catalog import blobs as blob_rows
+from casfs.catalog import images as image_rows
+from casfs.catalog import volumes as volume_rows
 from casfs.errors import Corruption
 from casfs.repo import Repository
 from casfs.snapshots.children import children
 from casfs.snapshots.kinds import DATA
 from casfs.store.ids import ZERO_ID, BlobId
-
-_IN_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -64,33 +65,16 @@ class StoreUsage:
         return self.logical / self.stored if self.stored else 0.0
 
 
-@dataclass
-class _Row:
-    kind: int
-    refs: int
-    stored: int
-
-
-def _rows(conn: sqlite3.Connection, ids: Sequence[BlobId]) -> Iterator[tuple[BlobId, _Row]]:
-    for i in range(0, len(ids), _IN_BATCH):
-        part = ids[i : i + _IN_BATCH]
-        marks = ",".join("?" * len(part))
-        for bid, kind, refs, stored in conn.execute(
-            f"SELECT id, kind, refs, stored FROM blobs WHERE id IN ({marks})", part
-        ):
-            yield BlobId(bytes(bid)), _Row(kind, refs, stored)
-
-
 def usage(repo: Repository, roots: Iterable[Root]) -> Usage:
     roots = list(roots)
     conn = repo.conn
     root_refs: Counter[BlobId] = Counter(r.blob for r in roots if r.blob != ZERO_ID)
-    rows: dict[BlobId, _Row] = {}
+    rows: dict[BlobId, blob_rows.BlobRow] = {}
     edges: dict[BlobId, Counter[BlobId]] = {}  # metadata blob -> children with multiplicity
     unreadable = 0
     frontier = list(root_refs)
     while frontier:
-        found = dict(_rows(conn, [b for b in frontier if b not in rows]))
+        found = dict(blob_rows.rows_of(conn, [b for b in frontier if b not in rows]))
         rows.update(found)
         nxt: list[BlobId] = []
         for bid, row in found.items():
@@ -126,46 +110,30 @@ def usage(repo: Repository, roots: Iterable[Root]) -> Usage:
 
 
 def image_roots(conn: sqlite3.Connection, name: str) -> list[Root]:
-    row = conn.execute(
-        "SELECT root, size FROM images WHERE name = ? AND root IS NOT NULL", (name,)
-    ).fetchone()
-    return [Root(BlobId(bytes(row[0])), row[1])] if row else []
+    row = image_rows.image_row(conn, name)
+    return [Root(row.root, row.size)] if row is not None and row.root is not None else []
 
 
 def volume_roots(conn: sqlite3.Connection, name: str) -> list[Root]:
-    """A volume's base, its snapshots' roots, and the chunks in its overlay (each holds
+    """A volume's base, its snapshots' roots and its overlay's chunks (each chunk holds
     a reference of its own until a snapshot folds it into the base)."""
-    out = [
-        Root(BlobId(bytes(b)), s)
-        for b, s in conn.execute("SELECT base, size FROM volumes WHERE name = ?", (name,))
-    ]
-    out += [
-        Root(BlobId(bytes(r)), s)
-        for r, s in conn.execute("SELECT root, size FROM snapshots WHERE volume = ? ORDER BY n", (name,))
-    ]
-    chunks = conn.execute("SELECT chunk FROM overlay_chunks WHERE volume = ? AND chunk != ?", (name, ZERO_ID))
-    out += [Root(BlobId(bytes(c)), 0) for (c,) in chunks]
+    row = volume_rows.volume_row(conn, name)
+    out = [Root(row.base, row.size)] if row is not None else []
+    out += [Root(s.root, s.size) for s in volume_rows.snapshot_rows(conn, name)]
+    out += [Root(c, 0) for c in volume_rows.overlay_chunks(conn, name)]
     return out
 
 
 def snapshot_roots(conn: sqlite3.Connection, volume: str, n: int) -> list[Root]:
-    row = conn.execute("SELECT root, size FROM snapshots WHERE volume = ? AND n = ?", (volume, n)).fetchone()
-    return [Root(BlobId(bytes(row[0])), row[1])] if row else []
+    row = volume_rows.snapshot_row(conn, volume, n)
+    return [Root(row.root, row.size)] if row is not None else []
 
 
 def store_usage(repo: Repository) -> StoreUsage:
     conn = repo.conn
-    images, image_bytes = conn.execute(
-        "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM images WHERE phase = 'ready'"
-    ).fetchone()
-    volumes, volume_bytes = conn.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM volumes").fetchone()
-    snapshots, snapshot_bytes = conn.execute(
-        "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM snapshots"
-    ).fetchone()
-    blobs, stored, garbage = conn.execute(
-        "SELECT COUNT(*), COALESCE(SUM(stored), 0), "
-        "COALESCE(SUM(CASE WHEN refs = 0 THEN stored END), 0) FROM blobs"
-    ).fetchone()
+    images, image_bytes = image_rows.ready_totals(conn)
+    volumes, volume_bytes, snapshots, snapshot_bytes = volume_rows.totals(conn)
+    blobs, stored, garbage = blob_rows.totals(conn)
     return StoreUsage(
         logical=image_bytes + volume_bytes + snapshot_bytes,
         stored=stored,

@@ -1,0 +1,113 @@
+"""Image rows: the only SQL about images. Inside the caller's transaction; the phase
+steps are casfs.lifecycle.phases', the references refcount.ledger's."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from typing import Any, NamedTuple
+
+from casfs.store.ids import BlobId
+
+
+class ImageRow(NamedTuple):
+    name: str
+    kind: str
+    phase: str
+    size: int
+    chunk_size: int
+    next_ino: int
+    source: str | None
+    digest: str | None
+    root: BlobId | None
+    created: float
+    error: str | None
+    owner_pid: int | None
+    spec: str | None
+
+
+_IMAGE = "SELECT " + ", ".join(ImageRow._fields) + " FROM images"
+
+
+def _image(row: tuple[Any, ...]) -> ImageRow:
+    name, kind, phase, size, chunk_size, next_ino, source, digest, root, created, error, pid, spec = row
+    root_id = BlobId(bytes(root)) if root is not None else None
+    return ImageRow(
+        name, kind, phase, size, chunk_size, next_ino, source, digest, root_id, created, error, pid, spec
+    )
+
+
+def image_row(conn: sqlite3.Connection, name: str) -> ImageRow | None:
+    row = conn.execute(f"{_IMAGE} WHERE name = ?", (name,)).fetchone()
+    return None if row is None else _image(row)
+
+
+def image_rows(conn: sqlite3.Connection) -> list[ImageRow]:
+    return [_image(r) for r in conn.execute(f"{_IMAGE} ORDER BY name")]
+
+
+def insert_queued(
+    conn: sqlite3.Connection, name: str, kind: str, chunk_size: int, source: str, spec: str, owner_pid: int
+) -> None:
+    """The row of an import about to start: phase queued, owned by `owner_pid`."""
+    conn.execute(
+        "INSERT INTO images (name, kind, phase, chunk_size, source, spec, owner_pid, created) "
+        "VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)",
+        (name, kind, chunk_size, source, spec, owner_pid, time.time()),
+    )
+
+
+def set_phase(conn: sqlite3.Connection, name: str, phase: str) -> None:
+    conn.execute("UPDATE images SET phase = ? WHERE name = ?", (phase, name))
+
+
+def finish(
+    conn: sqlite3.Connection,
+    name: str,
+    owner_pid: int,
+    root: BlobId,
+    size: int,
+    next_ino: int,
+    digest: str | None,
+) -> bool:
+    """Phase ready with its root, if `owner_pid` still owns the import."""
+    done = conn.execute(
+        "UPDATE images SET phase = 'ready', root = ?, size = ?, next_ino = ?, digest = ?, "
+        "owner_pid = NULL WHERE name = ? AND owner_pid = ?",
+        (root, size, next_ino, digest, name, owner_pid),
+    )
+    return done.rowcount == 1
+
+
+def fail(conn: sqlite3.Connection, name: str, owner_pid: int, reason: str) -> None:
+    """Phase failed with `reason`, if `owner_pid` still owns the import (not ready)."""
+    conn.execute(
+        "UPDATE images SET phase = 'failed', error = ?, owner_pid = NULL "
+        "WHERE name = ? AND phase != 'ready' AND owner_pid = ?",
+        (reason, name, owner_pid),
+    )
+
+
+def delete_unready(
+    conn: sqlite3.Connection, name: str, owner_pid: int | None, phase: str | None = None
+) -> bool:
+    """Remove an import's row (it holds no blob) if it is not ready and `owner_pid` owns
+    it (and it is in `phase`, when given)."""
+    query = "DELETE FROM images WHERE name = ? AND phase != 'ready' AND owner_pid IS ?"
+    args: tuple[object, ...] = (name, owner_pid)
+    if phase is not None:
+        query, args = query + " AND phase = ?", (*args, phase)
+    return bool(conn.execute(query, args).rowcount)
+
+
+def delete(conn: sqlite3.Connection, name: str) -> None:
+    """Remove an image's row (the caller released its root)."""
+    conn.execute("DELETE FROM images WHERE name = ?", (name,))
+
+
+def ready_totals(conn: sqlite3.Connection) -> tuple[int, int]:
+    """(ready images, their logical bytes)."""
+    count, size = conn.execute(
+        "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM images WHERE phase = 'ready'"
+    ).fetchone()
+    return int(count), int(size)

@@ -1,0 +1,168 @@
+"""The catalog's schema in its CURRENT shape, written once: what a new store gets.
+
+A store made by an older casfs reaches the same shape through catalog.migrate (one
+step per format). Sentinels are named where they are used: ZERO_ID (32 zero bytes) is
+"no blob" (a hole, or a base not written yet) and holds no reference.
+
+The phase lists below are the values of casfs.lifecycle.phases (ImagePhase,
+VolumePhase); the catalog sits below lifecycle, so they are spelled out here and a test
+(tests/test_migration.py) keeps the two equal.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+FORMAT_VERSION = 6
+
+IMAGE_PHASES = ("queued", "importing", "verifying", "ready", "failed")
+VOLUME_PHASES = ("creating", "ready", "mounted", "snapshotting", "deleting")
+
+
+def _one_of(values: tuple[str, ...]) -> str:
+    return ", ".join(f"'{v}'" for v in values)
+
+
+TABLES = f"""
+-- Key/value facts and settings: format_version (this file's FORMAT_VERSION), created
+-- (unix time), and the settings of casfs.lifecycle.config (e.g. queue.limit).
+CREATE TABLE meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+
+-- Every blob the store holds or is about to free. A row holds references on its
+-- children (the ids its plaintext names): inserting a row increments them, and gc
+-- decrements them when it deletes the row. Hence, always:
+--   refs(b) = references from roots + occurrences of b among the children of all rows.
+CREATE TABLE blobs (
+    id     BLOB PRIMARY KEY,       -- BLAKE3-256 of the plaintext (metadata: derive-key mode)
+    kind   INTEGER NOT NULL,       -- 0 data chunk, 1 chunk-map root, 2 chunk-map page, 3 tree
+    refs   INTEGER NOT NULL,       -- 0 means garbage: gc deletes the file, then the row
+    size   INTEGER NOT NULL,       -- plaintext bytes
+    stored INTEGER NOT NULL        -- bytes on disk (compressed, or raw when smaller)
+) WITHOUT ROWID;
+CREATE INDEX blobs_garbage ON blobs (refs) WHERE refs = 0;
+
+-- Immutable imported content. A ready image's root holds one reference.
+CREATE TABLE images (
+    name       TEXT PRIMARY KEY,
+    kind       TEXT NOT NULL CHECK (kind IN ('dir', 'block')),
+    -- queued -> importing -> verifying -> ready, or failed (casfs.lifecycle.phases)
+    phase      TEXT NOT NULL CHECK (phase IN ({_one_of(IMAGE_PHASES)})),
+    root       BLOB,               -- tree (dir) or chunk-map root (block); NULL until ready
+    size       INTEGER NOT NULL DEFAULT 0,   -- logical bytes (file bytes, or the disk size)
+    chunk_size INTEGER NOT NULL,
+    next_ino   INTEGER NOT NULL DEFAULT 2,   -- inode numbers below this are taken (1 is the root)
+    source     TEXT,               -- what it was imported from, for `info`
+    digest     TEXT,               -- blake3:HEX of the source as read (and sha256 when asked)
+    spec       TEXT,               -- JSON of the request, so a repeat can be told from a conflict
+    error      TEXT,               -- why it failed (phase failed)
+    owner_pid  INTEGER,            -- the process doing the current phase's work; NULL at rest
+    created    REAL NOT NULL       -- unix time
+);
+-- Start-up recovery looks up the "-ing" phases: one indexed query when there are none.
+CREATE INDEX images_phase ON images (phase);
+
+-- Named, mountable state: a base root plus (while mounted read/write) an overlay.
+CREATE TABLE volumes (
+    name          TEXT PRIMARY KEY,
+    kind          TEXT NOT NULL CHECK (kind IN ('dir', 'block')),
+    mode          TEXT NOT NULL CHECK (mode IN ('rw', 'ro')),
+    -- creating | ready | mounted | snapshotting | deleting (casfs.lifecycle.phases)
+    phase         TEXT NOT NULL CHECK (phase IN ({_one_of(VOLUME_PHASES)})),
+    base          BLOB NOT NULL,   -- root the overlay applies to; holds one reference
+                                   -- (ZERO_ID while a blank volume is creating: none)
+    origin        TEXT NOT NULL,   -- 'image:NAME', 'snapshot:VOL@N' or 'blank'
+    size          INTEGER NOT NULL, -- logical bytes of the base
+    chunk_size    INTEGER NOT NULL,
+    next_ino      INTEGER NOT NULL DEFAULT 2,  -- inode numbers below this are taken
+    next_snapshot INTEGER NOT NULL DEFAULT 1,  -- numbers are never reused
+    spec          TEXT,            -- JSON of the create request (repeat or conflict)
+    owner_pid     INTEGER,         -- the process holding the phase (the daemon when mounted)
+    created       REAL NOT NULL,   -- unix time
+    -- Seconds the volume may go unused (not mounted) before `casfs gc` removes it.
+    -- NULL: kept until removed by hand.
+    grace_s       REAL,
+    -- Unix time of its creation, or its last mount or unmount (catalog.volumes.touch).
+    -- NULL (a volume from format 2): its creation time counts.
+    last_used     REAL,
+    -- Set when a read/write mount ended without saving every change it had acknowledged
+    -- (a forced unmount while the store could not take the data): JSON {{"time", "pid",
+    -- "error", "unsaved": [[path, bytes], ...]}}. Cleared by the next mount that ends
+    -- cleanly. NULL: the last mount saved everything.
+    unsaved       TEXT
+);
+CREATE INDEX volumes_phase ON volumes (phase);
+
+-- Immutable numbered states of a volume. Each root holds one reference.
+CREATE TABLE snapshots (
+    volume     TEXT NOT NULL REFERENCES volumes (name),
+    n          INTEGER NOT NULL,   -- 1, 2, ...: from volumes.next_snapshot
+    root       BLOB NOT NULL,
+    size       INTEGER NOT NULL,   -- logical bytes
+    next_ino   INTEGER NOT NULL,
+    label      TEXT,               -- free-form, from --label
+    created    REAL NOT NULL,      -- unix time
+    PRIMARY KEY (volume, n)
+);
+
+-- Inodes of a read/write volume changed (or copied up) since its base: the whole
+-- inode, so a row never needs its base entry. A directory's children are copied up
+-- with it, so every inode an overlay listing names has a row here.
+CREATE TABLE overlay_inodes (
+    volume     TEXT NOT NULL,
+    ino        INTEGER NOT NULL,
+    mode       INTEGER NOT NULL,
+    uid        INTEGER NOT NULL,
+    gid        INTEGER NOT NULL,
+    rdev       INTEGER NOT NULL,
+    size       INTEGER NOT NULL,
+    atime_ns   INTEGER NOT NULL,
+    mtime_ns   INTEGER NOT NULL,
+    ctime_ns   INTEGER NOT NULL,
+    nlink      INTEGER NOT NULL,
+    xattrs     BLOB NOT NULL,      -- encoded (name, value) pairs
+    base       BLOB NOT NULL,      -- file: content id in the base, dir: base subtree id, ZERO_ID: none
+    base_limit INTEGER NOT NULL,   -- file: base chunks at or past this number are gone (truncated)
+    target     BLOB NOT NULL,      -- symlink target
+    parent     INTEGER NOT NULL,   -- directory: its parent's ino (the root is its own parent)
+    listing    BLOB,               -- directory: non-NULL once copied up: the listing's header
+                                   -- (next readdir cookie, 8 bytes little-endian), its entries
+                                   -- in overlay_entries; NULL: the base subtree's entries
+    PRIMARY KEY (volume, ino)
+) WITHOUT ROWID;
+
+-- Chunks written since the base: each non-hole chunk id holds one reference.
+CREATE TABLE overlay_chunks (
+    volume TEXT NOT NULL,
+    ino    INTEGER NOT NULL,
+    n      INTEGER NOT NULL,       -- chunk number within the file
+    chunk  BLOB NOT NULL,          -- ZERO_ID: a hole (hides the base's chunk)
+    PRIMARY KEY (volume, ino, n)
+) WITHOUT ROWID;
+
+-- The entries of the overlay's materialized directories (those whose overlay_inodes
+-- row has a non-NULL listing).
+CREATE TABLE overlay_entries (
+    volume TEXT NOT NULL,
+    dir    INTEGER NOT NULL,       -- the directory's ino
+    name   BLOB NOT NULL,
+    cookie INTEGER NOT NULL,       -- its readdir offset: stable while others come and go
+    ino    INTEGER NOT NULL,       -- the inode it names (an overlay_inodes row)
+    PRIMARY KEY (volume, dir, name)
+) WITHOUT ROWID;
+"""
+
+
+def create_tables(conn: sqlite3.Connection) -> None:
+    """A new store's catalog. One script, one transaction: a crash leaves either no
+    schema or all of it."""
+    conn.executescript(
+        "BEGIN IMMEDIATE;"
+        + TABLES
+        + f"INSERT INTO meta VALUES ('format_version', '{FORMAT_VERSION}');"
+        + f"INSERT INTO meta VALUES ('created', '{time.time()}');"
+        + "COMMIT;"
+    )

@@ -1,0 +1,68 @@
+"""Volumes and their snapshots, at rest: create, list, delete, snapshot, rollback.
+
+A volume is a base root plus (while mounted read/write) an overlay. Creating one from
+an image or a snapshot adds one reference to that root: O(1) whatever its size. The
+mount daemon (casfs.fuse) folds the overlay into a new base; everything here works on
+volumes that are not mounted read/write.
+
+Phases (casfs.lifecycle.phases; recorded before the work, with the owner's pid;
+casfs.lifecycle.recovery handles those a dead process left):
+
+  creating       a blank volume's base is being written (a clone is one transaction)
+  ready          at rest
+  mounted        held read/write by a daemon (casfs.lifecycle.claims.claim_volume)
+  snapshotting   a crashed mount's overlay is being folded (settle): on a crash the
+                 overlay is intact (the fold is one transaction) and the next snapshot
+                 redoes it
+  deleting       recorded first; the deletion transaction follows, and recovery
+                 finishes it if the process died in between
+
+    info.py       VolumeInfo, SnapshotInfo, Source; get and list; the at-rest checks
+    create.py     create (clone, blank) and delete
+    settle.py     fold what a crashed mount left (the read/write view, imported lazily)
+    snapshots.py  snapshot create, list, delete; snapshot_at_rest for a held volume
+    rollback.py   rollback and resize
+"""
+
+from casfs.volumes.create import (
+    DEFAULT_CHUNK_SIZE,
+    MAX_BLOCK_SIZE,
+    create_volume,
+    finish_delete,
+    mark_deleting,
+    remove_volume,
+)
+from casfs.volumes.info import SnapshotInfo, Source, VolumeInfo, describe_unsaved, get_volume, list_volumes
+from casfs.volumes.rollback import resize, rollback
+from casfs.volumes.settle import has_overlay, settle
+from casfs.volumes.snapshots import (
+    create_snapshot,
+    list_snapshots,
+    record_snapshot,
+    remove_snapshot,
+    snapshot_at_rest,
+)
+
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "MAX_BLOCK_SIZE",
+    "SnapshotInfo",
+    "Source",
+    "VolumeInfo",
+    "create_snapshot",
+    "create_volume",
+    "describe_unsaved",
+    "finish_delete",
+    "get_volume",
+    "has_overlay",
+    "list_snapshots",
+    "list_volumes",
+    "mark_deleting",
+    "record_snapshot",
+    "remove_snapshot",
+    "remove_volume",
+    "resize",
+    "rollback",
+    "settle",
+    "snapshot_at_rest",
+]

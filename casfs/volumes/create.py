@@ -1,0 +1,222 @@
+"""Creating a volume (a clone of an image or a snapshot, or blank) and deleting one."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+import time
+from dataclasses import asdict
+
+from casfs.catalog import transaction
+from casfs.catalog import volumes as rows
+from casfs.errors import Busy, Conflict, NotFound, UsageError
+from casfs.images import ready_image
+from casfs.lifecycle import pids
+from casfs.lifecycle.faults import fault_point
+from casfs.lifecycle.phases import VolumePhase, give_volume, take_volume
+from casfs.refcount import ledger
+from casfs.repo import Repository
+from casfs.snapshots import chunkmap
+from casfs.snapshots.kinds import TREE
+from casfs.snapshots.tree import Attrs, Tree
+from casfs.store.ids import ZERO_ID
+from casfs.units import check_name, parse_snapshot_ref
+from casfs.volumes.info import Source, VolumeInfo, get_volume, require_at_rest, volume_row
+
+DEFAULT_CHUNK_SIZE = 64 << 10
+# A blank block volume's map is a list of holes: 10 TiB is 5 MiB of map root.
+MAX_BLOCK_SIZE = 16 << 40
+
+
+def blank_tree(chunk_size: int) -> bytes:
+    """The root tree of a new blank directory volume: an empty directory of ours."""
+    now = time.time_ns()
+    attrs = Attrs(
+        mode=stat.S_IFDIR | 0o755,
+        uid=os.getuid(),
+        gid=os.getgid(),
+        atime_ns=now,
+        mtime_ns=now,
+        ctime_ns=now,
+        ino=1,
+        nlink=2,
+    )
+    return Tree(attrs, chunk_size).encode()
+
+
+def create_volume(
+    repo: Repository, name: str, source: Source, read_only: bool = False, grace_s: float | None = None
+) -> tuple[VolumeInfo, bool]:
+    """Create a volume; returns (info, created). Repeating an identical create
+    succeeds and changes nothing (created False); a different one is a Conflict.
+    With `grace_s` the volume is ephemeral: gc removes it once unused that long."""
+    check_name(name, "volume")
+    chosen = [
+        source.image is not None,
+        source.snapshot is not None,
+        source.blank_dir,
+        source.blank_block is not None,
+    ]
+    if sum(chosen) != 1:
+        raise UsageError("give exactly one of --from IMAGE, --from VOL@N, --blank-dir, --blank-block SIZE")
+    if grace_s is not None and grace_s <= 0:
+        raise UsageError("a grace period must be positive")
+    mode = "ro" if read_only else "rw"
+    # grace_s only when given: the spec of a volume without one stays what format 2 wrote.
+    spec = json.dumps(
+        {**asdict(source), "mode": mode, **({"grace_s": grace_s} if grace_s is not None else {})},
+        sort_keys=True,
+    )
+    if source.blank_dir or source.blank_block is not None:
+        return _create_blank(repo, name, source, mode, spec, grace_s)
+    conn = repo.conn
+    # A clone is one transaction: no phase 'creating' is ever visible, nothing to recover.
+    with transaction(conn):
+        if _existing(conn, name, spec):
+            return get_volume(repo, name), False
+        if source.image is not None:
+            image = ready_image(conn, source.image)
+            assert image.root is not None
+            base, kind, chunk_size = image.root, image.kind, image.chunk_size
+            size, next_ino = image.size, image.next_ino
+            origin = f"image:{source.image}"
+        else:
+            vol, n = parse_snapshot_ref(source.snapshot or "")
+            snap = rows.snapshot_row(conn, vol, n)
+            if snap is None:
+                raise NotFound(f"no snapshot {vol}@{n}")
+            if snap.phase == VolumePhase.DELETING:
+                raise Busy(f"volume {vol!r} is being deleted")
+            base, kind, chunk_size = snap.root, snap.kind, snap.chunk_size
+            size, next_ino = snap.size, snap.next_ino
+            origin = f"snapshot:{vol}@{n}"
+        ledger.retain(conn, [base])
+        rows.insert_volume(
+            conn,
+            name,
+            kind=kind,
+            mode=mode,
+            phase=VolumePhase.READY,
+            base=base,
+            origin=origin,
+            size=size,
+            chunk_size=chunk_size,
+            next_ino=next_ino,
+            spec=spec,
+            owner_pid=None,
+            grace_s=grace_s,
+        )
+    return get_volume(repo, name), True
+
+
+def _existing(conn: sqlite3.Connection, name: str, spec: str) -> bool:
+    """Inside the caller's transaction: True if `name` exists with this spec (a repeat);
+    Conflict if with another; Busy while a live process creates or deletes it."""
+    row = rows.volume_row(conn, name)
+    if row is None:
+        return False
+    pid = row.owner_pid
+    if row.phase in (VolumePhase.CREATING, VolumePhase.DELETING):
+        verb = "created" if row.phase == VolumePhase.CREATING else "deleted"
+        if pids.alive(pid):
+            raise Busy(f"volume {name!r} is being {verb} by process {pid}")
+        raise Busy(f"volume {name!r} was being {verb} by process {pid}, which died: rerun to recover it")
+    if row.spec != spec:
+        raise Conflict(f"volume {name!r} already exists with a different spec")
+    return True
+
+
+def _create_blank(
+    repo: Repository, name: str, source: Source, mode: str, spec: str, grace_s: float | None
+) -> tuple[VolumeInfo, bool]:
+    """Record the volume (phase creating) before writing its base, then publish both."""
+    chunk_size = DEFAULT_CHUNK_SIZE
+    kind, size = ("dir", 0) if source.blank_dir else ("block", int(source.blank_block or 0))
+    if size > MAX_BLOCK_SIZE:
+        raise UsageError(f"a block volume is at most {MAX_BLOCK_SIZE >> 40} TiB")
+    conn = repo.conn
+    with transaction(conn):
+        if _existing(conn, name, spec):
+            return get_volume(repo, name), False
+        # ZERO_ID: a base that holds no reference until the real one is committed.
+        rows.insert_volume(
+            conn,
+            name,
+            kind=kind,
+            mode=mode,
+            phase=VolumePhase.CREATING,
+            base=ZERO_ID,
+            origin="blank",
+            size=size,
+            chunk_size=chunk_size,
+            next_ino=2,
+            spec=spec,
+            owner_pid=os.getpid(),
+            grace_s=grace_s,
+        )
+    try:
+        fault_point("create:after-claim")
+        with repo.batch() as batch:
+            if source.blank_dir:
+                base = batch.put(blank_tree(chunk_size), TREE)
+            else:
+                holes = [ZERO_ID] * chunkmap.n_chunks(size, chunk_size)
+                base = chunkmap.build_map(batch.put_kind, holes, size, chunk_size)
+
+            def finish(c: sqlite3.Connection) -> None:
+                rows.set_base(c, name, base)
+                give_volume(c, name, VolumePhase.CREATING, os.getpid())
+
+            batch.commit({base: 1}, then=finish)
+    except BaseException:
+        with transaction(conn):
+            rows.delete_in_phase(conn, name, VolumePhase.CREATING, os.getpid())
+        raise
+    return get_volume(repo, name), True
+
+
+def remove_volume(repo: Repository, name: str, if_exists: bool = False) -> bool:
+    """Delete a volume and its snapshots, in two steps: phase deleting is recorded
+    (the checks pass or nothing changes), then one transaction releases and deletes.
+    A process that dies in between leaves the delete for recovery to finish."""
+    conn = repo.conn
+    with transaction(conn):
+        row = rows.volume_row(conn, name)
+        if row is None:
+            if if_exists:
+                return False
+            raise NotFound(f"no volume named {name!r}")
+        if row.phase == VolumePhase.DELETING and pids.alive(row.owner_pid):
+            raise Busy(f"volume {name!r} is being deleted by process {row.owner_pid}")
+        if row.phase != VolumePhase.DELETING:
+            mark_deleting(conn, name)
+        else:  # its deleter died: take the delete over
+            take_volume(conn, name, VolumePhase.DELETING, VolumePhase.DELETING)
+    fault_point("delete:after-phase")
+    finish_delete(repo, name)
+    return True
+
+
+def mark_deleting(conn: sqlite3.Connection, name: str) -> None:
+    """Step 1 of a delete, inside the caller's transaction: refuse (Busy) unless the
+    volume is at rest and nothing was made from its snapshots, then record phase deleting."""
+    require_at_rest(volume_row(conn, name))
+    users = rows.made_from_snapshots_of(conn, name)
+    if users:
+        raise Busy(f"volume {name!r} has snapshots that volume(s) {', '.join(users)} were made from")
+    take_volume(conn, name, VolumePhase.READY, VolumePhase.DELETING)
+
+
+def finish_delete(repo: Repository, name: str) -> bool:
+    """Step 2: release every root the volume holds and delete its rows, in one
+    transaction. Idempotent: False if the volume is gone (or not being deleted)."""
+    conn = repo.conn
+    with transaction(conn):
+        row = rows.volume_row(conn, name)
+        if row is None or row.phase != VolumePhase.DELETING:
+            return False
+        ledger.release(conn, rows.held_roots(conn, name))
+        rows.delete_volume(conn, name)
+    return True

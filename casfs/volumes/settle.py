@@ -1,0 +1,43 @@
+"""Settling a volume: folding what a crashed read/write mount left in its overlay into
+a snapshot, as its unmount would have. The fold itself is the read/write view's
+(casfs.vfs.volume), imported only here and only when there is an overlay: it brings
+trio, half of `casfs snapshot create`'s start-up otherwise."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+from casfs.catalog import transaction
+from casfs.catalog import volumes as rows
+from casfs.lifecycle.faults import fault_point
+from casfs.lifecycle.phases import VolumePhase, give_volume, take_volume
+from casfs.lifecycle.queue import job_slot
+from casfs.repo import Repository
+from casfs.volumes.info import require_at_rest, volume_row
+
+
+def has_overlay(conn: sqlite3.Connection, volume: str) -> bool:
+    return rows.has_overlay(conn, volume)
+
+
+def settle(repo: Repository, volume: str, label: str | None = None) -> int | None:
+    """Fold what a crashed mount left in a volume's overlay into a snapshot, as its
+    unmount would have; returns the snapshot number, or None if there was nothing.
+    Phase snapshotting while it works, in a job slot (a fold is heavy work)."""
+    conn = repo.conn
+    with transaction(conn):
+        row = volume_row(conn, volume)
+        if not rows.has_overlay(conn, volume):
+            return None
+        require_at_rest(row)
+        take_volume(conn, volume, VolumePhase.READY, VolumePhase.SNAPSHOTTING)
+    try:
+        from casfs.vfs.volume import VolumeView
+
+        fault_point("snapshot:after-phase")
+        with job_slot(repo, f"snapshot {volume}"):
+            return VolumeView(repo, volume).snapshot_sync(label)
+    finally:
+        with transaction(conn):
+            give_volume(conn, volume, VolumePhase.SNAPSHOTTING, os.getpid())
