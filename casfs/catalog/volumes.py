@@ -48,3 +48,16 @@ def generation(conn: sqlite3.Connection, name: str) -> tuple[object, ...]:
 def record_unsaved(conn: sqlite3.Connection, name: str, note: dict[str, Any] | None) -> None:
     """Record what a read/write mount could not save as it ended (None: it saved all)."""
     conn.execute("UPDATE volumes SET unsaved = ? WHERE name = ?", (json.dumps(note) if note else None, name))
+
+
+# --- for the CLI ---
+
+
+def snapshot_source(conn: sqlite3.Connection, volume: str, n: int) -> tuple[BlobId, str, int] | None:
+    """Snapshot N of a volume as an export reads it: its root, the volume's kind and chunk size."""
+    row = conn.execute(
+        "SELECT s.root, v.kind, v.chunk_size FROM snapshots s JOIN volumes v ON v.name = s.volume "
+        "WHERE s.volume = ? AND s.n = ?",
+        (volume, n),
+    ).fetchone()
+    return None if row is None else (BlobId(bytes(row[0])), row[1], row[2])
