@@ -31,7 +31,6 @@ from typing import Any
 from casfs.catalog import transaction
 from casfs.catalog.volumes import add_snapshot
 from casfs.errors import Busy, Conflict, NotFound, UsageError
-from casfs.images import image_root
 from casfs.lifecycle import pids
 from casfs.lifecycle.faults import fault_point
 from casfs.lifecycle.queue import job_slot
@@ -175,6 +174,8 @@ def create_volume(
         if _existing(conn, name, spec):
             return get_volume(repo, name), False
         if source.image is not None:
+            from casfs.images import image_root  # (not at import: casfs.images loads hashing)
+
             base, kind, chunk_size = image_root(repo, source.image)
             size, next_ino = conn.execute(
                 "SELECT size, next_ino FROM images WHERE name = ?", (source.image,)

@@ -15,28 +15,38 @@ The backend knows nothing of refcounts: the catalog decides what is live.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
+import functools
 import logging
 import os
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from casfs.errors import Corruption, MissingBlob
 from casfs.store import codec
 from casfs.store.ids import ID_SIZE, BlobId, blob_id, verify_id
 
 log = logging.getLogger(__name__)
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 # Below this many files, fsync each one; above, one syncfs() is far cheaper.
 _SYNCFS_THRESHOLD = 16
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 8)  # Linux 4.14; Python exposes it on Linux only
 
 
+@functools.cache
+def _libc() -> Any:
+    # Loaded at the first sync, not at import: ctypes and find_library (which runs
+    # ldconfig) cost a CLI command that stores nothing more than its own work.
+    import ctypes
+    import ctypes.util
+
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
 def syncfs(fd: int) -> None:
-    if _libc.syncfs(fd) != 0:
+    import ctypes
+
+    if _libc().syncfs(fd) != 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e))
 
@@ -251,6 +261,8 @@ class FileBlobStore(BlobStore):
 
 class FileStaging(Staging):
     def __init__(self, store: FileBlobStore) -> None:
+        import uuid  # (here, not at import: see _libc)
+
         self.store = store
         self.dir = store.tmp_dir / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.dir.mkdir()
