@@ -2,10 +2,10 @@
 the argparse parser made from it.
 
 The grammar is a contract (DESIGN.md, "The command line"): scripts and orchestrators
-depend on it. Orchestrators also call the CLI once per volume, so the parser is built
-lazily: the top level knows every noun, a noun gets its verbs, and a command its
-arguments, only when argparse picks it (`_Lazy`). `--help` at any level reads the same
-as a parser built whole.
+depend on it. Orchestrators also call the CLI once per volume, so the parser is made
+lazily: each level lists its subcommands by name and help line, and argparse gets the
+parser of a noun or a command only when it picks that one (`_Lazy`). `--help` at any
+level reads the same as a parser built whole.
 """
 
 from __future__ import annotations
@@ -332,11 +332,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _Lazy(_SubParsers):
-    """Subcommands whose parsers are filled in (verbs, arguments) only once chosen."""
+    """Subcommands known by name and help line only, until argparse picks one: then that
+    one's parser is made. (Every ArgumentParser costs a few gettext look-ups, which
+    normalize the locale each time: making only the chosen ones halves `casfs`'s parsing.)"""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.pending: dict[str, Callable[[], None]] = {}
+        self._makers: dict[str, Callable[[], object]] = {}
+
+    def add_lazy(self, name: str, help: str, make: Callable[[], object], stand_in: _Parser) -> None:
+        """`make` calls add_parser(name) without help= (the help line is listed here)."""
+        self._choices_actions.append(self._ChoicesPseudoAction(name, (), help))
+        self._name_parser_map[name] = stand_in  # (a valid choice; replaced when chosen)
+        self._makers[name] = make
 
     def __call__(
         self,
@@ -346,9 +354,10 @@ class _Lazy(_SubParsers):
         option_string: str | None = None,
     ) -> None:
         assert isinstance(values, list)
-        fill = self.pending.pop(values[0], None)
-        if fill is not None:
-            fill()
+        make = self._makers.pop(values[0], None)
+        if make is not None:
+            del self._name_parser_map[values[0]]
+            make()
         super().__call__(parser, namespace, values, option_string)
 
 
@@ -368,8 +377,15 @@ def _common() -> _Parser:
     return p
 
 
-def _add_arguments(p: argparse.ArgumentParser, args: Sequence[Arg | OneOf]) -> None:
-    for a in args:
+def _make_command(sub: _Lazy, name: str, row: Row, common: _Parser) -> None:
+    p = sub.add_parser(
+        name,
+        description=row.description or row.help,
+        parents=[common],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.set_defaults(func=row.func)
+    for a in row.args:
         if isinstance(a, OneOf):
             group = p.add_mutually_exclusive_group(required=True)
             for one in a.args:
@@ -378,24 +394,15 @@ def _add_arguments(p: argparse.ArgumentParser, args: Sequence[Arg | OneOf]) -> N
             p.add_argument(*a.flags, **a.options)
 
 
-def _add_command(sub: _Lazy, name: str, row: Row, common: _Parser) -> None:
-    p = sub.add_parser(
-        name,
-        help=row.help,
-        description=row.description or row.help,
-        parents=[common],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.set_defaults(func=row.func)
-    sub.pending[name] = functools.partial(_add_arguments, p, row.args)
-
-
-def _add_verbs(p: argparse.ArgumentParser, rows: Sequence[Row], common: _Parser) -> None:
+def _make_noun(sub: _Lazy, noun: str, rows: Sequence[Row], common: _Parser) -> None:
+    p = sub.add_parser(noun, description=NOUNS[noun], parents=[common])
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True, action=_Lazy)
     assert isinstance(verbs, _Lazy)
     for row in rows:
         assert row.verb is not None
-        _add_command(verbs, row.verb, row, common)
+        verbs.add_lazy(
+            row.verb, row.help, functools.partial(_make_command, verbs, row.verb, row, common), common
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -419,10 +426,12 @@ def build_parser() -> argparse.ArgumentParser:
         by_noun.setdefault(row.noun, []).append(row)
     for noun, rows in by_noun.items():
         if rows[0].verb is None:
-            _add_command(nouns, noun, rows[0], common)
+            make = functools.partial(_make_command, nouns, noun, rows[0], common)
+            nouns.add_lazy(noun, rows[0].help, make, common)
         else:
-            p = nouns.add_parser(noun, help=NOUNS[noun], description=NOUNS[noun], parents=[common])
-            nouns.pending[noun] = functools.partial(_add_verbs, p, rows, common)
+            nouns.add_lazy(
+                noun, NOUNS[noun], functools.partial(_make_noun, nouns, noun, rows, common), common
+            )
     return parser
 
 

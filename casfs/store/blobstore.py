@@ -16,18 +16,26 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from casfs.errors import Corruption, MissingBlob
 from casfs.store import codec
 from casfs.store.ids import ID_SIZE, BlobId, blob_id, verify_id
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    import logging
+
+
+def _log() -> logging.Logger:
+    import logging  # (at the first warning, not at import: see _libc)
+
+    return logging.getLogger(__name__)
+
+
 # Below this many files, fsync each one; above, one syncfs() is far cheaper.
 _SYNCFS_THRESHOLD = 16
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 8)  # Linux 4.14; Python exposes it on Linux only
@@ -179,7 +187,7 @@ class FileBlobStore(BlobStore):
             self.damaged_dir.mkdir(exist_ok=True)
             (self.damaged_dir / bid.hex()).touch()
         except OSError as e:
-            log.warning("cannot record damaged blob %s: %s", bid.hex(), e)
+            _log().warning("cannot record damaged blob %s: %s", bid.hex(), e)
 
     def damaged(self) -> set[BlobId]:
         """Blobs found damaged and not yet healed."""
@@ -323,7 +331,7 @@ class FileStaging(Staging):
         except FileNotFoundError:
             return
         except OSError as e:
-            log.warning("cannot list staging directory %s: %s", self.dir, e)
+            _log().warning("cannot list staging directory %s: %s", self.dir, e)
             return
         for entry in leftovers:
             _remove_quietly(entry.path)
@@ -335,7 +343,7 @@ class FileStaging(Staging):
         except FileNotFoundError:
             pass
         except OSError as e:
-            log.warning("cannot remove staging directory %s: %s", self.dir, e)
+            _log().warning("cannot remove staging directory %s: %s", self.dir, e)
 
 
 def _remove_quietly(path: str) -> None:
@@ -344,7 +352,7 @@ def _remove_quietly(path: str) -> None:
     except FileNotFoundError:
         pass
     except OSError as e:
-        log.warning("cannot remove staged file %s: %s", path, e)
+        _log().warning("cannot remove staged file %s: %s", path, e)
 
 
 def _verified(bid: BlobId, stored: bytes) -> bytes:
