@@ -25,7 +25,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from casfs.catalog import images as rows
 from casfs.catalog import transaction
@@ -39,8 +39,10 @@ from casfs.lifecycle.queue import job_slot
 from casfs.refcount import ledger
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
-from casfs.store.verify import HashingReader, parse_expect
 from casfs.units import check_name
+
+if TYPE_CHECKING:  # (imported where an import runs: hashlib is not every command's)
+    from casfs.store.verify import HashingReader
 
 DEFAULT_CHUNK_SIZE = 64 << 10
 FORMATS = ("auto", "raw", "tar", "dir")
@@ -172,6 +174,8 @@ def import_image(
         raise UsageError(f"invalid format {fmt!r}: one of {', '.join(FORMATS)}")
     if chunk_size < 4096 or chunk_size > (4 << 20) or chunk_size & (chunk_size - 1):
         raise UsageError("chunk size must be a power of two from 4 KiB to 4 MiB")
+    from casfs.store.verify import parse_expect
+
     expected = parse_expect(expect) if expect else None
     source = Path(source)
     if not source.exists() and not source.is_symlink():
@@ -245,6 +249,8 @@ def _do_import(
     allow_devices: bool,
     progress: Progress | None,
 ) -> None:
+    from casfs.store.verify import HashingReader
+
     with repo.batch() as batch:
         reader: HashingReader | None = None
         if fmt == "dir":

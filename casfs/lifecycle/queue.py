@@ -24,10 +24,8 @@ import contextlib
 import fcntl
 import json
 import os
-import random
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -102,6 +100,9 @@ def acquire_slot(repo: Repository, what: str) -> Slot:
     record = {"pid": os.getpid(), "what": what, "since": time.time()}
     taken = _take(qdir, limit, record)
     if taken is None:
+        import random  # (only to wait: the CLI does not pay for these at start-up)
+        import uuid
+
         wait_file = _write_json(qdir / f"wait-{os.getpid()}-{uuid.uuid4().hex[:8]}", record)
         try:
             while taken is None:

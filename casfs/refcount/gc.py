@@ -33,7 +33,6 @@ import sqlite3
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -46,6 +45,8 @@ from casfs.snapshots.kinds import DATA, KIND_NAMES
 from casfs.store.ids import ZERO_ID, BlobId
 
 if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
     from casfs.repo import FileLock, Repository
 
 # Bounds on one transaction: rows deleted, and child decrements (one full map root
@@ -106,6 +107,8 @@ def gc(repo: Repository, timeout: float = 30.0, lock_slice: float = LOCK_SLICE_S
 
     Raises Busy when writers keep the store's lock for more than `timeout` seconds
     (before any work, or between rounds: what was freed stays freed and consistent)."""
+    from concurrent.futures import ThreadPoolExecutor  # (not at import: start-up recovery imports gc)
+
     report = GcReport()
     lock = _SlicedLock(repo, timeout, lock_slice)
     try:

@@ -143,3 +143,18 @@ def store_usage(repo: Repository) -> StoreUsage:
         volumes=volumes,
         snapshots=snapshots,
     )
+
+
+# --- for the CLI ---
+
+
+def image_usage(repo: Repository, name: str) -> Usage:
+    return usage(repo, image_roots(repo.conn, name))
+
+
+def volume_usage(repo: Repository, name: str) -> Usage:
+    return usage(repo, volume_roots(repo.conn, name))
+
+
+def snapshot_usage(repo: Repository, volume: str, n: int) -> Usage:
+    return usage(repo, snapshot_roots(repo.conn, volume, n))

@@ -8,10 +8,12 @@ nor balloon memory. zstd (de)compressor objects are not thread-safe: one per thr
 from __future__ import annotations
 
 import threading
-
-import zstandard
+from typing import TYPE_CHECKING
 
 from casfs.errors import Corruption
+
+if TYPE_CHECKING:
+    import zstandard
 
 RAW = 0
 ZSTD = 1
@@ -25,6 +27,8 @@ _local = threading.local()
 def _compressor() -> zstandard.ZstdCompressor:
     c = getattr(_local, "c", None)
     if c is None:
+        import zstandard  # (imported at first use: a CLI command that reads no blob skips it)
+
         c = _local.c = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True)
     return c
 
@@ -32,6 +36,8 @@ def _compressor() -> zstandard.ZstdCompressor:
 def _decompressor() -> zstandard.ZstdDecompressor:
     d = getattr(_local, "d", None)
     if d is None:
+        import zstandard
+
         d = _local.d = zstandard.ZstdDecompressor()
     return d
 
@@ -51,6 +57,8 @@ def decode(stored: bytes, what: str = "blob") -> bytes:
     if codec == RAW:
         return stored[1:]
     if codec == ZSTD:
+        import zstandard  # (a dictionary look-up once loaded)
+
         try:
             # max_output_size only binds frames without a declared size: check that too.
             declared = zstandard.frame_content_size(stored[1:])

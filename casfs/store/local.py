@@ -13,28 +13,46 @@ one syncfs() for many) and the directories after it, so a published blob is dura
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import logging
+import functools
 import os
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from casfs.errors import Corruption, MissingBlob
 from casfs.store import BlobStore, Domain, Staging, codec
 from casfs.store.ids import ID_SIZE, BlobId
 from casfs.store.verified import verified
 
-log = logging.getLogger(__name__)
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+if TYPE_CHECKING:
+    import logging
+
+
+def _log() -> logging.Logger:
+    import logging  # (at the first warning, not at import: see _libc)
+
+    return logging.getLogger(__name__)
+
+
 # Below this many files, fsync each one; above, one syncfs() is far cheaper.
 _SYNCFS_THRESHOLD = 16
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 8)  # Linux 4.14; Python exposes it on Linux only
 
 
+@functools.cache
+def _libc() -> Any:
+    # Loaded at the first sync, not at import: ctypes and find_library (which runs
+    # ldconfig) cost a CLI command that stores nothing more than its own work.
+    import ctypes
+    import ctypes.util
+
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
 def syncfs(fd: int) -> None:
-    if _libc.syncfs(fd) != 0:
+    import ctypes
+
+    if _libc().syncfs(fd) != 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e))
 
@@ -103,7 +121,7 @@ class FileBlobStore(BlobStore):
             self.damaged_dir.mkdir(exist_ok=True)
             (self.damaged_dir / bid.hex()).touch()
         except OSError as e:
-            log.warning("cannot record damaged blob %s: %s", bid.hex(), e)
+            _log().warning("cannot record damaged blob %s: %s", bid.hex(), e)
 
     def damaged(self) -> set[BlobId]:
         try:
@@ -185,6 +203,8 @@ class FileBlobStore(BlobStore):
 
 class FileStaging(Staging):
     def __init__(self, store: FileBlobStore) -> None:
+        import uuid  # (here, not at import: see _libc)
+
         self.store = store
         self.dir = store.tmp_dir / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.dir.mkdir()
@@ -245,7 +265,7 @@ class FileStaging(Staging):
         except FileNotFoundError:
             return
         except OSError as e:
-            log.warning("cannot list staging directory %s: %s", self.dir, e)
+            _log().warning("cannot list staging directory %s: %s", self.dir, e)
             return
         for entry in leftovers:
             _remove_quietly(entry.path)
@@ -257,7 +277,7 @@ class FileStaging(Staging):
         except FileNotFoundError:
             pass
         except OSError as e:
-            log.warning("cannot remove staging directory %s: %s", self.dir, e)
+            _log().warning("cannot remove staging directory %s: %s", self.dir, e)
 
 
 def _remove_quietly(path: str) -> None:
@@ -266,7 +286,7 @@ def _remove_quietly(path: str) -> None:
     except FileNotFoundError:
         pass
     except OSError as e:
-        log.warning("cannot remove staged file %s: %s", path, e)
+        _log().warning("cannot remove staged file %s: %s", path, e)
 
 
 def _fsync_dir(path: str | Path) -> None:

@@ -1,0 +1,64 @@
+"""The `casfs` command line: nouns then verbs, one line per error, an exit code per kind.
+
+    parser.py     the grammar, as a table, and the (lazily built) argparse parser
+    output.py     tables, JSON, key-values, progress, error and warning lines
+    store.py      opening the store (after recovery), the totals line, export checks
+    images.py, volumes.py, snapshots.py, maintenance.py, mounts.py: one module per noun
+
+Exit codes come from CasfsError.exit_code: 0 success, 2 bad usage, 3 not found,
+4 conflict or busy, 5 corruption, 1 anything else, 130 interrupted.
+
+Orchestrators call the CLI once per volume, so its start-up is kept small: a command
+imports what it needs inside its function, and only `casfs mount`/`umount` load trio
+and pyfuse3 (tests/test_layers.py checks that by running commands).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from casfs.cli.output import error
+from casfs.errors import CasfsError
+
+TYPE_CHECKING = False  # (typing.TYPE_CHECKING without importing typing: mypy reads it as True)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+
+def _traceback() -> None:
+    import traceback
+
+    traceback.print_exc()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from casfs.cli.parser import parse
+
+    args = parse(argv)
+    verbose = bool(args.verbose)
+    try:
+        return int(args.func(args))
+    except CasfsError as e:
+        if verbose:
+            _traceback()
+        error(str(e))
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("casfs: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`casfs image ls | head`): not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as e:
+        if verbose:
+            _traceback()
+        where = f": {e.filename}" if e.filename else ""
+        error(f"{e.strerror or e}{where}")
+        return 1
+    except Exception as e:
+        if verbose:
+            _traceback()
+        error(f"unexpected {type(e).__name__}: {e} (rerun with -v for the traceback)")
+        return 1

@@ -1,0 +1,152 @@
+"""`casfs image …`: import, ls, info, rm, export."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from casfs.cli.output import Progress, check_unreadable, keyvalues, phase, print_json, ratio, table, when
+from casfs.cli.store import open_store, store_footer
+from casfs.units import format_size, parse_size
+
+TYPE_CHECKING = False  # (typing.TYPE_CHECKING without importing typing: mypy reads it as True)
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
+
+    from casfs.images import ImageInfo
+    from casfs.repo import Repository
+
+
+def _doc(repo: Repository, info: ImageInfo) -> dict[str, Any]:
+    from casfs.images import image_users
+    from casfs.refcount.usage import image_usage
+
+    u = image_usage(repo, info.name)
+    return {
+        **info.to_json(),
+        "logical": u.logical,
+        "stored": u.stored,
+        "unique": u.unique,
+        "ratio": round(u.ratio, 3),
+        "volumes": image_users(repo.conn, info.name),
+        "unreadable_blobs": u.unreadable,
+    }
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from casfs.images import import_image
+    from casfs.refcount.usage import image_usage
+
+    chunk_size = parse_size(args.chunk_size)
+    source = Path(args.source)
+    with open_store(args) as repo:
+        progress = None
+        if sys.stderr.isatty():
+            total = source.stat().st_size if source.is_file() else None
+            progress = Progress(f"importing {args.name}", total, sys.stderr)
+        try:
+            info, created = import_image(
+                repo,
+                args.name,
+                source,
+                expect=args.expect,
+                fmt=args.format,
+                chunk_size=chunk_size,
+                allow_devices=args.allow_devices,
+                progress=progress,
+            )
+        finally:
+            if progress is not None:
+                progress.close()
+        if not created:
+            print(f"image {info.name} already imported")
+            return 0
+        new = image_usage(repo, info.name).unique
+        print(
+            f"imported image {info.name}: {format_size(info.size)} ({info.kind}), "
+            f"stored {format_size(new)} new, digest {info.digest or '-'}"
+        )
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from casfs.images import list_images
+
+    with open_store(args) as repo:
+        docs = [_doc(repo, i) for i in list_images(repo)]
+        if args.json:
+            print_json(docs)
+        else:
+            rows = [
+                [
+                    d["name"],
+                    d["kind"],
+                    d["phase"],
+                    format_size(d["size"]),
+                    format_size(d["stored"]),
+                    format_size(d["unique"]),
+                    ratio(d["logical"], d["stored"]),
+                    ",".join(d["volumes"]) or "-",
+                ]
+                for d in docs
+            ]
+            table(
+                ["NAME", "KIND", "PHASE", "SIZE", "STORED", "UNIQUE", "RATIO", "VOLUMES"],
+                rows,
+                right=["SIZE", "STORED", "UNIQUE", "RATIO"],
+            )
+            store_footer(repo)
+        check_unreadable(docs)
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from casfs.images import get_image
+
+    with open_store(args) as repo:
+        d = _doc(repo, get_image(repo, args.name))
+        if args.json:
+            print_json(d)
+        else:
+            keyvalues(
+                [
+                    ("name", d["name"]),
+                    ("kind", d["kind"]),
+                    ("phase", phase(d)),
+                    ("size", f"{format_size(d['size'])} ({d['size']} bytes)"),
+                    ("stored", f"{format_size(d['stored'])} ({d['stored']} bytes)"),
+                    ("unique", f"{format_size(d['unique'])} ({d['unique']} bytes, freed by rm + gc)"),
+                    ("ratio", f"{ratio(d['logical'], d['stored'])} (logical / stored)"),
+                    ("chunk size", format_size(d["chunk_size"])),
+                    ("source", d["source"]),
+                    ("digest", d["digest"]),
+                    ("root", d["root"]),
+                    ("created", when(d["created"])),
+                    ("volumes", ", ".join(d["volumes"])),
+                    ("error", d["error"]),
+                ]
+            )
+        check_unreadable([d])
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from casfs.images import remove_image
+
+    with open_store(args) as repo:
+        if remove_image(repo, args.name, if_exists=args.if_exists):
+            print(f"removed image {args.name} (`casfs gc` frees its unique blobs)")
+        else:
+            print(f"no image {args.name}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from casfs.images import export_image
+
+    dest = Path(args.dest)
+    with open_store(args) as repo:
+        fmt = export_image(repo, args.name, dest, args.format)
+    print(f"exported image {args.name} to {dest} ({fmt})")
+    return 0

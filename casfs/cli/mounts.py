@@ -1,0 +1,22 @@
+"""`casfs mount` and `casfs umount`: handed to the daemon's entry points, imported here
+and only here, so that no other command loads trio or pyfuse3."""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # (typing.TYPE_CHECKING without importing typing: mypy reads it as True)
+if TYPE_CHECKING:
+    import argparse
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    from casfs.fuse.daemon import mount_main
+    from casfs.repo import store_path
+
+    args.store_path = store_path(args.store)
+    return int(mount_main(args))
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    from casfs.fuse.daemon import umount_main
+
+    return int(umount_main(args))

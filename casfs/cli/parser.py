@@ -1,0 +1,439 @@
+"""The grammar: one table row per command (noun, verb, function, help, arguments), and
+the argparse parser made from it.
+
+The grammar is a contract (DESIGN.md, "The command line"): scripts and orchestrators
+depend on it. Orchestrators also call the CLI once per volume, so the parser is made
+lazily: each level lists its subcommands by name and help line, and argparse gets the
+parser of a noun or a command only when it picks that one (`_Lazy`). `--help` at any
+level reads the same as a parser built whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+from casfs import __version__
+from casfs.cli import images, maintenance, mounts, snapshots, volumes
+
+TYPE_CHECKING = False  # (typing.TYPE_CHECKING without importing typing: mypy reads it as True)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any, NoReturn
+
+    Command = Callable[[argparse.Namespace], int]
+    _SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
+else:
+    _SubParsers = argparse._SubParsersAction
+
+
+class Arg:
+    """One `add_argument` call."""
+
+    __slots__ = ("flags", "options")
+
+    def __init__(self, *flags: str, **options: Any) -> None:
+        self.flags, self.options = flags, options
+
+
+class OneOf:
+    """Mutually exclusive arguments, one of them required."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, *args: Arg) -> None:
+        self.args = args
+
+
+class Row:
+    """A command: `casfs NOUN VERB`, or `casfs NOUN` when verb is None."""
+
+    __slots__ = ("args", "description", "func", "help", "noun", "verb")
+
+    def __init__(
+        self,
+        noun: str,
+        verb: str | None,
+        func: Command,
+        help: str,
+        args: Sequence[Arg | OneOf] = (),
+        description: str | None = None,
+    ) -> None:
+        self.noun, self.verb, self.func, self.help = noun, verb, func, help
+        self.args, self.description = args, description
+
+
+# The help of the nouns that take verbs.
+NOUNS = {
+    "image": "immutable, verified content: raw disk images and directory trees",
+    "volume": "named, mountable, copy-on-write volumes",
+    "snapshot": "immutable, numbered states of a volume",
+    "queue": "the store's bounded work queue (imports, snapshot folds, fsck, gc)",
+    "config": "store settings, kept in the catalog",
+}
+
+NAME = Arg("name", metavar="NAME")
+JSON_LIST = Arg("--json", action="store_true", help="print one JSON list")
+JSON_OBJECT = Arg("--json", action="store_true", help="print one JSON object")
+DEST = Arg("dest", metavar="DEST", help="must not exist (or be an empty directory)")
+EXPORT_FORMAT = Arg("--format", choices=("auto", "raw", "dir", "tar"), default="auto")
+
+GRAMMAR = (
+    Row("init", None, maintenance.cmd_init, "create a store at --store (an existing store is left as it is)"),
+    Row(
+        "image",
+        "import",
+        images.cmd_import,
+        "import a raw disk image, a directory or a tar archive",
+        [
+            NAME,
+            Arg(
+                "source", metavar="SOURCE", help="a raw file, a directory, or a tar (.tar, .tar.gz, .tar.zst)"
+            ),
+            Arg("--expect", metavar="ALGO:HEX", help="sha256:HEX or blake3:HEX the source must match"),
+            Arg(
+                "--format",
+                choices=("auto", "raw", "tar", "dir"),
+                default="auto",
+                help="how to read SOURCE (default: detected)",
+            ),
+            Arg(
+                "--chunk-size",
+                metavar="SIZE",
+                default="64K",
+                help="chunk size, a power of two from 4K to 4M (default: 64K)",
+            ),
+            Arg("--allow-devices", action="store_true", help="keep device nodes found in a tar archive"),
+        ],
+        "Import SOURCE as image NAME. Nothing is stored unless all of it was read and, with\n"
+        "--expect, its digest matched. Repeating an identical import succeeds and does nothing.",
+    ),
+    Row("image", "ls", images.cmd_ls, "list images with their logical, stored and unique bytes", [JSON_LIST]),
+    Row("image", "info", images.cmd_info, "show one image", [NAME, JSON_OBJECT]),
+    Row(
+        "image",
+        "rm",
+        images.cmd_rm,
+        "delete an image (refused while a volume was made from it)",
+        [NAME, Arg("--if-exists", action="store_true", help="succeed when there is no such image")],
+        "Delete an image. Its blobs are freed by the next `casfs gc`, unless shared.",
+    ),
+    Row(
+        "image",
+        "export",
+        images.cmd_export,
+        "write an image out: a raw file, a directory or a tar",
+        [
+            NAME,
+            DEST,
+            Arg(
+                "--format",
+                choices=("auto", "raw", "dir", "tar"),
+                default="auto",
+                help="default: raw for block images; tar when DEST ends in .tar…, else dir",
+            ),
+        ],
+    ),
+    Row(
+        "volume",
+        "create",
+        volumes.cmd_create,
+        "create a volume from an image, a snapshot or blank space",
+        [
+            NAME,
+            OneOf(
+                Arg(
+                    "--from",
+                    dest="source",
+                    metavar="IMAGE|VOL@N",
+                    help="an image, or snapshot N of volume VOL",
+                ),
+                Arg("--blank-dir", action="store_true", help="an empty directory volume"),
+                Arg("--blank-block", metavar="SIZE", help="a block volume of SIZE zero bytes (e.g. 10G)"),
+            ),
+            Arg("--ro", action="store_true", help="read-only"),
+            Arg(
+                "--grace",
+                metavar="DURATION",
+                help="ephemeral: `casfs gc` removes the volume once it has not been mounted for this long "
+                "(e.g. 30s, 10m, 2h, 7d)",
+            ),
+        ],
+        "Create volume NAME. A clone of an image or a snapshot costs the same whatever its size.\n"
+        "Repeating an identical create succeeds; a different spec for an existing name exits 4.",
+    ),
+    Row(
+        "volume",
+        "ls",
+        volumes.cmd_ls,
+        "list volumes with their logical, stored and unique bytes",
+        [JSON_LIST],
+    ),
+    Row("volume", "info", volumes.cmd_info, "show one volume", [NAME, JSON_OBJECT]),
+    Row(
+        "volume",
+        "rm",
+        volumes.cmd_rm,
+        "delete a volume and its snapshots",
+        [NAME, Arg("--if-exists", action="store_true", help="succeed when there is no such volume")],
+        "Delete a volume and its snapshots (refused while mounted, or while another volume\n"
+        "was made from one of its snapshots). Blobs are freed by the next `casfs gc`.",
+    ),
+    Row(
+        "volume",
+        "resize",
+        volumes.cmd_resize,
+        "set a block volume's size (not while mounted read/write)",
+        [
+            NAME,
+            Arg("size", metavar="SIZE", help="the new size, e.g. 20G"),
+            Arg("--allow-shrink", action="store_true", help="allow dropping the end of the disk"),
+        ],
+        "Grow a block volume (the new space reads as zeros) or, with --allow-shrink, cut it.\n"
+        "A write never resizes a block volume: this is the only way.",
+    ),
+    Row(
+        "volume",
+        "export",
+        volumes.cmd_export,
+        "write a volume's base out: a raw file, a directory or a tar",
+        [NAME, DEST, EXPORT_FORMAT],
+        "Write out the volume's base: its state at the last snapshot or unmount (changes\n"
+        "not yet folded by a mounted read/write daemon are not included).",
+    ),
+    Row(
+        "snapshot",
+        "create",
+        snapshots.cmd_create,
+        "snapshot a volume at rest; prints the snapshot's number",
+        [Arg("volume", metavar="VOL"), Arg("--label", metavar="L", help="a free-form label")],
+    ),
+    Row(
+        "snapshot",
+        "ls",
+        snapshots.cmd_ls,
+        "list a volume's snapshots",
+        [Arg("volume", metavar="VOL"), JSON_LIST],
+    ),
+    Row(
+        "snapshot",
+        "rm",
+        snapshots.cmd_rm,
+        "delete snapshot N of volume VOL (refused while a volume uses it)",
+        [
+            Arg("ref", metavar="VOL@N"),
+            Arg("--if-exists", action="store_true", help="succeed when there is no such snapshot"),
+        ],
+    ),
+    Row(
+        "snapshot",
+        "export",
+        snapshots.cmd_export,
+        "write a snapshot out: a raw file, a directory or a tar",
+        [Arg("ref", metavar="VOL@N"), DEST, EXPORT_FORMAT],
+    ),
+    Row(
+        "rollback",
+        None,
+        volumes.cmd_rollback,
+        "make snapshot N the current state of volume VOL",
+        [Arg("volume", metavar="VOL"), Arg("n", metavar="N")],
+        "Make snapshot N the volume's state again (the volume must not be mounted read/write).\n"
+        "Later snapshots are kept.",
+    ),
+    Row(
+        "mount",
+        None,
+        mounts.cmd_mount,
+        "mount the store, or one volume, with FUSE",
+        [
+            Arg("mountpoint", metavar="MOUNTPOINT"),
+            Arg("--volume", metavar="NAME", help="mount this volume alone"),
+            Arg("--ro", action="store_true", help="mount read-only"),
+            Arg("--allow-other", action="store_true", help="let other users access the mount"),
+            Arg("--foreground", action="store_true", help="stay in the foreground"),
+        ],
+        "Mount the whole store (images/, volumes/, snapshots/) at MOUNTPOINT, or with --volume\n"
+        "one volume: its root directory, or a regular file for a block volume.",
+    ),
+    Row(
+        "umount", None, mounts.cmd_umount, "unmount a casfs mount", [Arg("mountpoint", metavar="MOUNTPOINT")]
+    ),
+    Row(
+        "fsck",
+        None,
+        maintenance.cmd_fsck,
+        "recount references and re-hash blobs; exit 5 if problems remain",
+        [
+            Arg("--repair", action="store_true", help="fix counts, remove orphans and dead rows"),
+            Arg(
+                "--sample",
+                metavar="FRACTION",
+                default="1.0",
+                help="re-hash this fraction of data blobs (default 1.0: all); metadata is always read",
+            ),
+            Arg("--json", action="store_true", help="print the report as one JSON object"),
+        ],
+        "Walk every root, recount every reference and re-hash blobs. Exits 0 when clean (or\n"
+        "everything found was repaired), 5 when problems remain.",
+    ),
+    Row(
+        "gc",
+        None,
+        maintenance.cmd_gc,
+        "free blobs nothing references any more",
+        [Arg("--json", action="store_true", help="print the report as one JSON object")],
+        "Remove ephemeral volumes unused for longer than their grace period, then free every\n"
+        "blob nothing references any more.",
+    ),
+    Row(
+        "queue",
+        "ls",
+        maintenance.cmd_queue_ls,
+        "list running and waiting jobs of every process on the store",
+        [JSON_OBJECT],
+    ),
+    Row(
+        "config",
+        "ls",
+        maintenance.cmd_config_ls,
+        "list settings with their values and where each comes from",
+        [JSON_LIST],
+    ),
+    Row(
+        "config",
+        "get",
+        maintenance.cmd_config_get,
+        "print a setting's value (the environment overrides the store)",
+        [Arg("key", metavar="KEY", help="e.g. queue.limit"), JSON_OBJECT],
+    ),
+    Row(
+        "config",
+        "set",
+        maintenance.cmd_config_set,
+        "store a setting, e.g. `casfs config set queue.limit 4`",
+        [Arg("key", metavar="KEY"), Arg("value", metavar="VALUE")],
+    ),
+    Row(
+        "config",
+        "unset",
+        maintenance.cmd_config_unset,
+        "forget a stored setting (back to its default)",
+        [Arg("key", metavar="KEY")],
+    ),
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors in the one-line form every casfs error takes."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"casfs: error: {message} (see `{self.prog} --help`)\n")
+
+
+class _Lazy(_SubParsers):
+    """Subcommands known by name and help line only, until argparse picks one: then that
+    one's parser is made. (Every ArgumentParser costs a few gettext look-ups, which
+    normalize the locale each time: making only the chosen ones halves `casfs`'s parsing.)"""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._makers: dict[str, Callable[[], object]] = {}
+
+    def add_lazy(self, name: str, help: str, make: Callable[[], object], stand_in: _Parser) -> None:
+        """`make` calls add_parser(name) without help= (the help line is listed here)."""
+        self._choices_actions.append(self._ChoicesPseudoAction(name, (), help))
+        self._name_parser_map[name] = stand_in  # (a valid choice; replaced when chosen)
+        self._makers[name] = make
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        assert isinstance(values, list)
+        make = self._makers.pop(values[0], None)
+        if make is not None:
+            del self._name_parser_map[values[0]]
+            make()
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _common() -> _Parser:
+    # SUPPRESS: given after the command, they override; absent, they keep the global value.
+    p = _Parser(add_help=False)
+    p.add_argument(
+        "-s", "--store", metavar="PATH", default=argparse.SUPPRESS, help="the store (default: $CASFS_STORE)"
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show tracebacks of unexpected errors",
+    )
+    return p
+
+
+def _make_command(sub: _Lazy, name: str, row: Row, common: _Parser) -> None:
+    p = sub.add_parser(
+        name,
+        description=row.description or row.help,
+        parents=[common],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.set_defaults(func=row.func)
+    for a in row.args:
+        if isinstance(a, OneOf):
+            group = p.add_mutually_exclusive_group(required=True)
+            for one in a.args:
+                group.add_argument(*one.flags, **one.options)
+        else:
+            p.add_argument(*a.flags, **a.options)
+
+
+def _make_noun(sub: _Lazy, noun: str, rows: Sequence[Row], common: _Parser) -> None:
+    p = sub.add_parser(noun, description=NOUNS[noun], parents=[common])
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True, action=_Lazy)
+    assert isinstance(verbs, _Lazy)
+    for row in rows:
+        assert row.verb is not None
+        verbs.add_lazy(
+            row.verb, row.help, functools.partial(_make_command, verbs, row.verb, row, common), common
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = _Parser(
+        prog="casfs",
+        description="casfs: a content-addressed filesystem for virtual machines and containers.",
+        epilog="Exit codes: 0 ok, 1 failure, 2 bad usage, 3 not found, 4 conflict or busy, 5 corruption.",
+    )
+    parser.add_argument(
+        "-s", "--store", metavar="PATH", default=None, help="the store (default: $CASFS_STORE)"
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=False, help="show tracebacks of unexpected errors"
+    )
+    parser.add_argument("--version", action="version", version=f"casfs {__version__}")
+    nouns = parser.add_subparsers(dest="noun", metavar="COMMAND", required=True, action=_Lazy)
+    assert isinstance(nouns, _Lazy)
+    by_noun: dict[str, list[Row]] = {}
+    for row in GRAMMAR:
+        by_noun.setdefault(row.noun, []).append(row)
+    for noun, rows in by_noun.items():
+        if rows[0].verb is None:
+            make = functools.partial(_make_command, nouns, noun, rows[0], common)
+            nouns.add_lazy(noun, rows[0].help, make, common)
+        else:
+            nouns.add_lazy(
+                noun, NOUNS[noun], functools.partial(_make_noun, nouns, noun, rows, common), common
+            )
+    return parser
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)

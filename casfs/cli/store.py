@@ -1,0 +1,53 @@
+"""What every command shares about the store: opening it (after recovery), the totals
+line under a listing, and the check that an export's destination is free."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+
+from casfs.cli.output import count, ratio
+from casfs.units import format_size
+
+TYPE_CHECKING = False  # (typing.TYPE_CHECKING without importing typing: mypy reads it as True)
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    from casfs.repo import Repository
+
+
+@contextmanager
+def open_store(args: argparse.Namespace) -> Iterator[Repository]:
+    """The store, after recovering what dead processes left half done (one stderr line each)."""
+    from casfs.lifecycle.recovery import recover
+    from casfs.repo import Repository, store_path
+
+    repo = Repository.open(store_path(args.store))
+    try:
+        for message in recover(repo):
+            print(f"casfs: recovered: {message}", file=sys.stderr)
+        yield repo
+    finally:
+        repo.close()
+
+
+def store_footer(repo: Repository) -> None:
+    from casfs.refcount.usage import store_usage
+
+    s = store_usage(repo)
+    garbage = f", {format_size(s.garbage)} garbage (`casfs gc`)" if s.garbage else ""
+    print(
+        f"\nstore: {count(s.images, 'image')}, {count(s.volumes, 'volume')}, "
+        f"{count(s.snapshots, 'snapshot')}; "
+        f"logical {format_size(s.logical)}, stored {format_size(s.stored)} in {s.blobs} blobs "
+        f"({ratio(s.logical, s.stored)}){garbage}"
+    )
+
+
+def check_dest(dest: Path) -> None:
+    from casfs.errors import Conflict
+
+    if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
+        raise Conflict(f"{dest} already exists")

@@ -1,0 +1,201 @@
+"""`casfs volume …` (create, ls, info, rm, resize, export) and `casfs rollback`."""
+
+from __future__ import annotations
+
+import time
+
+from casfs.cli.output import check_unreadable, keyvalues, phase, print_json, ratio, table, warn, when
+from casfs.cli.store import check_dest, open_store, store_footer
+from casfs.errors import UsageError
+from casfs.units import format_duration, format_size, parse_duration, parse_size
+
+TYPE_CHECKING = False  # (typing.TYPE_CHECKING without importing typing: mypy reads it as True)
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
+
+    from casfs.repo import Repository
+    from casfs.volumes import VolumeInfo
+
+
+def _doc(repo: Repository, info: VolumeInfo) -> dict[str, Any]:
+    from casfs.refcount.usage import volume_usage
+
+    u = volume_usage(repo, info.name)
+    return {
+        **info.to_json(),
+        "logical": u.logical,
+        "stored": u.stored,
+        "unique": u.unique,
+        "ratio": round(u.ratio, 3),
+        "unreadable_blobs": u.unreadable,
+    }
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    from casfs.volumes import Source, create_volume
+
+    if args.source is not None:
+        source = Source(snapshot=args.source) if "@" in args.source else Source(image=args.source)
+    elif args.blank_dir:
+        source = Source(blank_dir=True)
+    else:
+        source = Source(blank_block=parse_size(args.blank_block))
+    grace = parse_duration(args.grace) if args.grace is not None else None
+    with open_store(args) as repo:
+        info, created = create_volume(repo, args.name, source, read_only=args.ro, grace_s=grace)
+    if created:
+        print(
+            f"created volume {info.name} ({info.kind}, {info.mode}, {format_size(info.size)}) "
+            f"from {info.origin}"
+        )
+    else:
+        print(f"volume {info.name} already exists with the same spec")
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from casfs.volumes import list_volumes
+
+    with open_store(args) as repo:
+        docs = [_doc(repo, v) for v in list_volumes(repo)]
+        if args.json:
+            print_json(docs)
+        else:
+            rows = [
+                [
+                    d["name"],
+                    d["kind"],
+                    d["mode"],
+                    d["phase"],
+                    str(d["owner_pid"] or "-"),
+                    format_size(d["size"]),
+                    format_size(d["stored"]),
+                    format_size(d["unique"]),
+                    ratio(d["logical"], d["stored"]),
+                    d["origin"],
+                    str(len(d["snapshots"])),
+                ]
+                for d in docs
+            ]
+            table(
+                [
+                    "NAME",
+                    "KIND",
+                    "MODE",
+                    "PHASE",
+                    "PID",
+                    "SIZE",
+                    "STORED",
+                    "UNIQUE",
+                    "RATIO",
+                    "ORIGIN",
+                    "SNAPSHOTS",
+                ],
+                rows,
+                right=["SIZE", "STORED", "UNIQUE", "RATIO", "SNAPSHOTS"],
+            )
+            store_footer(repo)
+        check_unreadable(docs)
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from casfs.volumes import describe_unsaved, get_volume
+
+    with open_store(args) as repo:
+        d = _doc(repo, get_volume(repo, args.name))
+        if args.json:
+            print_json(d)
+        else:
+            keyvalues(
+                [
+                    ("name", d["name"]),
+                    ("kind", d["kind"]),
+                    ("mode", d["mode"]),
+                    ("phase", phase(d)),
+                    ("origin", d["origin"]),
+                    ("size", f"{format_size(d['size'])} ({d['size']} bytes)"),
+                    ("logical", f"{format_size(d['logical'])} (the volume and its snapshots)"),
+                    ("stored", f"{format_size(d['stored'])} ({d['stored']} bytes)"),
+                    ("unique", f"{format_size(d['unique'])} ({d['unique']} bytes, freed by rm + gc)"),
+                    ("ratio", f"{ratio(d['logical'], d['stored'])} (logical / stored)"),
+                    ("chunk size", format_size(d["chunk_size"])),
+                    ("base", d["base"]),
+                    ("created", when(d["created"])),
+                    ("last used", when(d["last_used"]) if d["last_used"] else None),
+                    ("grace", _grace(d)),
+                    ("snapshots", ", ".join(map(str, d["snapshots"]))),
+                    ("NOT SAVED", describe_unsaved(d["unsaved"]) if d["unsaved"] else None),
+                ]
+            )
+        check_unreadable([d])
+    return 0
+
+
+def _grace(d: dict[str, Any]) -> str | None:
+    if d["grace_s"] is None:
+        return None
+    since = d["last_used"] or d["created"]
+    left = since + d["grace_s"] - time.time()
+    when = (
+        f"removed by gc in {format_duration(round(left))}" if left > 0 else "expired: the next gc removes it"
+    )
+    return f"{format_duration(d['grace_s'])} (ephemeral; {when})"
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from casfs.volumes import remove_volume
+
+    with open_store(args) as repo:
+        if remove_volume(repo, args.name, if_exists=args.if_exists):
+            print(f"removed volume {args.name} and its snapshots (`casfs gc` frees their unique blobs)")
+        else:
+            print(f"no volume {args.name}")
+    return 0
+
+
+def cmd_resize(args: argparse.Namespace) -> int:
+    from casfs.volumes import resize
+
+    size = parse_size(args.size)
+    with open_store(args) as repo:
+        old = resize(repo, args.name, size, allow_shrink=args.allow_shrink)
+    print(f"resized volume {args.name}: {format_size(old)} -> {format_size(size)}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from casfs.images import export_root
+    from casfs.store.ids import BlobId
+    from casfs.volumes import get_volume, settle
+
+    dest = Path(args.dest)
+    with open_store(args) as repo:
+        v = get_volume(repo, args.name)
+        if v.phase == "mounted" and v.mode == "rw":
+            warn(f"volume {v.name} is mounted read/write: exporting its last folded state (its base)")
+        elif settle(repo, v.name) is not None:  # a crashed mount's changes: fold, don't drop
+            v = get_volume(repo, args.name)
+        check_dest(dest)
+        fmt = export_root(repo, v.kind, BlobId(bytes.fromhex(v.base)), v.chunk_size, dest, args.format)
+    print(f"exported volume {args.name} to {dest} ({fmt})")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from casfs.volumes import rollback
+
+    n = _positive_int(args.n, "snapshot number")
+    with open_store(args) as repo:
+        rollback(repo, args.volume, n)
+    print(f"rolled volume {args.volume} back to snapshot {n}")
+    return 0
+
+
+def _positive_int(text: str, what: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"invalid {what} {text!r}: expected an integer >= 1")
+    return int(text)
