@@ -1,10 +1,11 @@
 """The check every read of a stored blob passes: decode, then re-hash in the id's domain.
 
 One hash when the caller says which domain the id is in (a chunk is data, a tree or a
-map metadata); two when it cannot tell, data first (the common case). A blob whose bytes
-hash to its id in the other domain than the one asked for is corrupt: ids of the two
-domains never name the same content (store.ids), so accepting it would let a file's
-bytes pass for a map.
+map metadata) and the blob is in it; the other domain is tried only after a mismatch.
+Either domain's hash proves the bytes are the ones written under that id: the domains
+keep a data chunk from being *deduplicated* with a map when blobs are written (store.ids),
+while stores made before metadata had its own domain (catalog format 1) named their trees
+and maps by the data hash, and must stay readable (tests/test_migration.py opens one).
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ from casfs.store import Domain, codec
 from casfs.store.ids import BlobId, blob_id, meta_id
 
 _HASHES: dict[Domain | None, tuple[Callable[[bytes], BlobId], ...]] = {
-    "data": (blob_id,),
-    "meta": (meta_id,),
+    "data": (blob_id, meta_id),
+    "meta": (meta_id, blob_id),
     None: (blob_id, meta_id),
 }
 
 
 def verified(bid: BlobId, stored: bytes, domain: Domain | None) -> bytes:
     """The plaintext of `stored`, the encoded form of blob `bid`; Corruption if it does
-    not decode or does not hash to `bid` in `domain` (None: either)."""
+    not decode or does not hash to `bid` (in `domain` first; None: data first)."""
     name = bid.hex()
     plain = codec.decode(stored, f"blob {name}")
     hashes = _HASHES[domain]
