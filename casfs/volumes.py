@@ -403,11 +403,11 @@ def settle(repo: Repository, volume: str, label: str | None = None) -> int | Non
         )
     try:
         # Only here: the read/write view brings trio, half of `casfs snapshot create`'s time.
-        from casfs.vfs.volume import VolumeView
+        from casfs.vfs.volume import open_volume
 
         fault_point("snapshot:after-phase")
         with job_slot(repo, f"snapshot {volume}"):
-            return VolumeView(repo, volume).snapshot_sync(label)
+            return open_volume(repo, volume).snapshot_sync(label)
     finally:
         with transaction(conn):
             conn.execute(

@@ -13,7 +13,8 @@ import pytest
 from casfs import images, volumes
 from casfs.repo import Repository
 from casfs.vfs.api import ROOT_INO, assemble
-from casfs.vfs.volume import RENAME_EXCHANGE, RENAME_NOREPLACE, VolumeView
+from casfs.vfs.overlay.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE
+from casfs.vfs.volume import VolumeView
 
 CHUNK = 64 << 10
 

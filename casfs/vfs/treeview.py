@@ -57,6 +57,7 @@ def to_stat(ino: int, a: Attrs) -> Stat:
 class TreeView:
     read_only = True
     immutable = True
+    rw = None  # not a read/write volume
 
     def __init__(
         self, repo: Repository, root: BlobId, chunk_size: int, next_ino: int, label: str = ""

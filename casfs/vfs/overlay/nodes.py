@@ -122,18 +122,7 @@ class Node:
         return stat.S_ISREG(self.mode)
 
     def stat(self) -> Stat:
-        return Stat(
-            self.ino,
-            self.mode,
-            self.nlink,
-            self.uid,
-            self.gid,
-            self.rdev,
-            self.size,
-            self.atime_ns,
-            self.mtime_ns,
-            self.ctime_ns,
-        )
+        return Stat.of(self.attrs())
 
     def attrs(self) -> Attrs:
         return Attrs(

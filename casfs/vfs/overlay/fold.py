@@ -1,8 +1,10 @@
 """The blocking halves of a read/write volume's write-back (run in worker threads).
 
-run_flush stores dirty chunks and writes overlay rows; run_fold turns the overlay into
-new tree and map blobs, snapshot n+1 and the new base. Each ends in one catalog
-transaction, after the blobs it names are durable (Batch.commit's ordering).
+FlushJob and FoldJob are what the trio thread captures (writeback.py); run_flush stores
+dirty chunks and writes overlay rows; run_fold_dir / run_fold_block turn the overlay
+into new tree or map blobs, snapshot n+1 and the new base. Each ends in one catalog
+transaction, after the blobs it names are durable (Batch.commit's ordering). These
+functions see the job and the store, never the view.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import sqlite3
 import stat
 from dataclasses import dataclass, field
 
+from casfs.catalog import overlay
 from casfs.catalog import volumes as rows
 from casfs.refcount import ledger
 from casfs.repo import Repository
@@ -19,7 +22,7 @@ from casfs.snapshots.kinds import MAP_ROOT, TREE
 from casfs.snapshots.tree import Entry, Tree, dir_entry
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import ROOT_INO
-from casfs.vfs.nodes import NO_LIMIT, Node
+from casfs.vfs.overlay.nodes import NO_LIMIT, Node
 
 
 @dataclass
@@ -53,23 +56,8 @@ class FoldJob:
 
 
 def delete_inode_rows(conn: sqlite3.Connection, volume: str, ino: int, from_chunk: int = 0) -> None:
-    olds = [
-        BlobId(c)
-        for (c,) in conn.execute(
-            "SELECT chunk FROM overlay_chunks WHERE volume = ? AND ino = ? AND n >= ?",
-            (volume, ino, from_chunk),
-        )
-    ]
-    ledger.release(conn, olds)
-    conn.execute(
-        "DELETE FROM overlay_chunks WHERE volume = ? AND ino = ? AND n >= ?", (volume, ino, from_chunk)
-    )
-    if from_chunk == 0:
-        conn.execute("DELETE FROM overlay_inodes WHERE volume = ? AND ino = ?", (volume, ino))
-        conn.execute("DELETE FROM overlay_entries WHERE volume = ? AND dir = ?", (volume, ino))
-
-
-_UPSERT_INODE = "INSERT OR REPLACE INTO overlay_inodes VALUES (" + ", ".join("?" * 17) + ")"
+    """Drop an inode's overlay rows (its chunks from `from_chunk` on), releasing its chunks."""
+    ledger.release(conn, overlay.delete_inode(conn, volume, ino, from_chunk))
 
 
 def run_flush(repo: Repository, volume: str, job: FlushJob) -> None:
@@ -84,75 +72,53 @@ def run_flush(repo: Repository, volume: str, job: FlushJob) -> None:
             for ino, cut in job.cuts.items():
                 if ino not in job.deleted:
                     delete_inode_rows(conn, volume, ino, from_chunk=cut)
-            conn.executemany(_UPSERT_INODE, job.rows)
-            whole = [(volume, d) for d in job.whole_dirs]
-            conn.executemany("DELETE FROM overlay_entries WHERE volume = ? AND dir = ?", whole)
-            conn.executemany(
-                "DELETE FROM overlay_entries WHERE volume = ? AND dir = ? AND name = ?",
-                [(volume, d, name) for d, name in job.gone],
-            )
-            conn.executemany(
-                "INSERT OR REPLACE INTO overlay_entries VALUES (?, ?, ?, ?, ?)",
-                [(volume, d, name, cookie, ino) for d, name, cookie, ino in job.entries],
-            )
+            overlay.put_inodes(conn, job.rows)
+            overlay.put_entries(conn, volume, job.whole_dirs, job.gone, job.entries)
             for (ino, n), bid in job.ids.items():
-                old = conn.execute(
-                    "SELECT chunk FROM overlay_chunks WHERE volume = ? AND ino = ? AND n = ?",
-                    (volume, ino, n),
-                ).fetchone()
+                old = overlay.put_chunk(conn, volume, ino, n, bid)
                 if old is not None:
-                    ledger.release(conn, [BlobId(old[0])])
-                conn.execute(
-                    "INSERT OR REPLACE INTO overlay_chunks VALUES (?, ?, ?, ?)", (volume, ino, n, bid)
-                )
+                    ledger.release(conn, [old])
                 ledger.retain(conn, [bid])
-            conn.execute(
-                "UPDATE volumes SET next_ino = MAX(next_ino, ?), size = ? WHERE name = ?",
-                (job.next_ino, job.logical, volume),
-            )
+            overlay.flushed(conn, volume, job.next_ino, job.logical)
 
         batch.commit(then=write_rows)
 
 
-def run_fold(
-    repo: Repository, volume: str, kind: str, base: BlobId, chunk_size: int, next_ino: int, job: FoldJob
+def _publish(batch: ledger.Batch, volume: str, base: BlobId, next_ino: int, job: FoldJob) -> None:
+    """In one transaction make the fold's root snapshot n+1 and the new base, and
+    empty the overlay."""
+
+    def publish(conn: sqlite3.Connection) -> None:
+        job.snapshot = rows.add_snapshot(conn, volume, job.new_root, job.size, next_ino, job.label)
+        ledger.retain(conn, [job.new_root, job.new_root])  # the snapshot's and the base's
+        ledger.release(conn, [base])
+        ledger.release(conn, overlay.fold(conn, volume, job.new_root, job.size, next_ino))
+
+    batch.commit(then=publish)
+
+
+def run_fold_dir(
+    repo: Repository, volume: str, base: BlobId, chunk_size: int, next_ino: int, job: FoldJob
 ) -> None:
-    """Fold the overlay into new tree/map blobs; in one transaction make the result
-    snapshot n+1 and the new base, and empty the overlay."""
+    """Fold a directory volume's overlay into new tree and map blobs (the materialized
+    directories, bottom-up)."""
     with repo.batch() as batch:
         folder = _Folder(repo, batch, chunk_size, job)
-        if kind == "block":
-            root = job.rows.get(ROOT_INO)
-            size = root.size if root else chunkmap.MapRoot.decode(repo.get_meta(base)).size
-            changes = job.chunk_ids.get(ROOT_INO, {})
-            job.new_root = chunkmap.ChunkMap(repo.get_meta, base).rewrite(batch.put_kind, changes, size)
-            job.size = size
-        else:
-            job.new_root = folder.fold_dir(ROOT_INO) if ROOT_INO in job.rows else base
-            job.size = job.logical
+        job.new_root = folder.fold_dir(ROOT_INO) if ROOT_INO in job.rows else base
+        job.size = job.logical
+        _publish(batch, volume, base, next_ino, job)
 
-        def publish(conn: sqlite3.Connection) -> None:
-            job.snapshot = rows.add_snapshot(conn, volume, job.new_root, job.size, next_ino, job.label)
-            ledger.retain(conn, [job.new_root, job.new_root])  # the snapshot's and the base's
-            ledger.release(conn, [base])
-            # Inodes unlinked but still open keep their rows and chunks until forgotten.
-            live = "volume = ? AND ino NOT IN (SELECT ino FROM overlay_inodes WHERE volume = ? AND nlink = 0)"
-            olds = [
-                BlobId(c)
-                for (c,) in conn.execute(f"SELECT chunk FROM overlay_chunks WHERE {live}", (volume, volume))
-            ]
-            ledger.release(conn, olds)
-            conn.execute(f"DELETE FROM overlay_chunks WHERE {live}", (volume, volume))
-            conn.execute("DELETE FROM overlay_inodes WHERE volume = ? AND nlink > 0", (volume,))
-            conn.execute("DELETE FROM overlay_entries WHERE volume = ?", (volume,))
-            conn.execute(
-                "UPDATE volumes SET base = ?, size = ?, next_ino = MAX(next_ino, ?) WHERE name = ?",
-                (job.new_root, job.size, next_ino, volume),
-            )
 
-        batch.commit(then=publish)
-    if kind == "block":
-        job.bases[ROOT_INO] = job.new_root
+def run_fold_block(repo: Repository, volume: str, base: BlobId, next_ino: int, job: FoldJob) -> None:
+    """Fold a block volume's changed chunks into a new chunk map."""
+    with repo.batch() as batch:
+        root = job.rows.get(ROOT_INO)
+        size = root.size if root else chunkmap.MapRoot.decode(repo.get_meta(base)).size
+        changes = job.chunk_ids.get(ROOT_INO, {})
+        job.new_root = chunkmap.ChunkMap(repo.get_meta, base).rewrite(batch.put_kind, changes, size)
+        job.size = size
+        _publish(batch, volume, base, next_ino, job)
+    job.bases[ROOT_INO] = job.new_root
 
 
 class _Folder:
@@ -196,8 +162,7 @@ class _Folder:
         if node.base == ZERO_ID:
             ids = [changes.get(n, ZERO_ID) for n in range(count)]
             return chunkmap.build_content(self.batch.put_kind, ids, node.size, self.cs)
-        row = self.repo.conn.execute("SELECT kind FROM blobs WHERE id = ?", (node.base,)).fetchone()
-        mapped = row is not None and row[0] == MAP_ROOT
+        mapped = overlay.blob_kind(self.repo.conn, node.base) == MAP_ROOT
         content = chunkmap.Content(self.repo.get_meta, node.base, node.size, self.cs, mapped)
         # Unchanged content keeps its id, unless a truncate cut it (base_limit): the old
         # id still names the bytes past the cut, which a later grow would bring back.
