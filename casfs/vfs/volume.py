@@ -18,13 +18,14 @@ from casfs.vfs.dirvolume import DirVolume
 from casfs.vfs.overlay.writeback import RwVolume
 
 VolumeView = RwVolume
+Volume = DirVolume | BlockVolume
 
-__all__ = ["BlockVolume", "DirVolume", "NeedChunks", "RwVolume", "VolumeView", "open_volume"]
+__all__ = ["BlockVolume", "DirVolume", "NeedChunks", "RwVolume", "Volume", "VolumeView", "open_volume"]
 
 
 def open_volume(
     repo: Repository, name: str, claim: Callable[[tuple[object, ...]], None] | None = None
-) -> DirVolume | BlockVolume:
+) -> Volume:
     """The read/write view of volume `name` (see RwVolume.__init__ for `claim`)."""
     row = rows.volume_row(repo.conn, name)
     if row is None:
