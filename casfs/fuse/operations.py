@@ -22,7 +22,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -36,7 +36,7 @@ from casfs.fuse import rwsession
 from casfs.fuse.inodes import ROOT, InodeTable
 from casfs.vfs.api import ROOT_INO, Fetched, RwView, Stat, View, assemble
 from casfs.vfs.chunks import ChunkCache
-from casfs.vfs.storeview import StoreView, Subject
+from casfs.vfs.storeview import Subject, entries, resolve
 
 log = logging.getLogger(__name__)
 
@@ -97,24 +97,6 @@ class _Handle:
     # Reads through it are accesses (relatime): opened for reading, without O_NOATIME.
     # (A write-only handle is read by the kernel itself, for writeback's partial pages.)
     atime: bool = False
-
-
-def resolve(view: View, parent: int, name: bytes) -> tuple[View, int, Stat]:
-    """Look a name up, following a junction into another view (storeview.StoreView)."""
-    if not isinstance(view, StoreView):
-        st = view.lookup(parent, name)
-        return view, st.ino, st
-    child, ino = view.resolve(parent, name)
-    return child, ino, child.getattr(ino)
-
-
-def entries(view: View, ino: int, offset: int) -> Iterator[tuple[bytes, View, int, Stat, int]]:
-    if not isinstance(view, StoreView):
-        for name, st, nxt in view.readdir(ino, offset):
-            yield name, view, st.ino, st, nxt
-        return
-    for name, child, cino, nxt in view.entries(ino, offset):
-        yield name, child, cino, child.getattr(cino), nxt
 
 
 class Operations(pyfuse3.Operations):

@@ -113,16 +113,6 @@ class View(Protocol):
         ...
 
 
-class Junction(View, Protocol):
-    """A view whose names lead into other views (storeview.StoreView)."""
-
-    def resolve(self, parent: int, name: bytes) -> tuple[View, int]: ...
-
-    def entries(self, ino: int, offset: int) -> Iterator[tuple[bytes, View, int, int]]:
-        """(name, view, inode, next offset) from `offset` on."""
-        ...
-
-
 class NeedChunks(Exception):
     """A write or truncate needs these chunks' current bytes first (fetch, then retry)."""
 

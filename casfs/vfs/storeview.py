@@ -295,6 +295,25 @@ class StoreView:
         )
 
 
+def resolve(view: View, parent: int, name: bytes) -> tuple[View, int, Stat]:
+    """Look a name up, following a junction into another view (storeview.StoreView)."""
+    if not isinstance(view, StoreView):
+        st = view.lookup(parent, name)
+        return view, st.ino, st
+    child, ino = view.resolve(parent, name)
+    return child, ino, child.getattr(ino)
+
+
+def entries(view: View, ino: int, offset: int) -> Iterator[tuple[bytes, View, int, Stat, int]]:
+    """(name, view, inode, stat, next offset) from `offset` on, through junctions too."""
+    if not isinstance(view, StoreView):
+        for name, st, nxt in view.readdir(ino, offset):
+            yield name, view, st.ino, st, nxt
+        return
+    for name, child, cino, nxt in view.entries(ino, offset):
+        yield name, child, cino, child.getattr(cino), nxt
+
+
 def _name(raw: bytes) -> str:
     try:
         return raw.decode()
