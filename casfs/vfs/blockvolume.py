@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from casfs.catalog import overlay as rows
 from casfs.snapshots import chunkmap
+from casfs.snapshots.tree import Attrs
 from casfs.vfs.api import ROOT_INO, RwView, Stat, fs_error
 from casfs.vfs.overlay.data import Data
 from casfs.vfs.overlay.fold import FoldJob, run_fold_block
@@ -29,18 +30,10 @@ class BlockVolume(Data, kind="block"):
         # A block volume's mtime until it is written: when its base was made (the fold
         # that ended the last writes, or the volume's creation).
         changed = int(rows.base_time(self.repo.conn, self.name, self.base) * 1e9)
-        return Node(
-            ROOT_INO,
-            stat.S_IFREG | 0o644,
-            st.st_uid,
-            st.st_gid,
-            size=size,
-            mtime_ns=changed,
-            ctime_ns=changed,
-            atime_ns=changed,
-            base=self.base,
-            parent=ROOT_INO,
+        attrs = Attrs(
+            stat.S_IFREG | 0o644, st.st_uid, st.st_gid, 0, size, changed, changed, changed, ROOT_INO
         )
+        return Node(attrs, base=self.base, parent=ROOT_INO)
 
     def _content(self, node: Node) -> chunkmap.Content | chunkmap.ChunkMap:
         content = self._contents.get(node.ino)
@@ -53,15 +46,15 @@ class BlockVolume(Data, kind="block"):
 
     @property
     def size_bytes(self) -> int:
-        return self.nodes[ROOT_INO].size
+        return self.nodes[ROOT_INO].attrs.size
 
     def _resize(self, node: Node, size: int) -> None:
         raise fs_error(errno.EPERM, "resize a block volume with the casfs CLI")
 
     def _within_size(self, node: Node, offset: int, data: bytes) -> bytes:
-        if offset >= node.size and data:
+        if offset >= node.attrs.size and data:
             raise fs_error(errno.ENOSPC, "write past the end of a block volume")
-        return data[: node.size - offset]
+        return data[: node.attrs.size - offset]
 
     # -- no names: what a regular file answers --------------------------------------
 

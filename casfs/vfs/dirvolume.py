@@ -25,7 +25,9 @@ class DirVolume(Namespace, kind="dir"):
         content = self._contents.get(node.ino)
         if content is None:
             mapped = rows.blob_kind(self.repo.conn, node.base) == MAP_ROOT
-            content = chunkmap.Content(self.repo.get_meta, node.base, node.size, self.chunk_size, mapped)
+            content = chunkmap.Content(
+                self.repo.get_meta, node.base, node.attrs.size, self.chunk_size, mapped
+            )
             self._contents[node.ino] = content
         return content
 

@@ -44,7 +44,7 @@ class Data(RwVolume):
         and `cp` out of the mount keeps it sparse. Cost: the base's data chunks are
         listed once per content id; then O(changed chunks) per call."""
         cs = self.chunk_size
-        count = chunkmap.n_chunks(node.size, cs)
+        count = chunkmap.n_chunks(node.attrs.size, cs)
         limit = min(node.base_limit, count)
         base = self._base_allocation(node)
         chunks = bisect.bisect_left(base, limit)
@@ -54,7 +54,7 @@ class Data(RwVolume):
                 chunks += self._holds_data(node, n) - (n < limit and _contains(base, n))
         used = chunks * cs
         if count and self._holds_data(node, count - 1):
-            used -= count * cs - node.size  # the last chunk ends at the end of the file
+            used -= count * cs - node.attrs.size  # the last chunk ends at the end of the file
         return (used + 511) // 512
 
     def _holds_data(self, node: Node, n: int) -> bool:
@@ -92,7 +92,7 @@ class Data(RwVolume):
         node = self.node(ino)
         if not node.is_file:
             raise fs_error(errno.EISDIR if node.is_dir else errno.EINVAL)
-        end = min(offset + size, node.size)
+        end = min(offset + size, node.attrs.size)
         cs = self.chunk_size
         pieces = []
         pos = offset
@@ -131,28 +131,28 @@ class Data(RwVolume):
         fetched: Fetched | None = None,
     ) -> Stat:
         node = self.node(ino)
-        if size is not None and size != node.size:
+        if size is not None and size != node.attrs.size:
             self._resize(node, size)
             self._truncate(node, size, fetched or {})
         now = now_ns()
         self._touch(ino)
         if mode is not None:
-            node.mode = stat.S_IFMT(node.mode) | stat.S_IMODE(mode)
+            node.set(mode=stat.S_IFMT(node.attrs.mode) | stat.S_IMODE(mode))
         if uid is not None or gid is not None:
-            if not node.is_dir and (uid not in (None, node.uid) or gid not in (None, node.gid)):
+            if not node.is_dir and (uid not in (None, node.attrs.uid) or gid not in (None, node.attrs.gid)):
                 # chown clears setuid, and setgid where it means set-group-id (group exec set).
-                node.mode &= ~stat.S_ISUID
-                if node.mode & stat.S_IXGRP:
-                    node.mode &= ~stat.S_ISGID
-            node.uid = node.uid if uid is None else uid
-            node.gid = node.gid if gid is None else gid
+                node.set(mode=node.attrs.mode & ~stat.S_ISUID)
+                if node.attrs.mode & stat.S_IXGRP:
+                    node.set(mode=node.attrs.mode & ~stat.S_ISGID)
+            node.set(uid=node.attrs.uid if uid is None else uid)
+            node.set(gid=node.attrs.gid if gid is None else gid)
         if atime_ns is not None:
-            node.atime_ns = atime_ns
+            node.set(atime_ns=atime_ns)
         if mtime_ns is not None:
-            node.mtime_ns = mtime_ns
+            node.set(mtime_ns=mtime_ns)
         elif size is not None:
-            node.mtime_ns = now
-        node.ctime_ns = now
+            node.set(mtime_ns=now)
+        node.set(ctime_ns=now)
         return self._stat(node)
 
     def _resize(self, node: Node, size: int) -> None:
@@ -166,13 +166,13 @@ class Data(RwVolume):
         tail = size % cs
         last = (node.ino, keep - 1)
         ref = ZERO_ID
-        if size < node.size and tail and last not in self.buffers:
+        if size < node.attrs.size and tail and last not in self.buffers:
             ref = self._chunk_ref(node, keep - 1)
             if ref != ZERO_ID and ref not in fetched:
                 raise NeedChunks([ref])  # before any change: the retry starts from scratch
-        if node.nlink:
-            self.logical += size - node.size
-        if size < node.size:
+        if node.attrs.nlink:
+            self.logical += size - node.attrs.size
+        if size < node.attrs.size:
             if ref != ZERO_ID:
                 self._set_buffer(last, bytearray(fetched[ref]))
             if tail and last in self.buffers:
@@ -188,7 +188,7 @@ class Data(RwVolume):
                 del flushed[n]
             self.cuts[node.ino] = min(self.cuts.get(node.ino, keep), keep)
             node.base_limit = min(node.base_limit, keep)
-        node.size = size
+        node.set(size=size)
         self._touch(node.ino)
 
     def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
@@ -208,7 +208,7 @@ class Data(RwVolume):
             raise fs_error(errno.ENODATA)
         self._touch(ino)
         node.xattrs[name] = value
-        node.ctime_ns = now_ns()
+        node.set(ctime_ns=now_ns())
 
     def removexattr(self, ino: int, name: bytes) -> None:
         node = self.node(ino)
@@ -216,7 +216,7 @@ class Data(RwVolume):
             raise fs_error(errno.ENODATA)
         self._touch(ino)
         del node.xattrs[name]
-        node.ctime_ns = now_ns()
+        node.set(ctime_ns=now_ns())
 
     # -- writing data ------------------------------------------------------------------
 
@@ -233,7 +233,7 @@ class Data(RwVolume):
         missing = []
         for n in range(offset // cs, -(-end // cs)):
             lo, hi = max(offset, n * cs) - n * cs, min(end, (n + 1) * cs) - n * cs
-            if (ino, n) in self.buffers or (lo == 0 and (hi == cs or n * cs + hi >= node.size)):
+            if (ino, n) in self.buffers or (lo == 0 and (hi == cs or n * cs + hi >= node.attrs.size)):
                 continue
             ref = self._chunk_ref(node, n)
             if ref != ZERO_ID and ref not in fetched:
@@ -245,7 +245,7 @@ class Data(RwVolume):
             lo, hi = max(offset, n * cs) - n * cs, min(end, (n + 1) * cs) - n * cs
             buf = self.buffers.get(key)
             if buf is None:
-                if lo == 0 and (hi == cs or n * cs + hi >= node.size):
+                if lo == 0 and (hi == cs or n * cs + hi >= node.attrs.size):
                     buf = bytearray()
                 else:
                     ref = self._chunk_ref(node, n)
@@ -258,11 +258,11 @@ class Data(RwVolume):
             self.dirty_bytes += len(buf) - before
             self.versions[key] = self.versions.get(key, 0) + 1
         now = now_ns()
-        if end > node.size:
-            if node.nlink:
-                self.logical += end - node.size
-            node.size = end
-        node.mtime_ns = node.ctime_ns = now
+        if end > node.attrs.size:
+            if node.attrs.nlink:
+                self.logical += end - node.attrs.size
+            node.set(size=end)
+        node.set(mtime_ns=now, ctime_ns=now)
         self._touch(ino)
         return len(data)
 

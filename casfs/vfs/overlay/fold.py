@@ -113,7 +113,7 @@ def run_fold_block(repo: Repository, volume: str, base: BlobId, next_ino: int, j
     """Fold a block volume's changed chunks into a new chunk map."""
     with repo.batch() as batch:
         root = job.rows.get(ROOT_INO)
-        size = root.size if root else chunkmap.MapRoot.decode(repo.get_meta(base)).size
+        size = root.attrs.size if root else chunkmap.MapRoot.decode(repo.get_meta(base)).size
         changes = job.chunk_ids.get(ROOT_INO, {})
         job.new_root = chunkmap.ChunkMap(repo.get_meta, base).rewrite(batch.put_kind, changes, size)
         job.size = size
@@ -135,10 +135,10 @@ class _Folder:
         if node.listing is None:
             # Copied up with its parent, never entered: same entries, maybe new attrs.
             tree = Tree.decode(self.repo.get_meta(node.base))
-            tree.attrs = node.attrs()
+            tree.attrs = node.tree_attrs()
         else:
             entries = [self._entry(ino, name, child) for name, (_, child) in node.listing.entries.items()]
-            tree = Tree(node.attrs(), self.cs, entries)
+            tree = Tree(node.tree_attrs(), self.cs, entries)
         bid = self.batch.put(tree.encode(), TREE)
         self.job.bases[ino] = bid
         return bid
@@ -147,26 +147,26 @@ class _Folder:
         node = self.job.rows[ino]
         self.job.parents[ino] = parent
         if node.is_dir:
-            return dir_entry(name, node.mode, ino, self.fold_dir(ino))
+            return dir_entry(name, node.attrs.mode, ino, self.fold_dir(ino))
         if node.is_file:
             content = self._content(node)
             self.job.bases[ino] = content
-            return Entry(name, node.attrs(), content)
-        return Entry(name, node.attrs(), node.target if stat.S_ISLNK(node.mode) else b"")
+            return Entry(name, node.tree_attrs(), content)
+        return Entry(name, node.tree_attrs(), node.target if stat.S_ISLNK(node.attrs.mode) else b"")
 
     def _content(self, node: Node) -> BlobId:
         changes = dict(self.job.chunk_ids.get(node.ino, {}))
-        count = chunkmap.n_chunks(node.size, self.cs)
+        count = chunkmap.n_chunks(node.attrs.size, self.cs)
         for n in range(min(node.base_limit, count), count):
             changes.setdefault(n, ZERO_ID)
         if node.base == ZERO_ID:
             ids = [changes.get(n, ZERO_ID) for n in range(count)]
-            return chunkmap.build_content(self.batch.put_kind, ids, node.size, self.cs)
+            return chunkmap.build_content(self.batch.put_kind, ids, node.attrs.size, self.cs)
         mapped = overlay.blob_kind(self.repo.conn, node.base) == MAP_ROOT
-        content = chunkmap.Content(self.repo.get_meta, node.base, node.size, self.cs, mapped)
+        content = chunkmap.Content(self.repo.get_meta, node.base, node.attrs.size, self.cs, mapped)
         # Unchanged content keeps its id, unless a truncate cut it (base_limit): the old
         # id still names the bytes past the cut, which a later grow would bring back.
         uncut = node.base_limit >= NO_LIMIT
-        if not changes and uncut and mapped == chunkmap.is_mapped(node.base, node.size, self.cs):
+        if not changes and uncut and mapped == chunkmap.is_mapped(node.base, node.attrs.size, self.cs):
             return node.base
-        return content.rewrite(self.batch.put_kind, changes, node.size)
+        return content.rewrite(self.batch.put_kind, changes, node.attrs.size)

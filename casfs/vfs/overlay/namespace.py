@@ -14,7 +14,7 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from casfs.snapshots.tree import Entry, Tree
+from casfs.snapshots.tree import Attrs, Entry, Tree
 from casfs.store.cache import LRU
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import ROOT_INO, Stat, fs_error
@@ -43,7 +43,7 @@ class Namespace(Data):
                 self._materialize(node.parent)
             self.overlay.add(ino)
         known = self.nodes.get(ino)
-        if known is not None and known.nlink > 1 and not known.is_dir and ino not in self._linked:
+        if known is not None and known.attrs.nlink > 1 and not known.is_dir and ino not in self._linked:
             # (not only at its own copy-up: a listing copies its children up unchanged)
             self._materialize_links(ino)
 
@@ -74,7 +74,7 @@ class Namespace(Data):
         if entry.is_dir:
             node = Node.from_tree(self._tree(entry.blob), entry.blob, parent)
         else:
-            node = Node.from_entry(entry, parent, self.chunk_size)
+            node = Node.from_entry(entry, parent)
         self.nodes[node.ino] = node
         return node
 
@@ -166,7 +166,7 @@ class Namespace(Data):
 
     def readlink(self, ino: int) -> bytes:
         node = self.node(ino)
-        if not stat.S_ISLNK(node.mode):
+        if not stat.S_ISLNK(node.attrs.mode):
             raise fs_error(errno.EINVAL)
         return node.target
 
@@ -208,37 +208,22 @@ class Namespace(Data):
     ) -> Node:
         listing = self._check_new_name(parent, name)
         pnode = self.node(parent)
-        if pnode.mode & stat.S_ISGID:
-            gid = pnode.gid
+        if pnode.attrs.mode & stat.S_ISGID:
+            gid = pnode.attrs.gid
             if stat.S_ISDIR(mode):
                 mode |= stat.S_ISGID
         now = now_ns()
         ino = self.next_ino
         self.next_ino += 1
-        node = Node(
-            ino,
-            mode,
-            uid,
-            gid,
-            rdev,
-            len(target) if target else 0,
-            now,
-            now,
-            now,
-            2 if stat.S_ISDIR(mode) else 1,
-            {},
-            ZERO_ID,
-            NO_LIMIT,
-            target,
-            parent,
-            Listing() if stat.S_ISDIR(mode) else None,
-        )
+        nlink = 2 if stat.S_ISDIR(mode) else 1
+        attrs = Attrs(mode, uid, gid, rdev, len(target), now, now, now, ino, nlink)
+        node = Node(attrs, {}, ZERO_ID, NO_LIMIT, target, parent, Listing() if stat.S_ISDIR(mode) else None)
         self.nodes[ino] = node
         listing.add(name, ino)
         self._touch(ino)
         if node.is_dir:
-            pnode.nlink += 1
-        pnode.mtime_ns = pnode.ctime_ns = now
+            pnode.set(nlink=pnode.attrs.nlink + 1)
+        pnode.set(mtime_ns=now, ctime_ns=now)
         self._touch(parent)
         return node
 
@@ -265,10 +250,10 @@ class Namespace(Data):
         self._touch(ino)
         listing.add(new_name, ino)
         now = now_ns()
-        node.nlink += 1
-        node.ctime_ns = now
+        node.set(nlink=node.attrs.nlink + 1)
+        node.set(ctime_ns=now)
         pnode = self.node(new_parent)
-        pnode.mtime_ns = pnode.ctime_ns = now
+        pnode.set(mtime_ns=now, ctime_ns=now)
         self._touch(new_parent)
         return self._stat(node)
 
@@ -297,15 +282,15 @@ class Namespace(Data):
         listing.remove(name)
         now = now_ns()
         pnode = self.node(parent)
-        pnode.mtime_ns = pnode.ctime_ns = now
+        pnode.set(mtime_ns=now, ctime_ns=now)
         if child.is_dir:
-            pnode.nlink -= 1
-            child.nlink = 0
+            pnode.set(nlink=pnode.attrs.nlink - 1)
+            child.set(nlink=0)
         else:
-            child.nlink -= 1
-            if child.nlink == 0 and child.is_file:
-                self.logical -= child.size
-        child.ctime_ns = now
+            child.set(nlink=child.attrs.nlink - 1)
+            if child.attrs.nlink == 0 and child.is_file:
+                self.logical -= child.attrs.size
+        child.set(ctime_ns=now)
         self._touch(parent)
         self._touch(child.ino)
 
@@ -366,15 +351,15 @@ class Namespace(Data):
 
     def _moved(self, node: Node, old_parent: int, new_parent: int) -> None:
         now = now_ns()
-        node.ctime_ns = now
+        node.set(ctime_ns=now)
         for p in {old_parent, new_parent}:
             pnode = self.node(p)
-            pnode.mtime_ns = pnode.ctime_ns = now
+            pnode.set(mtime_ns=now, ctime_ns=now)
             self._touch(p)
         if node.is_dir and old_parent != new_parent:
             node.parent = new_parent
-            self.node(old_parent).nlink -= 1
-            self.node(new_parent).nlink += 1
+            self.node(old_parent).set(nlink=self.node(old_parent).attrs.nlink - 1)
+            self.node(new_parent).set(nlink=self.node(new_parent).attrs.nlink + 1)
 
     def _is_ancestor(self, ancestor: int, ino: int) -> bool:
         while True:

@@ -134,7 +134,7 @@ class RwVolume(ABC):
             self.claim = None
             # Unlinked inodes a crashed mount left open: nothing names them (_load_overlay
             # deletes them when the view is claimed from the start).
-            for ino in [i for i, n in self.nodes.items() if n.nlink == 0 and i in self.overlay]:
+            for ino in [i for i, n in self.nodes.items() if n.attrs.nlink == 0 and i in self.overlay]:
                 self._drop_inode(ino)
 
     def _load_overlay(self) -> None:
@@ -214,7 +214,7 @@ class RwVolume(ABC):
         if ino not in self.overlay:
             del self.nodes[ino]  # a base inode: found again from its tree when needed
             self._contents.pop(ino, None)
-        elif node.nlink == 0:
+        elif node.attrs.nlink == 0:
             self._drop_inode(ino)
 
     def _drop_inode(self, ino: int) -> None:
@@ -248,8 +248,11 @@ class RwVolume(ABC):
         if node.ino not in self.overlay:
             return
         now = now_ns()
-        if node.atime_ns <= max(node.mtime_ns, node.ctime_ns) or now - node.atime_ns > _DAY_NS:
-            node.atime_ns = now
+        if (
+            node.attrs.atime_ns <= max(node.attrs.mtime_ns, node.attrs.ctime_ns)
+            or now - node.attrs.atime_ns > _DAY_NS
+        ):
+            node.set(atime_ns=now)
             self.dirty_nodes.add(node.ino)
 
     # -- buffers -----------------------------------------------------------------------
@@ -327,7 +330,9 @@ class RwVolume(ABC):
         chunk, or up to the end of the file for the last one (so equal data dedups)."""
         node = self.nodes.get(ino)
         want = (
-            self.chunk_size if node is None else max(0, min(self.chunk_size, node.size - n * self.chunk_size))
+            self.chunk_size
+            if node is None
+            else max(0, min(self.chunk_size, node.attrs.size - n * self.chunk_size))
         )
         if len(buf) >= want:
             return bytes(buf[:want])
@@ -408,7 +413,7 @@ class RwVolume(ABC):
             node = self.nodes.get(ino)
             if node is None:
                 continue
-            if node.nlink == 0:
+            if node.attrs.nlink == 0:
                 continue  # unlinked but open: stays in memory only, its data still buffered below
             node.base = job.bases.get(ino, node.base)
             # A file's parent goes stale when it moves or loses a name (only a directory's
@@ -416,7 +421,7 @@ class RwVolume(ABC):
             node.parent = job.parents.get(ino, node.parent)
             node.base_limit = NO_LIMIT
             node.listing = None
-        self.overlay = {i for i in self.overlay if i in self.nodes and self.nodes[i].nlink == 0}
+        self.overlay = {i for i in self.overlay if i in self.nodes and self.nodes[i].attrs.nlink == 0}
         self.chunk_ids = {i: c for i, c in self.chunk_ids.items() if i in self.overlay}
         self._folded()
         self._thaw_deferred()  # (a read during the fold is now of a base inode: no atime)
