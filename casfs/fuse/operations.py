@@ -160,6 +160,14 @@ class Operations(pyfuse3.Operations):
             rw, functools.partial(change, rw), self.chunks.fetch_async, self.opts.dirty_limit_bytes
         )
 
+    async def _make(
+        self, parent_inode: InodeT, make: Callable[[RwView, int], Stat]
+    ) -> pyfuse3.EntryAttributes:
+        """A new entry in a directory: made under the lock, then held by the kernel."""
+        view, ino = self.table.get(parent_inode)
+        st = await self._mutate(view, lambda rw, _: make(rw, ino))
+        return self._entry_reply(view, st, view)
+
     async def flush_aged(self, views: Sequence[View], age_s: float) -> None:
         """Flush read/write views whose oldest unflushed change is older than age_s
         (the daemon calls this on a timer)."""
@@ -221,17 +229,15 @@ class Operations(pyfuse3.Operations):
     async def mknod(
         self, parent_inode: InodeT, name: FileNameT, mode: ModeT, rdev: int, ctx: RequestContext
     ) -> pyfuse3.EntryAttributes:
-        view, ino = self.table.get(parent_inode)
-        st = await self._mutate(view, lambda rw, _: rw.mknod(ino, name, mode, rdev, ctx.uid, ctx.gid))
-        return self._entry_reply(view, st, view)
+        return await self._make(
+            parent_inode, lambda rw, ino: rw.mknod(ino, name, mode, rdev, ctx.uid, ctx.gid)
+        )
 
     @handler
     async def mkdir(
         self, parent_inode: InodeT, name: FileNameT, mode: ModeT, ctx: RequestContext
     ) -> pyfuse3.EntryAttributes:
-        view, ino = self.table.get(parent_inode)
-        st = await self._mutate(view, lambda rw, _: rw.mkdir(ino, name, mode, ctx.uid, ctx.gid))
-        return self._entry_reply(view, st, view)
+        return await self._make(parent_inode, lambda rw, ino: rw.mkdir(ino, name, mode, ctx.uid, ctx.gid))
 
     @handler
     async def unlink(self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext) -> None:
@@ -247,9 +253,7 @@ class Operations(pyfuse3.Operations):
     async def symlink(
         self, parent_inode: InodeT, name: FileNameT, target: FileNameT, ctx: RequestContext
     ) -> pyfuse3.EntryAttributes:
-        view, ino = self.table.get(parent_inode)
-        st = await self._mutate(view, lambda rw, _: rw.symlink(ino, name, target, ctx.uid, ctx.gid))
-        return self._entry_reply(view, st, view)
+        return await self._make(parent_inode, lambda rw, ino: rw.symlink(ino, name, target, ctx.uid, ctx.gid))
 
     @handler
     async def rename(

@@ -26,6 +26,7 @@ from casfs.vfs.api import ROOT_INO, Fetched, NeedChunks, RwView, View
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+J = TypeVar("J")
 
 _locks: WeakKeyDictionary[RwView, trio.Lock] = WeakKeyDictionary()
 
@@ -66,15 +67,23 @@ async def mutate(
                 fetched.update(await fetch(e.ids))
 
 
+async def _in_thread(
+    job: J, run: Callable[[J], None], abort: Callable[[J], None], apply: Callable[[J], None]
+) -> J:
+    """A prepared job's blocking half in a worker thread, then its apply (or abort)."""
+    try:
+        await trio.to_thread.run_sync(run, job)
+    except BaseException:
+        abort(job)
+        raise
+    apply(job)
+    return job
+
+
 async def _flush_locked(view: RwView) -> None:
     job = view.prepare_flush()
     if job is not None:
-        try:
-            await trio.to_thread.run_sync(view.run_flush, job)
-        except BaseException:
-            view.abort_flush(job)
-            raise
-        view.apply_flush(job)
+        await _in_thread(job, view.run_flush, view.abort_flush, view.apply_flush)
 
 
 async def flush(view: RwView) -> None:
@@ -97,13 +106,7 @@ async def take_snapshot(view: RwView, label: str | None) -> int:
         async with lock(view):
             view.ensure_writable()  # a snapshot changes the volume: this mount claims it
             await _flush_locked(view)
-            job = view.prepare_fold(label)
-            try:
-                await trio.to_thread.run_sync(view.run_fold, job)
-            except BaseException:
-                view.abort_fold(job)
-                raise
-            view.apply_fold(job)
+            job = await _in_thread(view.prepare_fold(label), view.run_fold, view.abort_fold, view.apply_fold)
             return job.snapshot
     finally:
         slot.release()

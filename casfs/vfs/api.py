@@ -17,7 +17,7 @@ import errno
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict, Unpack
 
 from casfs.snapshots.tree import Attrs
 from casfs.store.ids import ZERO_ID, BlobId
@@ -124,6 +124,17 @@ class NeedChunks(Exception):
 Fetched = dict[BlobId, bytes]
 
 
+class Changes(TypedDict, total=False):
+    """What a setattr may change (a name left out stays as it is)."""
+
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+
+
 class RwView(View, Protocol):
     """A mounted read/write volume (casfs.vfs.dirvolume, casfs.vfs.blockvolume), as the
     adapter (casfs.fuse.operations) and its session (casfs.fuse.rwsession) use it.
@@ -170,18 +181,7 @@ class RwView(View, Protocol):
         self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int = 0
     ) -> None: ...
 
-    def setattr(
-        self,
-        ino: int,
-        *,
-        mode: int | None = None,
-        uid: int | None = None,
-        gid: int | None = None,
-        size: int | None = None,
-        atime_ns: int | None = None,
-        mtime_ns: int | None = None,
-        fetched: Fetched | None = None,
-    ) -> Stat: ...
+    def setattr(self, ino: int, *, fetched: Fetched | None = None, **changes: Unpack[Changes]) -> Stat: ...
 
     def write(self, ino: int, offset: int, data: bytes, fetched: Fetched | None = None) -> int: ...
 

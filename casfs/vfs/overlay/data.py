@@ -7,10 +7,11 @@ from __future__ import annotations
 import bisect
 import errno
 import stat
+from typing import Unpack
 
 from casfs.snapshots import chunkmap
 from casfs.store.ids import ZERO_ID, BlobId
-from casfs.vfs.api import Fetched, NeedChunks, Piece, Stat, fs_error
+from casfs.vfs.api import Changes, Fetched, NeedChunks, Piece, Stat, fs_error
 from casfs.vfs.overlay.nodes import Node
 from casfs.vfs.overlay.writeback import RwVolume, now_ns
 
@@ -118,18 +119,9 @@ class Data(RwVolume):
 
     # -- attributes ------------------------------------------------------------------
 
-    def setattr(
-        self,
-        ino: int,
-        *,
-        mode: int | None = None,
-        uid: int | None = None,
-        gid: int | None = None,
-        size: int | None = None,
-        atime_ns: int | None = None,
-        mtime_ns: int | None = None,
-        fetched: Fetched | None = None,
-    ) -> Stat:
+    def setattr(self, ino: int, *, fetched: Fetched | None = None, **changes: Unpack[Changes]) -> Stat:
+        mode, uid, gid = changes.get("mode"), changes.get("uid"), changes.get("gid")
+        size, atime_ns, mtime_ns = changes.get("size"), changes.get("atime_ns"), changes.get("mtime_ns")
         node = self.node(ino)
         if size is not None and size != node.attrs.size:
             self._resize(node, size)

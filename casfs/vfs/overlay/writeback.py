@@ -34,7 +34,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from casfs.catalog import overlay as rows
 from casfs.catalog import transaction
@@ -384,12 +384,7 @@ class RwVolume(ABC):
         """prepare, run and apply in one go (tests, and the daemon's exit path)."""
         job = self.prepare_flush()
         if job is not None:
-            try:
-                self.run_flush(job)
-            except BaseException:
-                self.abort_flush(job)
-                raise
-            self.apply_flush(job)
+            _finish(job, self.run_flush, self.abort_flush, self.apply_flush)
 
     # -- snapshots ---------------------------------------------------------------------
 
@@ -433,14 +428,7 @@ class RwVolume(ABC):
     def snapshot_sync(self, label: str | None = None) -> int:
         """flush + fold in this thread; the caller holds a job slot (a fold is heavy work)."""
         self.flush_sync()
-        job = self.prepare_fold(label)
-        try:
-            self.run_fold(job)
-        except BaseException:
-            self.abort_fold(job)
-            raise
-        self.apply_fold(job)
-        return job.snapshot
+        return _finish(self.prepare_fold(label), self.run_fold, self.abort_fold, self.apply_fold).snapshot
 
     def close(self, snapshot: bool = True) -> int | None:
         """Flush; then, if anything changed since the base, take a snapshot. A view that
@@ -454,3 +442,17 @@ class RwVolume(ABC):
             with job_slot(self.repo, f"snapshot {self.name}"):
                 return self.snapshot_sync()
         return None
+
+
+J = TypeVar("J")
+
+
+def _finish(job: J, run: Callable[[J], None], abort: Callable[[J], None], apply: Callable[[J], None]) -> J:
+    """A prepared job run in this thread, then applied (or aborted: it stays dirty)."""
+    try:
+        run(job)
+    except BaseException:
+        abort(job)
+        raise
+    apply(job)
+    return job
