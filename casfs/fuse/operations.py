@@ -386,9 +386,7 @@ class Operations(pyfuse3.Operations):
 
     @handler
     async def fsyncdir(self, fh: FileHandleT, datasync: bool) -> None:
-        h = self._handles[fh]
-        if not (self.opts.read_only or h.view.read_only):
-            await rwsession.sync(h.view)
+        await self.fsync(fh, datasync)  # one flush makes the whole view durable
 
     # -- the file system ---------------------------------------------------------
 
