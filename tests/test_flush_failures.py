@@ -148,7 +148,7 @@ def test_a_read_during_a_fold_loses_no_later_write(repo: Repository, tmp_path: P
     v.flush_sync()
     job = v.prepare_fold(None)
     v.accessed(f.ino)  # the read arrives while the fold runs (the adapter takes no lock)
-    v._run_fold(job)
+    v.run_fold(job)
     v.apply_fold(job)
     g = v.lookup(ROOT_INO, b"g")
     v.write_sync(g.ino, 0, b"OTHER")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from casfs.vfs.nodes import Listing
+from casfs.vfs.overlay.nodes import Listing
 
 
 def reference(listing: Listing, offset: int) -> list[tuple[int, bytes, int]]:

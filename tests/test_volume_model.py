@@ -1,6 +1,6 @@
 """A read/write volume (without a mount) against a plain directory, under random operations.
 
-Hypothesis drives the same operations on casfs.vfs.volume.VolumeView and on a real
+Hypothesis drives the same operations on casfs.vfs.volume.open_volume and on a real
 directory; after every step the two trees must match (names, types, modes, sizes,
 bytes, xattrs, link counts). Flushes, snapshots and crash-restarts (a new view opened
 from the catalog after a flush) are operations too, so the overlay's durability and
@@ -35,7 +35,7 @@ from casfs.refcount.gc import gc
 from casfs.repo import Repository
 from casfs.store.faulty import Faults, FaultyBlobStore
 from casfs.vfs.api import ROOT_INO, assemble
-from casfs.vfs.volume import VolumeView
+from casfs.vfs.volume import Volume, open_volume
 
 NAMES = st.sampled_from([b"a", b"b", b"c", b"d\nx", b"\xff"])
 CHUNK = 64 << 10
@@ -76,7 +76,7 @@ def tree_of_dir(root: Path) -> dict[bytes, tuple[object, ...]]:
     return out
 
 
-def tree_of_view(v: VolumeView, repo: Repository) -> dict[bytes, tuple[object, ...]]:
+def tree_of_view(v: Volume, repo: Repository) -> dict[bytes, tuple[object, ...]]:
     out: dict[bytes, tuple[object, ...]] = {}
 
     def walk(ino: int, prefix: bytes) -> None:
@@ -115,7 +115,7 @@ class VolumeModel(RuleBasedStateMachine):
         volumes.create_volume(self.repo, "v", volumes.Source(blank_dir=True))
         self.faults = Faults()
         self.repo.blobs = FaultyBlobStore(self.repo.blobs, self.faults)
-        self.view = VolumeView(self.repo, "v")
+        self.view = open_volume(self.repo, "v")
         self.durable: Path | None = None  # a copy of the model as of the last flush
         self.failing = False  # the store refuses writes
 
@@ -299,7 +299,7 @@ class VolumeModel(RuleBasedStateMachine):
     def crash_and_reopen(self) -> None:
         """The daemon dies; what the last flush made durable must come back, exactly."""
         assert self.durable is not None
-        self.view = VolumeView(self.repo, "v")
+        self.view = open_volume(self.repo, "v")
         shutil.rmtree(self.model)
         subprocess.run(["cp", "-a", str(self.durable), str(self.model)], check=True)
 

@@ -1,4 +1,4 @@
-"""Read/write volumes through casfs.vfs.volume.VolumeView, without a mount."""
+"""Read/write volumes through casfs.vfs.volume.open_volume, without a mount."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ import pytest
 from casfs import images, volumes
 from casfs.repo import Repository
 from casfs.vfs.api import ROOT_INO, assemble
-from casfs.vfs.volume import RENAME_EXCHANGE, RENAME_NOREPLACE, VolumeView
+from casfs.vfs.overlay.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE
+from casfs.vfs.volume import Volume, open_volume
 
 CHUNK = 64 << 10
 
 
-def read(v: VolumeView, ino: int, offset: int = 0, size: int | None = None) -> bytes:
+def read(v: Volume, ino: int, offset: int = 0, size: int | None = None) -> bytes:
     if size is None:
         size = v.getattr(ino).size - offset
     return assemble(v.read_plan(ino, offset, size), v.repo.get)
@@ -40,13 +41,13 @@ def repo(tmp_path: Path) -> Repository:
     return Repository.init(tmp_path / "store")
 
 
-def block_volume(repo: Repository, tmp_path: Path, size: int) -> tuple[VolumeView, bytearray]:
+def block_volume(repo: Repository, tmp_path: Path, size: int) -> tuple[Volume, bytearray]:
     data = bytearray(os.urandom(size // 2) + bytes(size - size // 2))
     src = tmp_path / "disk.img"
     src.write_bytes(data)
     images.import_image(repo, "disk", src)
     volumes.create_volume(repo, "vm", volumes.Source(image="disk"))
-    return VolumeView(repo, "vm"), data
+    return open_volume(repo, "vm"), data
 
 
 def test_block_random_writes_match_a_reference(repo: Repository, tmp_path: Path) -> None:
@@ -106,7 +107,7 @@ def test_clones_diverge_independently(repo: Repository, tmp_path: Path) -> None:
     images.import_image(repo, "base", src)
     volumes.create_volume(repo, "a", volumes.Source(image="base"))
     volumes.create_volume(repo, "b", volumes.Source(image="base"))
-    va, vb = VolumeView(repo, "a"), VolumeView(repo, "b")
+    va, vb = open_volume(repo, "a"), open_volume(repo, "b")
     fa = va.lookup(ROOT_INO, b"f").ino
     fb = vb.lookup(ROOT_INO, b"f").ino
     va.write_sync(fa, 0, b"AAAA")
@@ -114,10 +115,10 @@ def test_clones_diverge_independently(repo: Repository, tmp_path: Path) -> None:
     assert read(va, fa, 0, 8) == b"AAAAinal"
     assert read(vb, fb) == b"ori"
     assert va.close() == 1 and vb.close() == 1
-    fresh = VolumeView(repo, "a")
+    fresh = open_volume(repo, "a")
     assert read(fresh, fresh.lookup(ROOT_INO, b"f").ino, 0, 8) == b"AAAAinal"
     volumes.create_volume(repo, "c", volumes.Source(image="base"))
-    vc = VolumeView(repo, "c")
+    vc = open_volume(repo, "c")
     assert read(vc, vc.lookup(ROOT_INO, b"f").ino) == b"original" * 1000
     assert vc.close() is None  # unchanged: no snapshot
     fsck_clean(repo)
@@ -125,7 +126,7 @@ def test_clones_diverge_independently(repo: Repository, tmp_path: Path) -> None:
 
 def test_posix_names_and_links(repo: Repository) -> None:
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
-    v = VolumeView(repo, "v")
+    v = open_volume(repo, "v")
     with pytest.raises(OSError) as e:
         v.mknod(ROOT_INO, b"x" * 256, stat.S_IFREG | 0o644, 0, 0, 0)
     assert e.value.errno == errno.ENAMETOOLONG
@@ -157,7 +158,7 @@ def test_posix_names_and_links(repo: Repository) -> None:
 
 def test_unlinked_open_file_stays_usable(repo: Repository) -> None:
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
-    v = VolumeView(repo, "v")
+    v = open_volume(repo, "v")
     f = v.mknod(ROOT_INO, b"tmp", stat.S_IFREG | 0o600, 0, 0, 0)
     v.write_sync(f.ino, 0, b"still here")
     v.flush_sync()
@@ -175,12 +176,12 @@ def test_unlinked_open_file_stays_usable(repo: Repository) -> None:
 
 def test_crash_keeps_flushed_data_and_drops_the_rest(repo: Repository) -> None:
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
-    v = VolumeView(repo, "v")
+    v = open_volume(repo, "v")
     f = v.mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
     v.write_sync(f.ino, 0, b"durable")
     v.flush_sync()
     v.write_sync(f.ino, 0, b"LOST!!!")  # never flushed: a crash may lose it
-    again = VolumeView(repo, "v")  # the daemon died; a new one opens the overlay
+    again = open_volume(repo, "v")  # the daemon died; a new one opens the overlay
     assert read(again, again.lookup(ROOT_INO, b"f").ino) == b"durable"
     assert volumes.create_snapshot(repo, "v") == 1  # at rest, the overlay is folded, not lost
     fsck_clean(repo)
@@ -188,7 +189,7 @@ def test_crash_keeps_flushed_data_and_drops_the_rest(repo: Repository) -> None:
 
 def test_snapshot_cost_is_independent_of_volume_size(repo: Repository) -> None:
     volumes.create_volume(repo, "big", volumes.Source(blank_block=64 << 30))
-    v = VolumeView(repo, "big")
+    v = open_volume(repo, "big")
     v.write_sync(ROOT_INO, 10 << 30, b"x" * 4096)
     n = v.snapshot_sync()
     new = repo.conn.execute("SELECT count(*) FROM blobs").fetchone()[0]
@@ -203,7 +204,7 @@ def test_relatime_for_changed_inodes_only(repo: Repository, tmp_path: Path) -> N
     os.utime(src / "old", ns=(10**18, 10**18))  # atime == mtime: relatime would update it
     images.import_image(repo, "img", src)
     volumes.create_volume(repo, "v", volumes.Source(image="img"))
-    v = VolumeView(repo, "v")
+    v = open_volume(repo, "v")
     old = v.lookup(ROOT_INO, b"old")
     read(v, old.ino)
     v.accessed(old.ino)  # (the adapter's call, for a read through a reading handle)
@@ -224,7 +225,7 @@ def test_a_truncate_folded_into_a_snapshot_stays_cut(repo: Repository) -> None:
     """Shrink, snapshot, grow: the grown part reads as zeros, not as the old bytes
     (the fold once kept the old content id of a cut file with no chunk changes)."""
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
-    v = VolumeView(repo, "v")
+    v = open_volume(repo, "v")
     for size, cut in ((60_000, 0), (3 * CHUNK + 5, 2 * CHUNK)):
         st = v.mknod(ROOT_INO, f"f{size}".encode(), stat.S_IFREG | 0o644, 0, 0, 0)
         data = os.urandom(size)
@@ -248,14 +249,14 @@ def test_a_hardlink_changed_under_one_name_is_folded_under_all(repo: Repository,
     os.link(src / "a" / "f", src / "h")
     images.import_image(repo, "img", src)
     volumes.create_volume(repo, "v", volumes.Source(image="img"))
-    v = VolumeView(repo, "v")
+    v = open_volume(repo, "v")
     a = v.lookup(ROOT_INO, b"a")
     v.mknod(a.ino, b"first", stat.S_IFREG | 0o644, 0, 0, 0)  # copies a/f up, unchanged
     f = v.lookup(a.ino, b"f")
     v.write_sync(f.ino, 0, b"new!")
     v.unlink(ROOT_INO, b"h")
     v.close()
-    v = VolumeView(repo, "v")  # looked up from the other name first this time
+    v = open_volume(repo, "v")  # looked up from the other name first this time
     deep = v.lookup(v.lookup(ROOT_INO, b"b").ino, b"deep")
     g = v.lookup(deep.ino, b"g")
     assert read(v, g.ino) == b"new!" and g.nlink == 2
@@ -266,7 +267,7 @@ def test_a_hardlink_changed_under_one_name_is_folded_under_all(repo: Repository,
 
 def test_a_file_moved_then_changed_after_a_fold_is_folded_where_it_is(repo: Repository) -> None:
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
-    v = VolumeView(repo, "v")
+    v = open_volume(repo, "v")
     a = v.mkdir(ROOT_INO, b"a", 0o755, 0, 0)
     b = v.mkdir(ROOT_INO, b"b", 0o755, 0, 0)
     f = v.mknod(a.ino, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
@@ -275,7 +276,7 @@ def test_a_file_moved_then_changed_after_a_fold_is_folded_where_it_is(repo: Repo
     v.snapshot_sync()
     v.write_sync(f.ino, 70_000, b"!")  # (the node's parent still said `a`)
     v.close()
-    v = VolumeView(repo, "v")
+    v = open_volume(repo, "v")
     g = v.lookup(v.lookup(ROOT_INO, b"b").ino, b"f")
     assert g.size == 70_001 and read(v, g.ino) == bytes(70_000) + b"!"
     fsck_clean(repo)

@@ -39,6 +39,7 @@ import trio
 
 from casfs import volumes
 from casfs.errors import UsageError
+from casfs.fuse import rwsession
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
 from casfs.store.local import syncfs
@@ -269,12 +270,12 @@ class ControlPlane:
         if s is None or s.kind != "volume":
             raise OSError(errno.EINVAL, "snapshots are taken of volumes")
         label = parse_label(value)
-        take = getattr(t.view, "take_snapshot", None)
-        if take is not None and not t.view.read_only:
+        rw = t.view.rw
+        if rw is not None:
             # Writes still in the kernel's writeback cache must reach the view first
             # (as S3QL's s3qlcp does): syncfs from a worker, while the loop serves them.
             await trio.to_thread.run_sync(syncfs_path, self.mountpoint)
-            await maybe_await(take(label))
+            await rwsession.take_snapshot(rw, label)
             return
         held = s.name in self.held
         await self.writer.run(lambda repo: volumes.snapshot_at_rest(repo, s.name, label, held))

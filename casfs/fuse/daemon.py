@@ -47,6 +47,7 @@ from casfs import volumes
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, CasfsError, NotFound, UsageError
+from casfs.fuse import rwsession
 from casfs.fuse.control import CatalogWriter, ControlPlane, maybe_await, syncfs_path
 from casfs.fuse.inodes import InodeTable
 from casfs.fuse.operations import MountOptions, Operations
@@ -58,7 +59,7 @@ from casfs.store.ids import BlobId
 from casfs.vfs.api import ROOT_INO, View
 from casfs.vfs.chunks import DEFAULT_CACHE_BYTES, ChunkCache
 from casfs.vfs.storeview import OpenRw, StoreView, Subject, static_view
-from casfs.vfs.volume import VolumeView
+from casfs.vfs.volume import VolumeView, open_volume
 
 log = logging.getLogger("casfs.daemon")
 
@@ -100,8 +101,7 @@ class _Mounted:
         failed: OSError | None = None
         for view in list(self.rw_views.values()):
             try:
-                async with view.lock:  # type: ignore[attr-defined]
-                    await view.flush()  # type: ignore[attr-defined]
+                await rwsession.sync(view)
             except OSError as e:
                 failed = failed or e
         if failed is not None:
@@ -351,7 +351,7 @@ def _rw_opener(repo: Repository, chunks: ChunkCache, mounted: _Mounted, lazy: bo
     def open_rw(name: str) -> View:
         if not lazy:
             claim(name)
-        view = VolumeView(repo, name, claim=functools.partial(claim, name) if lazy else None)
+        view = open_volume(repo, name, claim=functools.partial(claim, name) if lazy else None)
         mounted.rw_views[name] = view
         return view
 

@@ -7,29 +7,10 @@ EIO (an exception escaping pyfuse3.main() would leave the mount hung).
 
 Threading: handlers run on the trio thread and call views there (views only touch
 memory and small cached metadata). Chunk reads that miss the cache go to worker
-threads; cached chunks are served inline. A read/write view's methods may be
-coroutines (for flushes that must not block the loop): the adapter awaits them.
-
-What the adapter asks of a read/write view (casfs.vfs.volume.VolumeView), beyond
-casfs.vfs.api.View; only called when view.read_only is False and the mount is not --ro:
-
-    lock: trio.Lock        held by the adapter around every mutation (and by the view
-                           around its snapshots), so none runs inside a fold
-    mknod(parent, name, mode, rdev, uid, gid) -> Stat      (create uses it: S_IFREG)
-    mkdir(parent, name, mode, uid, gid) -> Stat
-    symlink(parent, name, target, uid, gid) -> Stat
-    link(ino, new_parent, new_name) -> Stat
-    unlink(parent, name);  rmdir(parent, name)
-    rename(old_parent, old_name, new_parent, new_name, flags)   (RENAME_* flags)
-    setattr(ino, *, mode, uid, gid, size, atime_ns, mtime_ns, fetched) -> Stat
-    write(ino, offset, data, fetched) -> int
-    setxattr(ino, name, value);  removexattr(ino, name)
-    write and setattr(size=...) may raise NeedChunks(ids): the adapter fetches those
-    chunks in a worker thread and calls again with them in `fetched`
-    dirty_bytes: int, dirty_since: float | None (monotonic)   the write-back bounds
-    async flush()                     make every buffered change durable (fsync)
-    async take_snapshot(label) -> int   (the control plane)
-    close(snapshot) -> int | None     (the daemon, at unmount)
+threads; cached chunks are served inline. A read/write view (casfs.vfs.api.RwView, which
+`view.rw` returns) is changed through casfs.fuse.rwsession: its lock, the NeedChunks
+retry, flushes and snapshots. The protocol: docs/developer-notes.md, "Concurrency
+protocol of the daemon".
 """
 
 from __future__ import annotations
@@ -41,8 +22,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
-from contextlib import AbstractAsyncContextManager, nullcontext
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -52,11 +32,11 @@ from pyfuse3 import FileHandleT, FileNameT, FlagT, FUSEError, InodeT, ModeT, Req
 
 from casfs.errors import CasfsError, Corruption
 from casfs.fuse import control as ctl
+from casfs.fuse import rwsession
 from casfs.fuse.inodes import ROOT, InodeTable
-from casfs.store.ids import BlobId
-from casfs.vfs.api import ROOT_INO, Stat, View, assemble
+from casfs.vfs.api import ROOT_INO, Fetched, RwView, Stat, View, assemble
 from casfs.vfs.chunks import ChunkCache
-from casfs.vfs.storeview import Subject
+from casfs.vfs.storeview import Subject, entries, resolve
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +44,6 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
 # Dirty data a read/write view may buffer before a write waits for a flush.
 DIRTY_LIMIT_BYTES = 64 << 20
 
-
-class _NoChunksNeeded(Exception):
-    ids: tuple[BlobId, ...] = ()
-
-
-try:  # the read/write view's "fetch these chunks, then call again"
-    from casfs.vfs.volume import NeedChunks
-except ImportError:  # pragma: no cover - a build without read/write volumes
-    NeedChunks = _NoChunksNeeded  # type: ignore[assignment,misc]
 _STATFS_TTL_S = 2.0
 
 P = ParamSpec("P")
@@ -128,26 +99,6 @@ class _Handle:
     atime: bool = False
 
 
-def resolve(view: View, parent: int, name: bytes) -> tuple[View, int, Stat]:
-    """Look a name up, following a junction into another view (storeview.StoreView)."""
-    junction = getattr(view, "resolve", None)
-    if junction is None:
-        st = view.lookup(parent, name)
-        return view, st.ino, st
-    child, ino = junction(parent, name)
-    return child, ino, child.getattr(ino)
-
-
-def entries(view: View, ino: int, offset: int) -> Iterator[tuple[bytes, View, int, Stat, int]]:
-    junctions = getattr(view, "entries", None)
-    if junctions is None:
-        for name, st, nxt in view.readdir(ino, offset):
-            yield name, view, st.ino, st, nxt
-        return
-    for name, child, cino, nxt in junctions(ino, offset):
-        yield name, child, cino, child.getattr(cino), nxt
-
-
 class Operations(pyfuse3.Operations):
     def __init__(
         self,
@@ -191,49 +142,36 @@ class Operations(pyfuse3.Operations):
         e.st_ctime_ns = st.ctime_ns
         return e
 
-    def _writable(self, view: View) -> View:
-        if self.opts.read_only or view.read_only:
+    def _writable(self, view: View) -> RwView:
+        rw = view.rw
+        if self.opts.read_only or view.read_only or rw is None:
             raise FUSEError(errno.EROFS)
-        ensure = getattr(view, "ensure_writable", None)
-        if ensure is not None:
-            ensure()  # the first change claims the volume (Busy: another process has it)
-        return view
+        rw.ensure_writable()  # the first change claims the volume (Busy: another process has it)
+        return rw
 
     def _entry_reply(self, view: View, st: Stat, parent: View) -> pyfuse3.EntryAttributes:
         """A new entry the kernel now holds: one lookup."""
         return self._attrs(st, self.table.ref(view, st.ino), view, parent)
 
-    async def _mutate(self, view: View, change: Callable[[dict[BlobId, bytes]], R]) -> R:
-        """Run one change of a read/write view under its lock. A change that needs
-        chunks it does not have (NeedChunks) is retried once they are fetched; the
-        fetch awaits inside the lock on purpose: the change must see them unchanged."""
-        self._writable(view)
-        lock: AbstractAsyncContextManager[Any] = getattr(view, "lock", None) or nullcontext()
-        fetched: dict[BlobId, bytes] = {}
-        async with lock:
-            if getattr(view, "dirty_bytes", 0) > self.opts.dirty_limit_bytes:
-                # Before the change, not after: if the flush fails (a full disk), this
-                # call fails having changed nothing, and what is buffered stays buffered.
-                await view.flush()  # type: ignore[attr-defined]
-            while True:
-                try:
-                    return change(fetched)
-                except NeedChunks as e:
-                    fetched.update(await self.chunks.fetch_async(e.ids))
+    async def _mutate(self, view: View, change: Callable[[RwView, Fetched], R]) -> R:
+        """Run one change of a read/write view under its lock (rwsession.mutate)."""
+        rw = self._writable(view)
+        return await rwsession.mutate(
+            rw, functools.partial(change, rw), self.chunks.fetch_async, self.opts.dirty_limit_bytes
+        )
+
+    async def _make(
+        self, parent_inode: InodeT, make: Callable[[RwView, int], Stat]
+    ) -> pyfuse3.EntryAttributes:
+        """A new entry in a directory: made under the lock, then held by the kernel."""
+        view, ino = self.table.get(parent_inode)
+        st = await self._mutate(view, lambda rw, _: make(rw, ino))
+        return self._entry_reply(view, st, view)
 
     async def flush_aged(self, views: Sequence[View], age_s: float) -> None:
         """Flush read/write views whose oldest unflushed change is older than age_s
         (the daemon calls this on a timer)."""
-        now = time.monotonic()
-        for view in views:
-            since = getattr(view, "dirty_since", None)
-            if since is not None and now - since >= age_s:
-                try:
-                    async with view.lock:  # type: ignore[attr-defined]
-                        await view.flush()  # type: ignore[attr-defined]
-                except OSError as e:
-                    # Still buffered, retried after age_s; fsync reports it to the application.
-                    log.warning("flushing %s failed, will retry: %s", _describe(view, ROOT_INO), e)
+        await rwsession.flush_aged(views, age_s)
 
     # -- lookups and attributes --------------------------------------------------
 
@@ -277,8 +215,7 @@ class Operations(pyfuse3.Operations):
             )
             if wanted
         }
-        rw: Any = view
-        st = await self._mutate(view, lambda fetched: rw.setattr(ino, **changes, fetched=fetched))
+        st = await self._mutate(view, lambda rw, fetched: rw.setattr(ino, **changes, fetched=fetched))
         return self._attrs(st, inode, view)
 
     @handler
@@ -292,40 +229,31 @@ class Operations(pyfuse3.Operations):
     async def mknod(
         self, parent_inode: InodeT, name: FileNameT, mode: ModeT, rdev: int, ctx: RequestContext
     ) -> pyfuse3.EntryAttributes:
-        view, ino = self.table.get(parent_inode)
-        rw: Any = view
-        st = await self._mutate(view, lambda _: rw.mknod(ino, name, mode, rdev, ctx.uid, ctx.gid))
-        return self._entry_reply(view, st, view)
+        return await self._make(
+            parent_inode, lambda rw, ino: rw.mknod(ino, name, mode, rdev, ctx.uid, ctx.gid)
+        )
 
     @handler
     async def mkdir(
         self, parent_inode: InodeT, name: FileNameT, mode: ModeT, ctx: RequestContext
     ) -> pyfuse3.EntryAttributes:
-        view, ino = self.table.get(parent_inode)
-        rw: Any = view
-        st = await self._mutate(view, lambda _: rw.mkdir(ino, name, mode, ctx.uid, ctx.gid))
-        return self._entry_reply(view, st, view)
+        return await self._make(parent_inode, lambda rw, ino: rw.mkdir(ino, name, mode, ctx.uid, ctx.gid))
 
     @handler
     async def unlink(self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext) -> None:
         view, ino = self.table.get(parent_inode)
-        rw: Any = view
-        await self._mutate(view, lambda _: rw.unlink(ino, name))
+        await self._mutate(view, lambda rw, _: rw.unlink(ino, name))
 
     @handler
     async def rmdir(self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext) -> None:
         view, ino = self.table.get(parent_inode)
-        rw: Any = view
-        await self._mutate(view, lambda _: rw.rmdir(ino, name))
+        await self._mutate(view, lambda rw, _: rw.rmdir(ino, name))
 
     @handler
     async def symlink(
         self, parent_inode: InodeT, name: FileNameT, target: FileNameT, ctx: RequestContext
     ) -> pyfuse3.EntryAttributes:
-        view, ino = self.table.get(parent_inode)
-        rw: Any = view
-        st = await self._mutate(view, lambda _: rw.symlink(ino, name, target, ctx.uid, ctx.gid))
-        return self._entry_reply(view, st, view)
+        return await self._make(parent_inode, lambda rw, ino: rw.symlink(ino, name, target, ctx.uid, ctx.gid))
 
     @handler
     async def rename(
@@ -341,8 +269,7 @@ class Operations(pyfuse3.Operations):
         view_new, new = self.table.get(parent_inode_new)
         if view_new is not view:
             raise FUSEError(errno.EXDEV)
-        rw: Any = view
-        await self._mutate(view, lambda _: rw.rename(old, name_old, new, name_new, flags))
+        await self._mutate(view, lambda rw, _: rw.rename(old, name_old, new, name_new, flags))
 
     @handler
     async def link(
@@ -352,8 +279,7 @@ class Operations(pyfuse3.Operations):
         view_new, parent = self.table.get(new_parent_inode)
         if view_new is not view:
             raise FUSEError(errno.EXDEV)
-        rw: Any = view
-        st = await self._mutate(view, lambda _: rw.link(ino, parent, new_name))
+        st = await self._mutate(view, lambda rw, _: rw.link(ino, parent, new_name))
         return self._entry_reply(view, st, view)
 
     # -- files -------------------------------------------------------------------
@@ -377,7 +303,7 @@ class Operations(pyfuse3.Operations):
     def _fixed_size(self, view: View, ino: int) -> bool:
         """A writable block volume's file: writes never change its size."""
         writable = not (self.opts.read_only or view.read_only)
-        return writable and ino == ROOT_INO and getattr(view, "kind", None) == "block"
+        return writable and ino == ROOT_INO and view.rw is not None and view.rw.fixed_size
 
     @handler
     async def open(self, inode: InodeT, flags: FlagT, ctx: RequestContext) -> pyfuse3.FileInfo:
@@ -386,8 +312,7 @@ class Operations(pyfuse3.Operations):
             self._writable(view)
         if flags & os.O_TRUNC:
             # libfuse asks for atomic O_TRUNC: the kernel sends no separate truncate.
-            rw: Any = view
-            await self._mutate(view, lambda fetched: rw.setattr(ino, size=0, fetched=fetched))
+            await self._mutate(view, lambda rw, fetched: rw.setattr(ino, size=0, fetched=fetched))
         return self._new_handle(view, ino, inode, flags)
 
     @handler
@@ -395,9 +320,8 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: InodeT, name: FileNameT, mode: ModeT, flags: FlagT, ctx: RequestContext
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         view, ino = self.table.get(parent_inode)
-        rw: Any = view
         kind = stat.S_IFREG | stat.S_IMODE(mode)
-        st: Stat = await self._mutate(view, lambda _: rw.mknod(ino, name, kind, 0, ctx.uid, ctx.gid))
+        st: Stat = await self._mutate(view, lambda rw, _: rw.mknod(ino, name, kind, 0, ctx.uid, ctx.gid))
         attrs = self._entry_reply(view, st, view)
         return self._new_handle(view, st.ino, attrs.st_ino, flags), attrs
 
@@ -410,19 +334,17 @@ class Operations(pyfuse3.Operations):
             try:
                 have.update(await self.chunks.fetch_async(missing))
             except Corruption as e:
-                log.error("reading %s: %s", _describe(h.view, h.ino), e)
+                log.error("reading %s: %s", h.view.describe(h.ino), e)
                 raise
         self.chunks.readahead((id(h.view), h.ino), off, size, functools.partial(h.view.read_plan, h.ino))
-        accessed = getattr(h.view, "accessed", None) if h.atime else None
-        if accessed is not None:
-            accessed(h.ino)
+        if h.atime and h.view.rw is not None:
+            h.view.rw.accessed(h.ino)
         return assemble(pieces, have.__getitem__)
 
     @handler
     async def write(self, fh: FileHandleT, off: int, buf: bytes) -> int:
         h = self._handles[fh]
-        rw: Any = h.view
-        return int(await self._mutate(h.view, lambda fetched: rw.write(h.ino, off, buf, fetched)))
+        return int(await self._mutate(h.view, lambda rw, fetched: rw.write(h.ino, off, buf, fetched)))
 
     @handler
     async def flush(self, fh: FileHandleT) -> None:
@@ -437,13 +359,7 @@ class Operations(pyfuse3.Operations):
     async def fsync(self, fh: FileHandleT, datasync: bool) -> None:
         h = self._handles[fh]
         if not (self.opts.read_only or h.view.read_only):
-            await self._sync(h.view)
-
-    async def _sync(self, view: View) -> None:
-        """fsync: everything the view buffers becomes durable (one flush covers all)."""
-        rw: Any = view
-        async with rw.lock:
-            await rw.flush()
+            await rwsession.sync(h.view)
 
     # -- directories -------------------------------------------------------------
 
@@ -470,9 +386,7 @@ class Operations(pyfuse3.Operations):
 
     @handler
     async def fsyncdir(self, fh: FileHandleT, datasync: bool) -> None:
-        h = self._handles[fh]
-        if not (self.opts.read_only or h.view.read_only):
-            await self._sync(h.view)
+        await self.fsync(fh, datasync)  # one flush makes the whole view durable
 
     # -- the file system ---------------------------------------------------------
 
@@ -520,18 +434,11 @@ class Operations(pyfuse3.Operations):
         if ctl.is_control(name):
             await self.controls.set(name, value, self._target(inode, view, ino), ctx.uid)
             return
-        rw: Any = view
-        await self._mutate(view, lambda _: rw.setxattr(ino, name, value))
+        await self._mutate(view, lambda rw, _: rw.setxattr(ino, name, value))
 
     @handler
     async def removexattr(self, inode: InodeT, name: XAttrNameT, ctx: RequestContext) -> None:
         view, ino = self.table.get(inode)
         if ctl.is_control(name):
             raise FUSEError(errno.EINVAL)
-        rw: Any = view
-        await self._mutate(view, lambda _: rw.removexattr(ino, name))
-
-
-def _describe(view: View, ino: int) -> str:
-    describe = getattr(view, "describe", None)
-    return str(describe(ino)) if describe is not None else f"inode {ino}"
+        await self._mutate(view, lambda rw, _: rw.removexattr(ino, name))

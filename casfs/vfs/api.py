@@ -17,35 +17,37 @@ import errno
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict, Unpack
 
+from casfs.snapshots.tree import Attrs
 from casfs.store.ids import ZERO_ID, BlobId
 
 ROOT_INO = 1
 
+if TYPE_CHECKING:
+    from casfs.repo import Repository
+    from casfs.vfs.overlay.fold import FlushJob, FoldJob
+
 
 @dataclass(frozen=True)
-class Stat:
-    ino: int
-    mode: int
-    nlink: int = 1
-    uid: int = 0
-    gid: int = 0
-    rdev: int = 0
-    size: int = 0
-    atime_ns: int = 0
-    mtime_ns: int = 0
-    ctime_ns: int = 0
+class Stat(Attrs):
+    """An inode's attributes as the adapter replies them: the tree's Attrs (one record
+    for both), plus the blocks allocated."""
+
     # 512-byte blocks allocated, for views that know (a sparse file's holes count
     # none, so `du` and cp's sparse detection work); None: the size rounded up.
     blocks: int | None = None
 
+    @staticmethod
+    def of(attrs: Attrs, blocks: int | None = None) -> Stat:
+        return Stat(**vars(attrs), blocks=blocks)
+
+    def with_(self, **changes: object) -> Stat:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
     @property
     def is_dir(self) -> bool:
         return stat.S_ISDIR(self.mode)
-
-    def with_(self, **changes: int) -> Stat:
-        return replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,124 @@ class View(Protocol):
 
     def forget(self, ino: int) -> None: ...
 
+    def describe(self, ino: int) -> str:
+        """The inode's path, for logs and error messages."""
+        ...
+
+    @property
+    def rw(self) -> RwView | None:
+        """The view as a read/write volume (itself), or None: immutable, or synthetic."""
+        ...
+
+
+class NeedChunks(Exception):
+    """A write or truncate needs these chunks' current bytes first (fetch, then retry)."""
+
+    def __init__(self, ids: list[BlobId]) -> None:
+        super().__init__(f"{len(ids)} chunks to fetch")
+        self.ids = ids
+
+
+Fetched = dict[BlobId, bytes]
+
+
+class Changes(TypedDict, total=False):
+    """What a setattr may change (a name left out stays as it is)."""
+
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+
+
+class RwView(View, Protocol):
+    """A mounted read/write volume (casfs.vfs.dirvolume, casfs.vfs.blockvolume), as the
+    adapter (casfs.fuse.operations) and its session (casfs.fuse.rwsession) use it.
+
+    Every method here is synchronous and runs on the trio thread. A mutation runs with
+    the session's lock held (`guard` checks that); write and setattr(size=...) may raise
+    NeedChunks(ids): the caller fetches those chunks and calls again with them in
+    `fetched`. The volume kinds differ in what they refuse: a block volume has no names
+    (EPERM, ENOTDIR) and a fixed size (EPERM, ENOSPC).
+    """
+
+    repo: Repository
+    name: str
+    # True when the volume is one regular file (ROOT_INO) whose size writes never change.
+    fixed_size: bool
+    # Set by the session: True when the calling task holds the view's lock (asserted on
+    # every mutation; None without a session: tests and offline tools).
+    guard: Callable[[], bool] | None
+    dirty_bytes: int  # buffered data not yet flushed
+    dirty_since: float | None  # time.monotonic() of the oldest unflushed change
+
+    @property
+    def claimed(self) -> bool: ...
+
+    def ensure_writable(self) -> None: ...
+
+    def describe(self, ino: int) -> str: ...
+
+    def accessed(self, ino: int) -> None: ...
+
+    def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Stat: ...
+
+    def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Stat: ...
+
+    def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Stat: ...
+
+    def link(self, ino: int, new_parent: int, new_name: bytes) -> Stat: ...
+
+    def unlink(self, parent: int, name: bytes) -> None: ...
+
+    def rmdir(self, parent: int, name: bytes) -> None: ...
+
+    def rename(
+        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int = 0
+    ) -> None: ...
+
+    def setattr(self, ino: int, *, fetched: Fetched | None = None, **changes: Unpack[Changes]) -> Stat: ...
+
+    def write(self, ino: int, offset: int, data: bytes, fetched: Fetched | None = None) -> int: ...
+
+    def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None: ...
+
+    def removexattr(self, ino: int, name: bytes) -> None: ...
+
+    # Write-back, in three steps around a worker thread (casfs.vfs.overlay.fold).
+    def prepare_flush(self) -> FlushJob | None: ...
+
+    def run_flush(self, job: FlushJob) -> None:
+        """The blocking half (a worker thread): touches the job and the store only."""
+        ...
+
+    def apply_flush(self, job: FlushJob) -> None: ...
+
+    def abort_flush(self, job: FlushJob) -> None: ...
+
+    def prepare_fold(self, label: str | None) -> FoldJob: ...
+
+    def run_fold(self, job: FoldJob) -> None:
+        """The blocking half (a worker thread, holding a store job slot)."""
+        ...
+
+    def apply_fold(self, job: FoldJob) -> None: ...
+
+    def abort_fold(self, job: FoldJob) -> None: ...
+
+    def close(self, snapshot: bool = True) -> int | None: ...
+
+    def unsaved(self) -> list[tuple[str, int]]: ...
+
+    @property
+    def size_bytes(self) -> int: ...
+
 
 def enoent(what: str) -> OSError:
     return OSError(errno.ENOENT, what)
+
+
+def fs_error(code: int, what: str = "") -> OSError:
+    return OSError(code, what or errno.errorcode.get(code, "error"))

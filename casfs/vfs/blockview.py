@@ -20,6 +20,7 @@ from casfs.vfs.chunks import plan_pieces
 class BlockView:
     read_only = True
     immutable = True
+    rw = None  # not a read/write volume
 
     def __init__(
         self,

@@ -26,11 +26,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from casfs.catalog import views
+from casfs.catalog.views import RootRow
 from casfs.errors import CasfsError
 from casfs.lifecycle.pids import alive
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
-from casfs.vfs.api import ROOT_INO, Piece, Stat, View, enoent
+from casfs.vfs.api import ROOT_INO, Piece, RwView, Stat, View, enoent
 from casfs.vfs.blockview import BlockView
 from casfs.vfs.treeview import TreeView
 
@@ -39,7 +41,6 @@ log = logging.getLogger(__name__)
 LISTING_TTL_S = 1.0
 IMAGES_INO, VOLUMES_INO, SNAPSHOTS_INO = 2, 3, 4
 _FIRST_DYNAMIC_INO = 16
-_VISIBLE = "phase NOT IN ('creating', 'deleting')"
 _TOP = ((b"images", IMAGES_INO), (b"volumes", VOLUMES_INO), (b"snapshots", SNAPSHOTS_INO))
 
 
@@ -76,9 +77,14 @@ def static_view(
     return BlockView(repo, root, mode=block_mode, mtime_ns=int(created * 1e9), label=label)
 
 
+def _static(repo: Repository, row: RootRow, label: str) -> View:
+    return static_view(repo, row.kind, row.root, row.chunk_size, row.next_ino, row.created, label)
+
+
 class StoreView:
     read_only = True
     immutable = False
+    rw = None  # not a read/write volume
 
     def __init__(self, repo: Repository, open_rw: OpenRw | None = None) -> None:
         self.repo = repo
@@ -86,6 +92,7 @@ class StoreView:
         self._now = time.time_ns()
         self._uid, self._gid = os.getuid(), os.getgid()
         self._views: dict[tuple[Any, ...], View] = {}
+        self._rw: dict[str, RwView] = {}  # volume -> its read/write view
         self._subjects: dict[int, Subject] = {}
         # Stable readdir offsets: each name gets the next serial of its directory for
         # the daemon's lifetime, so entries come and go without shifting the others.
@@ -201,33 +208,22 @@ class StoreView:
             return cached[1]
         conn = self.repo.conn
         if ino == IMAGES_INO:
-            rows = conn.execute("SELECT name FROM images WHERE phase = 'ready' ORDER BY name")
+            names = views.image_names(conn)
         elif ino in (VOLUMES_INO, SNAPSHOTS_INO):
-            rows = conn.execute(f"SELECT name FROM volumes WHERE {_VISIBLE} ORDER BY name")
+            names = views.volume_names(conn)
         else:
-            rows = conn.execute(
-                "SELECT CAST(n AS TEXT) FROM snapshots WHERE volume = ? ORDER BY n",
-                (self._snapdir_name[ino],),
-            )
-        names = [r[0] for r in rows]
+            names = views.snapshot_names(conn, self._snapdir_name[ino])
         self._listings[ino] = (now, names)
         return names
 
     def _count_subdirs(self, ino: int) -> int:
         if ino == SNAPSHOTS_INO:
             return len(self._listing(ino))
-        conn = self.repo.conn
         if ino == IMAGES_INO:
-            row = conn.execute("SELECT COUNT(*) FROM images WHERE phase = 'ready' AND kind = 'dir'")
-        elif ino == VOLUMES_INO:
-            row = conn.execute(f"SELECT COUNT(*) FROM volumes WHERE {_VISIBLE} AND kind = 'dir'")
-        else:
-            row = conn.execute(
-                "SELECT COUNT(*) FROM snapshots s JOIN volumes v ON v.name = s.volume "
-                "WHERE s.volume = ? AND v.kind = 'dir'",
-                (self._snapdir_name[ino],),
-            )
-        return int(row.fetchone()[0])
+            return views.dir_images(self.repo.conn)
+        if ino == VOLUMES_INO:
+            return views.dir_volumes(self.repo.conn)
+        return views.dir_snapshots(self.repo.conn, self._snapdir_name[ino])
 
     def _dir_check(self, ino: int) -> None:
         if ino not in (ROOT_INO, IMAGES_INO, VOLUMES_INO, SNAPSHOTS_INO) and ino not in self._snapdir_name:
@@ -248,68 +244,74 @@ class StoreView:
         return view
 
     def _image(self, name: str) -> View:
-        row = self.repo.conn.execute(
-            "SELECT kind, root, chunk_size, next_ino, created FROM images WHERE name = ? AND phase = 'ready'",
-            (name,),
-        ).fetchone()
+        row = views.image(self.repo.conn, name)
         if row is None:
             raise enoent(name)
-        kind, root, chunk_size, next_ino, created = row
-        root = BlobId(bytes(root))
         return self._remember(
-            ("image", name, root),
+            ("image", name, row.root),
             Subject("image", name),
-            lambda: static_view(self.repo, kind, root, chunk_size, next_ino, created, f"images/{name}"),
+            lambda: _static(self.repo, row, f"images/{name}"),
         )
 
     def _volume(self, name: str) -> View:
         """A read/write volume is served by a view that claims it only when first
         changed (browsing claims nothing); one another live process holds is served
         read-only from its base, and its phase says who holds it."""
-        row = self.repo.conn.execute(
-            "SELECT kind, mode, base, chunk_size, next_ino, created, phase, owner_pid, next_snapshot "
-            f"FROM volumes WHERE name = ? AND {_VISIBLE}",
-            (name,),
-        ).fetchone()
+        row = views.volume(self.repo.conn, name)
         if row is None:
             raise enoent(name)
-        kind, mode, base, chunk_size, next_ino, created, phase, pid, next_snapshot = row
-        base = BlobId(bytes(base))
-        rw = self._views.get(("rw", name))
-        if rw is not None and getattr(rw, "claimed", True):
+        base = row.static.root
+        rw = self._rw.get(name)
+        if rw is not None and rw.claimed:
             return rw  # ours: its changes are the volume's
-        held_elsewhere = phase != "ready" and pid not in (None, os.getpid()) and alive(pid)
+        pid = row.owner_pid
+        held_elsewhere = row.phase != "ready" and pid not in (None, os.getpid()) and alive(pid)
         open_rw = self.open_rw
-        if mode == "rw" and open_rw is not None and not held_elsewhere:
+        if row.mode == "rw" and open_rw is not None and not held_elsewhere:
             # An unclaimed view caches the catalog: a new one once the volume moved on.
-            generation = (base, next_snapshot)
+            generation = (base, row.next_snapshot)
             if rw is None or self._rw_generation.get(name) != generation:
-                rw = self._views[("rw", name)] = open_rw(name)
+                opened = open_rw(name).rw
+                assert opened is not None, "open_rw made a read-only view"
+                rw = self._rw[name] = opened
                 self._subjects[id(rw)] = Subject("volume", name)
                 self._rw_generation[name] = generation
             return rw
         return self._remember(
             ("volume", name, base),
             Subject("volume", name),
-            lambda: static_view(self.repo, kind, base, chunk_size, next_ino, created, f"volumes/{name}"),
+            lambda: _static(self.repo, row.static, f"volumes/{name}"),
         )
 
     def _snapshot(self, volume: str, n: int) -> View:
-        row = self.repo.conn.execute(
-            "SELECT s.root, s.next_ino, s.created, v.kind, v.chunk_size FROM snapshots s "
-            "JOIN volumes v ON v.name = s.volume WHERE s.volume = ? AND s.n = ?",
-            (volume, n),
-        ).fetchone()
+        row = views.snapshot(self.repo.conn, volume, n)
         if row is None:
             raise enoent(f"{volume}@{n}")
-        root, next_ino, created, kind, chunk_size = row
-        root = BlobId(bytes(root))
         label = f"snapshots/{volume}/{n}"
         return self._remember(
-            ("snapshot", volume, n, root),
+            ("snapshot", volume, n, row.root),
             Subject("snapshot", volume, n),
-            lambda: static_view(self.repo, kind, root, chunk_size, next_ino, created, label),
+            lambda: _static(self.repo, row, label),
         )
+
+
+def resolve(view: View, parent: int, name: bytes) -> tuple[View, int, Stat]:
+    """Look a name up, following a junction into another view (storeview.StoreView)."""
+    if not isinstance(view, StoreView):
+        st = view.lookup(parent, name)
+        return view, st.ino, st
+    child, ino = view.resolve(parent, name)
+    return child, ino, child.getattr(ino)
+
+
+def entries(view: View, ino: int, offset: int) -> Iterator[tuple[bytes, View, int, Stat, int]]:
+    """(name, view, inode, stat, next offset) from `offset` on, through junctions too."""
+    if not isinstance(view, StoreView):
+        for name, st, nxt in view.readdir(ino, offset):
+            yield name, view, st.ino, st, nxt
+        return
+    for name, child, cino, nxt in view.entries(ino, offset):
+        yield name, child, cino, child.getattr(cino), nxt
 
 
 def _name(raw: bytes) -> str:

@@ -39,24 +39,10 @@ class _Node:
     name: bytes
 
 
-def to_stat(ino: int, a: Attrs) -> Stat:
-    return Stat(
-        ino=ino,
-        mode=a.mode,
-        nlink=a.nlink,
-        uid=a.uid,
-        gid=a.gid,
-        rdev=a.rdev,
-        size=a.size,
-        atime_ns=a.atime_ns,
-        mtime_ns=a.mtime_ns,
-        ctime_ns=a.ctime_ns,
-    )
-
-
 class TreeView:
     read_only = True
     immutable = True
+    rw = None  # not a read/write volume
 
     def __init__(
         self, repo: Repository, root: BlobId, chunk_size: int, next_ino: int, label: str = ""
@@ -74,7 +60,7 @@ class TreeView:
     # -- View --------------------------------------------------------------------
 
     def getattr(self, ino: int) -> Stat:
-        return to_stat(ino, self._node(ino).attrs)
+        return Stat.of(self._node(ino).attrs)
 
     def lookup(self, parent: int, name: bytes) -> Stat:
         entry = self._dir(parent).find(name)
@@ -159,7 +145,7 @@ class TreeView:
         if node is None:
             attrs = self._dir_attrs(self._tree(BlobId(entry.data)), ino) if entry.is_dir else entry.attrs
             node = self._nodes[ino] = _Node(attrs, entry.data, parent, entry.name)
-        return to_stat(ino, node.attrs)
+        return Stat.of(node.attrs)
 
     def _content(self, ino: int) -> Content:
         content = self._contents.get(ino)

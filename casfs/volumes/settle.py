@@ -33,11 +33,11 @@ def settle(repo: Repository, volume: str, label: str | None = None) -> int | Non
         require_at_rest(row)
         take_volume(conn, volume, VolumePhase.READY, VolumePhase.SNAPSHOTTING)
     try:
-        from casfs.vfs.volume import VolumeView
+        from casfs.vfs.volume import open_volume
 
         fault_point("snapshot:after-phase")
         with job_slot(repo, f"snapshot {volume}"):
-            return VolumeView(repo, volume).snapshot_sync(label)
+            return open_volume(repo, volume).snapshot_sync(label)
     finally:
         with transaction(conn):
             give_volume(conn, volume, VolumePhase.SNAPSHOTTING, os.getpid())

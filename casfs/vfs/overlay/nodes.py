@@ -96,16 +96,11 @@ class Listing:
 
 @dataclass
 class Node:
-    ino: int
-    mode: int
-    uid: int = 0
-    gid: int = 0
-    rdev: int = 0
-    size: int = 0
-    atime_ns: int = 0
-    mtime_ns: int = 0
-    ctime_ns: int = 0
-    nlink: int = 1
+    """An inode of a read/write volume, in memory. Its attributes are the tree's record
+    (Attrs, replaced on change: `set`), but for the extended ones, which a mutable dict
+    holds until a fold or a flush encodes them."""
+
+    attrs: Attrs  # (its xattrs stay empty: see `xattrs`)
     xattrs: dict[bytes, bytes] = field(default_factory=dict)
     base: BlobId = ZERO_ID  # file: base content id; dir: base subtree id
     base_limit: int = NO_LIMIT
@@ -114,72 +109,46 @@ class Node:
     listing: Listing | None = None  # directories whose entries changed
 
     @property
+    def ino(self) -> int:
+        return self.attrs.ino
+
+    @property
     def is_dir(self) -> bool:
-        return stat.S_ISDIR(self.mode)
+        return stat.S_ISDIR(self.attrs.mode)
 
     @property
     def is_file(self) -> bool:
-        return stat.S_ISREG(self.mode)
+        return stat.S_ISREG(self.attrs.mode)
+
+    def set(self, **changes: int) -> None:
+        self.attrs = self.attrs.with_(**changes)
 
     def stat(self) -> Stat:
-        return Stat(
-            self.ino,
-            self.mode,
-            self.nlink,
-            self.uid,
-            self.gid,
-            self.rdev,
-            self.size,
-            self.atime_ns,
-            self.mtime_ns,
-            self.ctime_ns,
-        )
+        return Stat.of(self.attrs)
 
-    def attrs(self) -> Attrs:
-        return Attrs(
-            self.mode,
-            self.uid,
-            self.gid,
-            self.rdev,
-            self.size,
-            self.atime_ns,
-            self.mtime_ns,
-            self.ctime_ns,
-            self.ino,
-            self.nlink,
-            tuple(sorted(self.xattrs.items())),
-        )
+    def tree_attrs(self) -> Attrs:
+        """The attributes as a tree entry stores them (extended ones included)."""
+        return self.attrs.with_(xattrs=tuple(sorted(self.xattrs.items())))
 
     def row(self, volume: str) -> tuple[object, ...]:
+        a = self.attrs
         return (
-            volume,
-            self.ino,
-            self.mode,
-            self.uid,
-            self.gid,
-            self.rdev,
-            self.size,
-            self.atime_ns,
-            self.mtime_ns,
-            self.ctime_ns,
-            self.nlink,
+            volume, a.ino, a.mode, a.uid, a.gid, a.rdev, a.size, a.atime_ns, a.mtime_ns, a.ctime_ns, a.nlink,
             encode_xattrs(self.xattrs),
             self.base,
             min(self.base_limit, NO_LIMIT),
             self.target,
             self.parent,
             self.listing.header() if self.listing is not None else None,
-        )
+        )  # fmt: skip
 
     @staticmethod
     def from_row(row: tuple[Any, ...], entries: dict[bytes, tuple[int, int]] | None = None) -> Node:
         """A node from its overlay row; a directory's `entries` come from overlay_entries."""
         _, ino, mode, uid, gid, rdev, size, at, mt, ct, nlink, xattrs, base, limit, target, parent, lst = row
         listing = Listing.from_header(lst, entries or {}) if lst is not None else None
-        return Node(
-            ino, mode, uid, gid, rdev, size, at, mt, ct, nlink, decode_xattrs(xattrs), BlobId(base), limit,
-            target, parent, listing,
-        )  # fmt: skip
+        attrs = Attrs(mode, uid, gid, rdev, size, at, mt, ct, ino, nlink)
+        return Node(attrs, decode_xattrs(xattrs), BlobId(base), limit, target, parent, listing)
 
     def copy(self) -> Node:
         """A copy the fold can read while this one changes (listing and xattrs too)."""
@@ -188,49 +157,18 @@ class Node:
         )
 
     @staticmethod
-    def from_entry(entry: Entry, parent: int, chunk_size: int) -> Node:
+    def from_entry(entry: Entry, parent: int) -> Node:
         """A base entry copied up (a directory's own attrs come from its tree)."""
         a = entry.attrs
-        node = Node(
-            a.ino,
-            a.mode,
-            a.uid,
-            a.gid,
-            a.rdev,
-            a.size,
-            a.atime_ns,
-            a.mtime_ns,
-            a.ctime_ns,
-            a.nlink,
-            dict(a.xattrs),
-            entry.blob,
-            NO_LIMIT,
-            entry.data if entry.is_symlink else b"",
-            parent,
-        )
-        return node
+        target = entry.data if entry.is_symlink else b""
+        return Node(a.with_(xattrs=()), dict(a.xattrs), entry.blob, NO_LIMIT, target, parent)
 
     @staticmethod
     def from_tree(tree: Tree, subtree: BlobId, parent: int) -> Node:
         a = tree.attrs
         subdirs = sum(1 for e in tree.entries if e.is_dir)
-        return Node(
-            a.ino,
-            a.mode,
-            a.uid,
-            a.gid,
-            a.rdev,
-            0,
-            a.atime_ns,
-            a.mtime_ns,
-            a.ctime_ns,
-            2 + subdirs,
-            dict(a.xattrs),
-            subtree,
-            NO_LIMIT,
-            b"",
-            parent,
-        )
+        attrs = a.with_(size=0, nlink=2 + subdirs, xattrs=())
+        return Node(attrs, dict(a.xattrs), subtree, NO_LIMIT, b"", parent)
 
 
 def encode_xattrs(x: dict[bytes, bytes]) -> bytes:

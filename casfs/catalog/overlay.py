@@ -1,0 +1,150 @@
+"""A mounted read/write volume's overlay rows (overlay_inodes, overlay_entries,
+overlay_chunks) and the volume columns its flushes and folds move: the only SQL of
+casfs.vfs.overlay.
+
+Plain statements inside the caller's transaction. Counting references is the caller's
+(refcount.ledger sits above the catalog): every function that drops or replaces an
+overlay chunk returns the ids it dropped, for the caller to release.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from casfs.store.ids import BlobId
+
+
+class VolumeRow(NamedTuple):
+    """What a read/write view loads of its volume."""
+
+    kind: str
+    base: BlobId
+    chunk_size: int
+    next_ino: int
+    size: int  # bytes in regular files (dir) or the disk's (block), as of the last flush
+
+
+class OverlayRows(NamedTuple):
+    """A volume's overlay as the last flush left it."""
+
+    inodes: list[tuple[Any, ...]]  # overlay_inodes rows, in column order
+    entries: dict[int, dict[bytes, tuple[int, int]]]  # dir -> name -> (cookie, ino)
+    chunks: dict[int, dict[int, BlobId]]  # ino -> n -> chunk id
+
+
+def volume_row(conn: sqlite3.Connection, name: str) -> VolumeRow | None:
+    row = conn.execute(
+        "SELECT kind, base, chunk_size, next_ino, size FROM volumes WHERE name = ?", (name,)
+    ).fetchone()
+    return None if row is None else VolumeRow(row[0], BlobId(row[1]), row[2], row[3], row[4])
+
+
+def base_time(conn: sqlite3.Connection, name: str, base: BlobId) -> float:
+    """When the base was made: its snapshot's time, or the volume's creation (unix time)."""
+    row = conn.execute(
+        "SELECT coalesce((SELECT max(created) FROM snapshots WHERE volume = ? AND root = ?), created) "
+        "FROM volumes WHERE name = ?",
+        (name, base, name),
+    ).fetchone()
+    return float(row[0])
+
+
+def blob_kind(conn: sqlite3.Connection, bid: BlobId) -> int | None:
+    """A blob's kind (casfs.snapshots.kinds), None if the catalog has no row for it."""
+    row = conn.execute("SELECT kind FROM blobs WHERE id = ?", (bid,)).fetchone()
+    return None if row is None else int(row[0])
+
+
+def orphans(conn: sqlite3.Connection, volume: str) -> list[int]:
+    """Unlinked inodes that were still open when a daemon died: nothing names them."""
+    query = "SELECT ino FROM overlay_inodes WHERE volume = ? AND nlink = 0"
+    return [i for (i,) in conn.execute(query, (volume,))]
+
+
+def load(conn: sqlite3.Connection, volume: str) -> OverlayRows:
+    entries: dict[int, dict[bytes, tuple[int, int]]] = {}
+    query = "SELECT dir, name, cookie, ino FROM overlay_entries WHERE volume = ?"
+    for d, name, cookie, ino in conn.execute(query, (volume,)):
+        entries.setdefault(d, {})[bytes(name)] = (cookie, ino)
+    inodes = [tuple(r) for r in conn.execute("SELECT * FROM overlay_inodes WHERE volume = ?", (volume,))]
+    chunks: dict[int, dict[int, BlobId]] = {}
+    for ino, n, chunk in conn.execute("SELECT ino, n, chunk FROM overlay_chunks WHERE volume = ?", (volume,)):
+        chunks.setdefault(ino, {})[n] = BlobId(chunk)
+    return OverlayRows(inodes, entries, chunks)
+
+
+def delete_inode(conn: sqlite3.Connection, volume: str, ino: int, from_chunk: int = 0) -> list[BlobId]:
+    """Drop an inode's chunks from `from_chunk` on (and, from 0, its row and entries);
+    returns the chunk ids dropped."""
+    where = "volume = ? AND ino = ? AND n >= ?"
+    args = (volume, ino, from_chunk)
+    olds = [BlobId(c) for (c,) in conn.execute(f"SELECT chunk FROM overlay_chunks WHERE {where}", args)]
+    conn.execute(f"DELETE FROM overlay_chunks WHERE {where}", args)
+    if from_chunk == 0:
+        conn.execute("DELETE FROM overlay_inodes WHERE volume = ? AND ino = ?", (volume, ino))
+        conn.execute("DELETE FROM overlay_entries WHERE volume = ? AND dir = ?", (volume, ino))
+    return olds
+
+
+_UPSERT_INODE = "INSERT OR REPLACE INTO overlay_inodes VALUES (" + ", ".join("?" * 17) + ")"
+
+
+def put_inodes(conn: sqlite3.Connection, rows: Iterable[tuple[object, ...]]) -> None:
+    conn.executemany(_UPSERT_INODE, rows)
+
+
+def put_entries(
+    conn: sqlite3.Connection,
+    volume: str,
+    whole_dirs: Iterable[int],
+    gone: Iterable[tuple[int, bytes]],
+    entries: Iterable[tuple[int, bytes, int, int]],
+) -> None:
+    """Directory entries: every entry of a `whole_dirs` directory is rewritten, `gone`
+    (dir, name) deleted, `entries` (dir, name, cookie, ino) stored."""
+    conn.executemany(
+        "DELETE FROM overlay_entries WHERE volume = ? AND dir = ?", [(volume, d) for d in whole_dirs]
+    )
+    conn.executemany(
+        "DELETE FROM overlay_entries WHERE volume = ? AND dir = ? AND name = ?",
+        [(volume, d, name) for d, name in gone],
+    )
+    conn.executemany(
+        "INSERT OR REPLACE INTO overlay_entries VALUES (?, ?, ?, ?, ?)",
+        [(volume, d, name, cookie, ino) for d, name, cookie, ino in entries],
+    )
+
+
+def put_chunk(conn: sqlite3.Connection, volume: str, ino: int, n: int, bid: BlobId) -> BlobId | None:
+    """Store chunk n of an inode; returns the id it replaced (None: a new chunk)."""
+    old = conn.execute(
+        "SELECT chunk FROM overlay_chunks WHERE volume = ? AND ino = ? AND n = ?", (volume, ino, n)
+    ).fetchone()
+    conn.execute("INSERT OR REPLACE INTO overlay_chunks VALUES (?, ?, ?, ?)", (volume, ino, n, bid))
+    return None if old is None else BlobId(old[0])
+
+
+def flushed(conn: sqlite3.Connection, volume: str, next_ino: int, size: int) -> None:
+    conn.execute(
+        "UPDATE volumes SET next_ino = MAX(next_ino, ?), size = ? WHERE name = ?", (next_ino, size, volume)
+    )
+
+
+def fold(conn: sqlite3.Connection, volume: str, new_root: BlobId, size: int, next_ino: int) -> list[BlobId]:
+    """Empty the overlay into a new base (the fold's snapshot is already added); returns
+    the chunk ids dropped. Inodes unlinked but still open keep their rows and chunks
+    until forgotten."""
+    live = "volume = ? AND ino NOT IN (SELECT ino FROM overlay_inodes WHERE volume = ? AND nlink = 0)"
+    olds = [
+        BlobId(c) for (c,) in conn.execute(f"SELECT chunk FROM overlay_chunks WHERE {live}", (volume, volume))
+    ]
+    conn.execute(f"DELETE FROM overlay_chunks WHERE {live}", (volume, volume))
+    conn.execute("DELETE FROM overlay_inodes WHERE volume = ? AND nlink > 0", (volume,))
+    conn.execute("DELETE FROM overlay_entries WHERE volume = ?", (volume,))
+    conn.execute(
+        "UPDATE volumes SET base = ?, size = ?, next_ino = MAX(next_ino, ?) WHERE name = ?",
+        (new_root, size, next_ino, volume),
+    )
+    return olds

@@ -1,0 +1,127 @@
+"""A read/write view's life on the trio thread: its lock, mutations with the NeedChunks
+retry, flushes and snapshots whose blocking halves run in worker threads, and the
+age-based flush the daemon's timer asks for.
+
+The lock (one trio.Lock per view) is held around every mutation, flush and snapshot,
+*across* their awaits: that keeps the view frozen while a job's worker thread runs. The
+view asserts it on every mutation (RwView.guard, installed here). The whole protocol is
+stated once in docs/developer-notes.md, "Concurrency protocol of the daemon".
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+from weakref import WeakKeyDictionary
+
+import trio
+
+from casfs.lifecycle.queue import acquire_slot
+from casfs.store.ids import BlobId
+from casfs.vfs.api import ROOT_INO, Fetched, NeedChunks, RwView, View
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+J = TypeVar("J")
+
+_locks: WeakKeyDictionary[RwView, trio.Lock] = WeakKeyDictionary()
+
+
+def lock(view: RwView) -> trio.Lock:
+    """The view's lock (made at first use, when the view learns to check it)."""
+    held = _locks.get(view)
+    if held is None:
+        held = _locks[view] = trio.Lock()
+        view.guard = functools.partial(_owned, held)
+    return held
+
+
+def _owned(held: trio.Lock) -> bool:
+    """The calling task holds the lock (trio knows its owner)."""
+    return held.statistics().owner is trio.lowlevel.current_task()
+
+
+async def mutate(
+    view: RwView,
+    change: Callable[[Fetched], R],
+    fetch: Callable[[list[BlobId]], Awaitable[Fetched]],
+    dirty_limit_bytes: int,
+) -> R:
+    """Run one change under the view's lock. A change that needs chunks it does not have
+    (NeedChunks) is retried once they are fetched; the fetch awaits inside the lock on
+    purpose: the change must see them unchanged."""
+    fetched: Fetched = {}
+    async with lock(view):
+        if view.dirty_bytes > dirty_limit_bytes:
+            # Before the change, not after: if the flush fails (a full disk), this
+            # call fails having changed nothing, and what is buffered stays buffered.
+            await _flush_locked(view)
+        while True:
+            try:
+                return change(fetched)
+            except NeedChunks as e:
+                fetched.update(await fetch(e.ids))
+
+
+async def _in_thread(
+    job: J, run: Callable[[J], None], abort: Callable[[J], None], apply: Callable[[J], None]
+) -> J:
+    """A prepared job's blocking half in a worker thread, then its apply (or abort)."""
+    try:
+        await trio.to_thread.run_sync(run, job)
+    except BaseException:
+        abort(job)
+        raise
+    apply(job)
+    return job
+
+
+async def _flush_locked(view: RwView) -> None:
+    job = view.prepare_flush()
+    if job is not None:
+        await _in_thread(job, view.run_flush, view.abort_flush, view.apply_flush)
+
+
+async def flush(view: RwView) -> None:
+    """Make every change the view buffers durable (fsync: one flush covers all)."""
+    async with lock(view):
+        await _flush_locked(view)
+
+
+async def sync(view: View) -> None:
+    """fsync of any view: a read/write one flushes, an immutable one has nothing to do."""
+    if view.rw is not None:
+        await flush(view.rw)
+
+
+async def take_snapshot(view: RwView, label: str | None) -> int:
+    """flush + fold. Waits for a store job slot first, and only then takes the lock:
+    writers are not stalled behind other processes' imports, only behind the fold."""
+    slot = await trio.to_thread.run_sync(acquire_slot, view.repo, f"snapshot {view.name}")
+    try:
+        async with lock(view):
+            view.ensure_writable()  # a snapshot changes the volume: this mount claims it
+            await _flush_locked(view)
+            job = await _in_thread(view.prepare_fold(label), view.run_fold, view.abort_fold, view.apply_fold)
+            return job.snapshot
+    finally:
+        slot.release()
+
+
+async def flush_aged(views: Sequence[View], age_s: float) -> None:
+    """Flush read/write views whose oldest unflushed change is older than age_s (the
+    daemon's timer)."""
+    now = time.monotonic()
+    for view in views:
+        rw = view.rw
+        if rw is None or rw.dirty_since is None or now - rw.dirty_since < age_s:
+            continue
+        try:
+            await flush(rw)
+        except OSError as e:
+            # Still buffered, retried after age_s; fsync reports it to the application.
+            log.warning("flushing %s failed, will retry: %s", rw.describe(ROOT_INO), e)

@@ -1,0 +1,285 @@
+"""A read/write volume's file data and attributes: where each chunk is (a buffer, a
+flushed overlay chunk, the base, a hole), reads described as pieces, writes into
+buffers, truncation, st_blocks. Shared by both kinds (a block volume is one file)."""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import stat
+from typing import Unpack
+
+from casfs.snapshots import chunkmap
+from casfs.store.ids import ZERO_ID, BlobId
+from casfs.vfs.api import Changes, Fetched, NeedChunks, Piece, Stat, fs_error
+from casfs.vfs.overlay.nodes import Node
+from casfs.vfs.overlay.writeback import RwVolume, now_ns
+
+XATTR_CREATE = 1
+XATTR_REPLACE = 2
+_XATTR_NAMESPACES = (b"user.", b"trusted.", b"security.")
+
+
+class Data(RwVolume):
+    # Base content id -> its data chunks (for st_blocks), shared by every inode of it.
+    _allocated: dict[BlobId, list[int]]
+
+    def _load(self) -> None:
+        self._allocated = {}
+        super()._load()
+
+    # -- reading -----------------------------------------------------------------
+
+    def getattr(self, ino: int) -> Stat:
+        return self._stat(self.node(ino))
+
+    def _stat(self, node: Node) -> Stat:
+        st = node.stat()
+        if node.is_file:
+            st = st.with_(blocks=self._blocks(node))
+        return st
+
+    def _blocks(self, node: Node) -> int:
+        """512-byte blocks a file occupies, counted by chunk: a chunk holding data counts
+        (up to the end of the file), a hole none. So `du` of a sparse file stays small
+        and `cp` out of the mount keeps it sparse. Cost: the base's data chunks are
+        listed once per content id; then O(changed chunks) per call."""
+        cs = self.chunk_size
+        count = chunkmap.n_chunks(node.attrs.size, cs)
+        limit = min(node.base_limit, count)
+        base = self._base_allocation(node)
+        chunks = bisect.bisect_left(base, limit)
+        changed = set(self.chunk_ids.get(node.ino, ())) | self._buffered.get(node.ino, set())
+        for n in changed:
+            if n < count:
+                chunks += self._holds_data(node, n) - (n < limit and _contains(base, n))
+        used = chunks * cs
+        if count and self._holds_data(node, count - 1):
+            used -= count * cs - node.attrs.size  # the last chunk ends at the end of the file
+        return (used + 511) // 512
+
+    def _holds_data(self, node: Node, n: int) -> bool:
+        return n in self._buffered.get(node.ino, ()) or self._chunk_ref(node, n) != ZERO_ID
+
+    def _base_allocation(self, node: Node) -> list[int]:
+        if node.base == ZERO_ID or node.base_limit == 0:
+            return []
+        found = self._allocated.get(node.base)
+        if found is None:
+            content = self._content(node)
+            if isinstance(content, chunkmap.ChunkMap):
+                found = content.data_chunks()  # a block volume's disk
+            elif content.map is not None:
+                found = content.map.data_chunks()
+            else:
+                found = [0] if content.chunk(0) != ZERO_ID else []
+            if len(self._allocated) > 4096:
+                self._allocated.clear()
+            self._allocated[node.base] = found
+        return found
+
+    def _base_chunk(self, node: Node, n: int) -> BlobId:
+        if node.base == ZERO_ID or n >= node.base_limit:
+            return ZERO_ID
+        return self._content(node).chunk(n)
+
+    def _chunk_ref(self, node: Node, n: int) -> BlobId:
+        flushed = self.chunk_ids.get(node.ino)
+        if flushed is not None and n in flushed:
+            return flushed[n]
+        return self._base_chunk(node, n)
+
+    def read_plan(self, ino: int, offset: int, size: int) -> list[Piece]:
+        node = self.node(ino)
+        if not node.is_file:
+            raise fs_error(errno.EISDIR if node.is_dir else errno.EINVAL)
+        end = min(offset + size, node.attrs.size)
+        cs = self.chunk_size
+        pieces = []
+        pos = offset
+        while pos < end:
+            n, start = divmod(pos, cs)
+            stop = min(cs, end - n * cs)
+            buf = self.buffers.get((ino, n))
+            if buf is not None:
+                pieces.append(Piece(start, stop, data=buf))
+            else:
+                pieces.append(Piece(start, stop, blob=self._chunk_ref(node, n)))
+            pos = n * cs + stop
+        return pieces
+
+    def getxattr(self, ino: int, name: bytes) -> bytes:
+        value = self.node(ino).xattrs.get(name)
+        if value is None:
+            raise fs_error(errno.ENODATA)
+        return value
+
+    def listxattr(self, ino: int) -> list[bytes]:
+        return sorted(self.node(ino).xattrs)
+
+    # -- attributes ------------------------------------------------------------------
+
+    def setattr(self, ino: int, *, fetched: Fetched | None = None, **changes: Unpack[Changes]) -> Stat:
+        mode, uid, gid = changes.get("mode"), changes.get("uid"), changes.get("gid")
+        size, atime_ns, mtime_ns = changes.get("size"), changes.get("atime_ns"), changes.get("mtime_ns")
+        node = self.node(ino)
+        if size is not None and size != node.attrs.size:
+            self._resize(node, size)
+            self._truncate(node, size, fetched or {})
+        now = now_ns()
+        self._touch(ino)
+        if mode is not None:
+            node.set(mode=stat.S_IFMT(node.attrs.mode) | stat.S_IMODE(mode))
+        if uid is not None or gid is not None:
+            if not node.is_dir and (uid not in (None, node.attrs.uid) or gid not in (None, node.attrs.gid)):
+                # chown clears setuid, and setgid where it means set-group-id (group exec set).
+                node.set(mode=node.attrs.mode & ~stat.S_ISUID)
+                if node.attrs.mode & stat.S_IXGRP:
+                    node.set(mode=node.attrs.mode & ~stat.S_ISGID)
+            node.set(uid=node.attrs.uid if uid is None else uid)
+            node.set(gid=node.attrs.gid if gid is None else gid)
+        if atime_ns is not None:
+            node.set(atime_ns=atime_ns)
+        if mtime_ns is not None:
+            node.set(mtime_ns=mtime_ns)
+        elif size is not None:
+            node.set(mtime_ns=now)
+        node.set(ctime_ns=now)
+        return self._stat(node)
+
+    def _resize(self, node: Node, size: int) -> None:
+        """Refuse a size change the kind does not allow (before anything changed)."""
+        if not node.is_file:
+            raise fs_error(errno.EISDIR if node.is_dir else errno.EINVAL)
+
+    def _truncate(self, node: Node, size: int, fetched: Fetched) -> None:
+        cs = self.chunk_size
+        keep = chunkmap.n_chunks(size, cs)
+        tail = size % cs
+        last = (node.ino, keep - 1)
+        ref = ZERO_ID
+        if size < node.attrs.size and tail and last not in self.buffers:
+            ref = self._chunk_ref(node, keep - 1)
+            if ref != ZERO_ID and ref not in fetched:
+                raise NeedChunks([ref])  # before any change: the retry starts from scratch
+        if node.attrs.nlink:
+            self.logical += size - node.attrs.size
+        if size < node.attrs.size:
+            if ref != ZERO_ID:
+                self._set_buffer(last, bytearray(fetched[ref]))
+            if tail and last in self.buffers:
+                buf = self.buffers[last]
+                if len(buf) > tail:
+                    self.dirty_bytes -= len(buf) - tail
+                    del buf[tail:]
+                    self.versions[last] = self.versions.get(last, 0) + 1
+            for key in [k for k in self.buffers if k[0] == node.ino and k[1] >= keep]:
+                self._drop_buffer(key)
+            flushed = self.chunk_ids.get(node.ino, {})
+            for n in [n for n in flushed if n >= keep]:
+                del flushed[n]
+            self.cuts[node.ino] = min(self.cuts.get(node.ino, keep), keep)
+            node.base_limit = min(node.base_limit, keep)
+        node.set(size=size)
+        self._touch(node.ino)
+
+    def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
+        if name.startswith(b"system.posix_acl_"):
+            # ACLs are not enforced here (default_permissions checks mode bits only), so
+            # refuse them: cp -a and tar then fall back to chmod instead of storing an
+            # ACL that silently disagrees with the mode.
+            raise fs_error(errno.EOPNOTSUPP, "POSIX ACLs are not supported")
+        if not name.startswith(_XATTR_NAMESPACES):
+            # The kernel passes every name to FUSE; ext4 refuses unknown namespaces (and
+            # system.*) so a tree that cp -a accepted here can be copied back out.
+            raise fs_error(errno.EOPNOTSUPP, "unsupported xattr namespace")
+        node = self.node(ino)
+        if flags & XATTR_CREATE and name in node.xattrs:
+            raise fs_error(errno.EEXIST)
+        if flags & XATTR_REPLACE and name not in node.xattrs:
+            raise fs_error(errno.ENODATA)
+        self._touch(ino)
+        node.xattrs[name] = value
+        node.set(ctime_ns=now_ns())
+
+    def removexattr(self, ino: int, name: bytes) -> None:
+        node = self.node(ino)
+        if name not in node.xattrs:
+            raise fs_error(errno.ENODATA)
+        self._touch(ino)
+        del node.xattrs[name]
+        node.set(ctime_ns=now_ns())
+
+    # -- writing data ------------------------------------------------------------------
+
+    def write(self, ino: int, offset: int, data: bytes, fetched: Fetched | None = None) -> int:
+        """Buffer a write. Raises NeedChunks when a partly written chunk's current
+        bytes are neither buffered nor in `fetched`: fetch them and call again."""
+        node = self.node(ino)
+        if not node.is_file:
+            raise fs_error(errno.EBADF)
+        data = self._within_size(node, offset, data)
+        fetched = fetched or {}
+        cs = self.chunk_size
+        end = offset + len(data)
+        missing = []
+        for n in range(offset // cs, -(-end // cs)):
+            lo, hi = max(offset, n * cs) - n * cs, min(end, (n + 1) * cs) - n * cs
+            if (ino, n) in self.buffers or (lo == 0 and (hi == cs or n * cs + hi >= node.attrs.size)):
+                continue
+            ref = self._chunk_ref(node, n)
+            if ref != ZERO_ID and ref not in fetched:
+                missing.append(ref)
+        if missing:
+            raise NeedChunks(missing)
+        for n in range(offset // cs, -(-end // cs)):
+            key = (ino, n)
+            lo, hi = max(offset, n * cs) - n * cs, min(end, (n + 1) * cs) - n * cs
+            buf = self.buffers.get(key)
+            if buf is None:
+                if lo == 0 and (hi == cs or n * cs + hi >= node.attrs.size):
+                    buf = bytearray()
+                else:
+                    ref = self._chunk_ref(node, n)
+                    buf = bytearray(fetched[ref]) if ref != ZERO_ID else bytearray()
+                self._set_buffer(key, buf)
+            before = len(buf)
+            if before < lo:
+                buf.extend(bytes(lo - before))
+            buf[lo:hi] = data[n * cs + lo - offset : n * cs + hi - offset]
+            self.dirty_bytes += len(buf) - before
+            self.versions[key] = self.versions.get(key, 0) + 1
+        now = now_ns()
+        if end > node.attrs.size:
+            if node.attrs.nlink:
+                self.logical += end - node.attrs.size
+            node.set(size=end)
+        node.set(mtime_ns=now, ctime_ns=now)
+        self._touch(ino)
+        return len(data)
+
+    def _within_size(self, node: Node, offset: int, data: bytes) -> bytes:
+        """What of a write the kind takes (a file grows; a disk does not)."""
+        return data
+
+    def write_sync(self, ino: int, offset: int, data: bytes) -> int:
+        """write(), fetching needed chunks in this thread (tests, offline tools)."""
+        fetched: Fetched = {}
+        while True:
+            try:
+                return self.write(ino, offset, data, fetched)
+            except NeedChunks as e:
+                fetched.update((i, self.repo.get(i)) for i in e.ids)
+
+    def truncate_sync(self, ino: int, size: int) -> Stat:
+        fetched: Fetched = {}
+        while True:
+            try:
+                return self.setattr(ino, size=size, fetched=fetched)
+            except NeedChunks as e:
+                fetched.update((i, self.repo.get(i)) for i in e.ids)
+
+
+def _contains(ordered: list[int], n: int) -> bool:
+    i = bisect.bisect_left(ordered, n)
+    return i < len(ordered) and ordered[i] == n

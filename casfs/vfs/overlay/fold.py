@@ -1,0 +1,172 @@
+"""The blocking halves of a read/write volume's write-back (run in worker threads).
+
+FlushJob and FoldJob are what the trio thread captures (writeback.py); run_flush stores
+dirty chunks and writes overlay rows; run_fold_dir / run_fold_block turn the overlay
+into new tree or map blobs, snapshot n+1 and the new base. Each ends in one catalog
+transaction, after the blobs it names are durable (Batch.commit's ordering). These
+functions see the job and the store, never the view.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import stat
+from dataclasses import dataclass, field
+
+from casfs.catalog import overlay
+from casfs.catalog import volumes as rows
+from casfs.refcount import ledger
+from casfs.repo import Repository
+from casfs.snapshots import chunkmap
+from casfs.snapshots.kinds import MAP_ROOT, TREE
+from casfs.snapshots.tree import Entry, Tree, dir_entry
+from casfs.store.ids import ZERO_ID, BlobId
+from casfs.vfs.api import ROOT_INO
+from casfs.vfs.overlay.nodes import NO_LIMIT, Node
+
+
+@dataclass
+class FlushJob:
+    chunks: list[tuple[int, int, bytes, int]]  # ino, n, data, buffer version
+    rows: list[tuple[object, ...]]
+    deleted: list[int]
+    cuts: dict[int, int]
+    next_ino: int
+    logical: int
+    ids: dict[tuple[int, int], BlobId] = field(default_factory=dict)
+    inos: set[int] = field(default_factory=set)  # the dirty inodes it carries (rows, or gone)
+    # Directory entries: only the changed ones, or every entry of a `whole_dirs` listing.
+    listings: list[int] = field(default_factory=list)  # directories whose entries it writes
+    whole_dirs: list[int] = field(default_factory=list)
+    entries: list[tuple[int, bytes, int, int]] = field(default_factory=list)  # dir, name, cookie, ino
+    gone: list[tuple[int, bytes]] = field(default_factory=list)  # dir, name
+
+
+@dataclass
+class FoldJob:
+    rows: dict[int, Node]
+    chunk_ids: dict[int, dict[int, BlobId]]
+    label: str | None
+    logical: int
+    new_root: BlobId = ZERO_ID
+    size: int = 0
+    snapshot: int = 0
+    bases: dict[int, BlobId] = field(default_factory=dict)  # ino -> its id in the new root
+    parents: dict[int, int] = field(default_factory=dict)  # ino -> a directory naming it there
+
+
+def delete_inode_rows(conn: sqlite3.Connection, volume: str, ino: int, from_chunk: int = 0) -> None:
+    """Drop an inode's overlay rows (its chunks from `from_chunk` on), releasing its chunks."""
+    ledger.release(conn, overlay.delete_inode(conn, volume, ino, from_chunk))
+
+
+def run_flush(repo: Repository, volume: str, job: FlushJob) -> None:
+    """Store the job's chunks as blobs, then write its rows in one transaction."""
+    with repo.batch() as batch:
+        for ino, n, data, _ in job.chunks:
+            job.ids[(ino, n)] = batch.put(data)
+
+        def write_rows(conn: sqlite3.Connection) -> None:
+            for ino in job.deleted:
+                delete_inode_rows(conn, volume, ino)
+            for ino, cut in job.cuts.items():
+                if ino not in job.deleted:
+                    delete_inode_rows(conn, volume, ino, from_chunk=cut)
+            overlay.put_inodes(conn, job.rows)
+            overlay.put_entries(conn, volume, job.whole_dirs, job.gone, job.entries)
+            for (ino, n), bid in job.ids.items():
+                old = overlay.put_chunk(conn, volume, ino, n, bid)
+                if old is not None:
+                    ledger.release(conn, [old])
+                ledger.retain(conn, [bid])
+            overlay.flushed(conn, volume, job.next_ino, job.logical)
+
+        batch.commit(then=write_rows)
+
+
+def _publish(batch: ledger.Batch, volume: str, base: BlobId, next_ino: int, job: FoldJob) -> None:
+    """In one transaction make the fold's root snapshot n+1 and the new base, and
+    empty the overlay."""
+
+    def publish(conn: sqlite3.Connection) -> None:
+        job.snapshot = rows.add_snapshot(conn, volume, job.new_root, job.size, next_ino, job.label)
+        ledger.retain(conn, [job.new_root, job.new_root])  # the snapshot's and the base's
+        ledger.release(conn, [base])
+        ledger.release(conn, overlay.fold(conn, volume, job.new_root, job.size, next_ino))
+
+    batch.commit(then=publish)
+
+
+def run_fold_dir(
+    repo: Repository, volume: str, base: BlobId, chunk_size: int, next_ino: int, job: FoldJob
+) -> None:
+    """Fold a directory volume's overlay into new tree and map blobs (the materialized
+    directories, bottom-up)."""
+    with repo.batch() as batch:
+        folder = _Folder(repo, batch, chunk_size, job)
+        job.new_root = folder.fold_dir(ROOT_INO) if ROOT_INO in job.rows else base
+        job.size = job.logical
+        _publish(batch, volume, base, next_ino, job)
+
+
+def run_fold_block(repo: Repository, volume: str, base: BlobId, next_ino: int, job: FoldJob) -> None:
+    """Fold a block volume's changed chunks into a new chunk map."""
+    with repo.batch() as batch:
+        root = job.rows.get(ROOT_INO)
+        size = root.attrs.size if root else chunkmap.MapRoot.decode(repo.get_meta(base)).size
+        changes = job.chunk_ids.get(ROOT_INO, {})
+        job.new_root = chunkmap.ChunkMap(repo.get_meta, base).rewrite(batch.put_kind, changes, size)
+        job.size = size
+        _publish(batch, volume, base, next_ino, job)
+    job.bases[ROOT_INO] = job.new_root
+
+
+class _Folder:
+    """Builds the new tree bottom-up from the materialized directories."""
+
+    def __init__(self, repo: Repository, batch: ledger.Batch, chunk_size: int, job: FoldJob) -> None:
+        self.repo = repo
+        self.batch = batch
+        self.cs = chunk_size
+        self.job = job
+
+    def fold_dir(self, ino: int) -> BlobId:
+        node = self.job.rows[ino]
+        if node.listing is None:
+            # Copied up with its parent, never entered: same entries, maybe new attrs.
+            tree = Tree.decode(self.repo.get_meta(node.base))
+            tree.attrs = node.tree_attrs()
+        else:
+            entries = [self._entry(ino, name, child) for name, (_, child) in node.listing.entries.items()]
+            tree = Tree(node.tree_attrs(), self.cs, entries)
+        bid = self.batch.put(tree.encode(), TREE)
+        self.job.bases[ino] = bid
+        return bid
+
+    def _entry(self, parent: int, name: bytes, ino: int) -> Entry:
+        node = self.job.rows[ino]
+        self.job.parents[ino] = parent
+        if node.is_dir:
+            return dir_entry(name, node.attrs.mode, ino, self.fold_dir(ino))
+        if node.is_file:
+            content = self._content(node)
+            self.job.bases[ino] = content
+            return Entry(name, node.tree_attrs(), content)
+        return Entry(name, node.tree_attrs(), node.target if stat.S_ISLNK(node.attrs.mode) else b"")
+
+    def _content(self, node: Node) -> BlobId:
+        changes = dict(self.job.chunk_ids.get(node.ino, {}))
+        count = chunkmap.n_chunks(node.attrs.size, self.cs)
+        for n in range(min(node.base_limit, count), count):
+            changes.setdefault(n, ZERO_ID)
+        if node.base == ZERO_ID:
+            ids = [changes.get(n, ZERO_ID) for n in range(count)]
+            return chunkmap.build_content(self.batch.put_kind, ids, node.attrs.size, self.cs)
+        mapped = overlay.blob_kind(self.repo.conn, node.base) == MAP_ROOT
+        content = chunkmap.Content(self.repo.get_meta, node.base, node.attrs.size, self.cs, mapped)
+        # Unchanged content keeps its id, unless a truncate cut it (base_limit): the old
+        # id still names the bytes past the cut, which a later grow would bring back.
+        uncut = node.base_limit >= NO_LIMIT
+        if not changes and uncut and mapped == chunkmap.is_mapped(node.base, node.attrs.size, self.cs):
+            return node.base
+        return content.rewrite(self.batch.put_kind, changes, node.attrs.size)
