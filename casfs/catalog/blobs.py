@@ -36,6 +36,8 @@ def batches(items: Iterable[T], size: int = IN_BATCH) -> Iterator[list[T]]:
 
 
 class BlobRow(NamedTuple):
+    """A blob's row. A tuple: fsck holds one per blob in memory."""
+
     kind: int
     refs: int
     size: int
