@@ -16,29 +16,12 @@ from typing import Any, NamedTuple
 from casfs.store.ids import BlobId
 
 
-class VolumeRow(NamedTuple):
-    """What a read/write view loads of its volume."""
-
-    kind: str
-    base: BlobId
-    chunk_size: int
-    next_ino: int
-    size: int  # bytes in regular files (dir) or the disk's (block), as of the last flush
-
-
 class OverlayRows(NamedTuple):
     """A volume's overlay as the last flush left it."""
 
     inodes: list[tuple[Any, ...]]  # overlay_inodes rows, in column order
     entries: dict[int, dict[bytes, tuple[int, int]]]  # dir -> name -> (cookie, ino)
     chunks: dict[int, dict[int, BlobId]]  # ino -> n -> chunk id
-
-
-def volume_row(conn: sqlite3.Connection, name: str) -> VolumeRow | None:
-    row = conn.execute(
-        "SELECT kind, base, chunk_size, next_ino, size FROM volumes WHERE name = ?", (name,)
-    ).fetchone()
-    return None if row is None else VolumeRow(row[0], BlobId(row[1]), row[2], row[3], row[4])
 
 
 def base_time(conn: sqlite3.Connection, name: str, base: BlobId) -> float:

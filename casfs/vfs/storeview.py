@@ -24,11 +24,13 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from casfs.catalog import views
-from casfs.catalog.views import RootRow
+from casfs.catalog.images import image_row
+from casfs.catalog.volumes import snapshot_row, volume_row
 from casfs.errors import CasfsError
+from casfs.lifecycle.phases import ImagePhase, VolumePhase
 from casfs.lifecycle.pids import alive
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
@@ -77,7 +79,21 @@ def static_view(
     return BlockView(repo, root, mode=block_mode, mtime_ns=int(created * 1e9), label=label)
 
 
-def _static(repo: Repository, row: RootRow, label: str) -> View:
+class Root(NamedTuple):
+    """A root served read-only: an image's, a snapshot's, or a volume's base."""
+
+    kind: str
+    root: BlobId
+    chunk_size: int
+    next_ino: int
+    created: float
+
+
+# Volumes being made or removed are not shown (catalog.views lists the same).
+_HIDDEN = (VolumePhase.CREATING, VolumePhase.DELETING)
+
+
+def _static(repo: Repository, row: Root, label: str) -> View:
     return static_view(repo, row.kind, row.root, row.chunk_size, row.next_ino, row.created, label)
 
 
@@ -244,9 +260,10 @@ class StoreView:
         return view
 
     def _image(self, name: str) -> View:
-        row = views.image(self.repo.conn, name)
-        if row is None:
+        image = image_row(self.repo.conn, name)
+        if image is None or image.phase != ImagePhase.READY or image.root is None:
             raise enoent(name)
+        row = Root(image.kind, image.root, image.chunk_size, image.next_ino, image.created)
         return self._remember(
             ("image", name, row.root),
             Subject("image", name),
@@ -257,10 +274,10 @@ class StoreView:
         """A read/write volume is served by a view that claims it only when first
         changed (browsing claims nothing); one another live process holds is served
         read-only from its base, and its phase says who holds it."""
-        row = views.volume(self.repo.conn, name)
-        if row is None:
+        row = volume_row(self.repo.conn, name)
+        if row is None or row.phase in _HIDDEN:
             raise enoent(name)
-        base = row.static.root
+        base = row.base
         rw = self._rw.get(name)
         if rw is not None and rw.claimed:
             return rw  # ours: its changes are the volume's
@@ -280,13 +297,16 @@ class StoreView:
         return self._remember(
             ("volume", name, base),
             Subject("volume", name),
-            lambda: _static(self.repo, row.static, f"volumes/{name}"),
+            lambda: _static(
+                self.repo, Root(row.kind, base, row.chunk_size, row.next_ino, row.created), f"volumes/{name}"
+            ),
         )
 
     def _snapshot(self, volume: str, n: int) -> View:
-        row = views.snapshot(self.repo.conn, volume, n)
-        if row is None:
+        snap = snapshot_row(self.repo.conn, volume, n)
+        if snap is None:
             raise enoent(f"{volume}@{n}")
+        row = Root(snap.kind, snap.root, snap.chunk_size, snap.next_ino, snap.created)
         label = f"snapshots/{volume}/{n}"
         return self._remember(
             ("snapshot", volume, n, row.root),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from casfs.catalog import overlay as rows
+from casfs.catalog.volumes import volume_row
 from casfs.errors import CasfsError
 from casfs.repo import Repository
 from casfs.vfs.api import NeedChunks
@@ -27,7 +27,7 @@ def open_volume(
     repo: Repository, name: str, claim: Callable[[tuple[object, ...]], None] | None = None
 ) -> Volume:
     """The read/write view of volume `name` (see RwVolume.__init__ for `claim`)."""
-    row = rows.volume_row(repo.conn, name)
+    row = volume_row(repo.conn, name)
     if row is None:
         raise CasfsError(f"no volume named {name!r}")
     if row.kind == "block":

@@ -38,7 +38,7 @@ from typing import ClassVar, TypeVar
 
 from casfs.catalog import overlay as rows
 from casfs.catalog import transaction
-from casfs.catalog.volumes import generation
+from casfs.catalog.volumes import generation, volume_row
 from casfs.errors import CasfsError
 from casfs.repo import Repository
 from casfs.snapshots import chunkmap
@@ -72,7 +72,7 @@ class RwVolume(ABC):
     ) -> RwVolume:
         """RwVolume(...) opens the class of the volume's kind; a kind's class itself."""
         if cls is RwVolume:
-            row = rows.volume_row(repo.conn, name)
+            row = volume_row(repo.conn, name)
             if row is None:
                 raise CasfsError(f"no volume named {name!r}")
             cls = RwVolume._kinds[row.kind]
@@ -94,7 +94,7 @@ class RwVolume(ABC):
 
     def _load(self) -> None:
         self.generation = generation(self.repo.conn, self.name)
-        row = rows.volume_row(self.repo.conn, self.name)
+        row = volume_row(self.repo.conn, self.name)
         if row is None:
             raise CasfsError(f"no volume named {self.name!r}")
         assert row.kind == self.kind, f"a {row.kind} volume opened as {self.kind}"
