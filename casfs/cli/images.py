@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from casfs.cli.output import Progress, check_unreadable, keyvalues, phase, print_json, ratio, table, when
 from casfs.cli.store import open_store, store_footer
@@ -35,6 +34,8 @@ def _doc(repo: Repository, info: ImageInfo) -> dict[str, Any]:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from casfs.images import import_image
     from casfs.refcount.usage import image_usage
 
@@ -143,6 +144,8 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from casfs.images import export_image
 
     dest = Path(args.dest)
