@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 from casfs import volumes
 from casfs.errors import Busy, CasfsError, NotFound
@@ -224,30 +224,45 @@ def log_path(store: Path, mountpoint: str) -> Path:
     return store / "run" / f"{_key(mountpoint)}.log"
 
 
-def write_run_file(cfg: Config, extra: dict[str, object]) -> None:
-    """The daemon's record of itself (lifecycle.ephemeral and `casfs umount` read it)."""
+class RunRecord(TypedDict, total=False):
+    """STORE/run/<key>.json: the daemon's record of itself, written as it answers and
+    as it exits (`casfs umount` and lifecycle.ephemeral read it)."""
+
+    pid: int
+    mountpoint: str
+    store: str
+    volume: str | None
+    read_only: bool
+    time: float
+    state: str  # "mounted", then "exited"
+    clean: bool  # exited having saved every change
+    snapshots: list[str]  # "volume@n", taken by the unmount
+    unsaved: list[str]  # volumes whose changes could not be saved
+
+
+def write_run_file(cfg: Config, extra: RunRecord) -> None:
     path = run_path(cfg.store, cfg.mountpoint)
     path.parent.mkdir(exist_ok=True)
-    record = {
-        "pid": os.getpid(),
-        "mountpoint": cfg.mountpoint,
-        "store": str(cfg.store),
-        "volume": cfg.volume,
-        "read_only": cfg.read_only,
-        "time": time.time(),
-        **extra,
-    }
+    record = RunRecord(
+        pid=os.getpid(),
+        mountpoint=cfg.mountpoint,
+        store=str(cfg.store),
+        volume=cfg.volume,
+        read_only=cfg.read_only,
+        time=time.time(),
+    )
+    record.update(extra)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(record) + "\n")
     os.replace(tmp, path)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def _read_run_file(path: Path) -> RunRecord | None:
     try:
         data = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    return data if isinstance(data, dict) else None
+    return cast(RunRecord, data) if isinstance(data, dict) else None
 
 
 # -- casfs umount ------------------------------------------------------------------------
@@ -260,7 +275,7 @@ def umount_main(args: argparse.Namespace) -> int:
         raise NotFound(f"{mountpoint} is not a casfs mount")
     store = Path(entry.source.removeprefix("casfs:"))
     run_file = run_path(store, mountpoint)
-    before = _read_json(run_file)
+    before = _read_run_file(run_file)
     pid = int(before["pid"]) if before and before.get("state") == "mounted" else None
     if before is not None and not before.get("read_only", True):
         _save_before_unmount(mountpoint)
@@ -276,7 +291,7 @@ def umount_main(args: argparse.Namespace) -> int:
     timeout = float(getattr(args, "timeout", None) or UMOUNT_TIMEOUT_S)
     if not wait_pid_gone(pid, timeout):
         raise Busy(f"unmounted {mountpoint}, but its daemon (pid {pid}) is busy after {timeout:.0f} s")
-    after = _read_json(run_file) or {}
+    after = _read_run_file(run_file) or RunRecord()
     for snap in after.get("snapshots", []):
         print(f"snapshot {snap}")
     where = log_path(store, mountpoint)
