@@ -20,6 +20,7 @@ on set; a name asked of something it does not apply to: ENODATA; a bad value: EI
 
 Slow work (usage walks, digests, catalog writes, syncfs) runs in worker threads;
 catalog writes go through one CatalogWriter (its own connection, one thread at a time).
+No SQL here: getters read through casfs.volumes, casfs.images and casfs.refcount.usage.
 """
 
 from __future__ import annotations
