@@ -1,4 +1,4 @@
-"""A flush that fails loses nothing, without a mount (casfs.vfs.volume.VolumeView).
+"""A flush that fails loses nothing, without a mount (casfs.vfs.volume.open_volume).
 
 The store is made to fail for real: `chattr +i STORE/tmp` refuses every new staging
 directory, as a full or read-only disk would, until it is lifted. A "crash" is a new
@@ -23,7 +23,7 @@ from casfs.repo import Repository
 from casfs.snapshots.chunkmap import ChunkMap
 from casfs.store.ids import BlobId
 from casfs.vfs.api import ROOT_INO, assemble
-from casfs.vfs.volume import VolumeView
+from casfs.vfs.volume import Volume, open_volume
 
 CHUNK = 64 << 10
 
@@ -47,11 +47,11 @@ def store_refuses_writes(repo: Repository) -> Iterator[None]:
         subprocess.run(["chattr", "-i", tmp], check=True)
 
 
-def read(v: VolumeView, ino: int) -> bytes:
+def read(v: Volume, ino: int) -> bytes:
     return assemble(v.read_plan(ino, 0, v.getattr(ino).size), v.repo.get)
 
 
-def names(v: VolumeView) -> dict[bytes, bytes]:
+def names(v: Volume) -> dict[bytes, bytes]:
     return {name: read(v, st.ino) for name, st, _ in v.readdir(ROOT_INO, 0) if stat.S_ISREG(st.mode)}
 
 
@@ -59,7 +59,7 @@ def test_a_failed_flush_keeps_every_change_for_the_next_one(repo: Repository) ->
     """Issue 7, defect 1: the rename, the new file and the append survive a failed
     flush, are committed by the next one, and are there after a crash."""
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
-    v = VolumeView(repo, "v")
+    v = open_volume(repo, "v")
     a = v.mknod(ROOT_INO, b"a", stat.S_IFREG | 0o644, 0, 0, 0)
     v.write_sync(a.ino, 0, b"first")
     v.flush_sync()
@@ -72,14 +72,14 @@ def test_a_failed_flush_keeps_every_change_for_the_next_one(repo: Repository) ->
         with pytest.raises(OSError):
             v.flush_sync()  # still failing: still nothing lost
     v.flush_sync()
-    again = VolumeView(repo, "v")  # kill -9 of the daemon, then a new mount
+    again = open_volume(repo, "v")  # kill -9 of the daemon, then a new mount
     assert names(again) == {b"b": b"first and more", b"marker": b""}
     assert volumes.create_snapshot(repo, "v") == 1
 
 
 def test_a_failed_flush_keeps_deletions_and_truncations(repo: Repository) -> None:
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
-    v = VolumeView(repo, "v")
+    v = open_volume(repo, "v")
     keep = v.mknod(ROOT_INO, b"keep", stat.S_IFREG | 0o644, 0, 0, 0)
     gone = v.mknod(ROOT_INO, b"gone", stat.S_IFREG | 0o644, 0, 0, 0)
     data = os.urandom(3 * CHUNK)
@@ -93,7 +93,7 @@ def test_a_failed_flush_keeps_deletions_and_truncations(repo: Repository) -> Non
         with pytest.raises(OSError):
             v.flush_sync()
     v.flush_sync()
-    again = VolumeView(repo, "v")
+    again = open_volume(repo, "v")
     assert names(again) == {b"keep": data[: CHUNK + 7]}
     assert again.logical == CHUNK + 7
     rows = repo.conn.execute("SELECT count(*) FROM overlay_inodes WHERE ino = ?", (gone.ino,)).fetchone()
@@ -102,7 +102,7 @@ def test_a_failed_flush_keeps_deletions_and_truncations(repo: Repository) -> Non
 
 def test_a_failed_snapshot_changes_nothing(repo: Repository) -> None:
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
-    v = VolumeView(repo, "v")
+    v = open_volume(repo, "v")
     f = v.mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
     v.write_sync(f.ino, 0, b"data")
     v.flush_sync()
@@ -110,14 +110,14 @@ def test_a_failed_snapshot_changes_nothing(repo: Repository) -> None:
         v.snapshot_sync()
     v.write_sync(f.ino, 4, b"+more")  # the view is usable: not left frozen
     assert v.snapshot_sync() == 1
-    assert names(VolumeView(repo, "v")) == {b"f": b"data+more"}
+    assert names(open_volume(repo, "v")) == {b"f": b"data+more"}
 
 
 def test_truncate_that_needs_a_chunk_counts_the_size_once(repo: Repository) -> None:
     """Issue 7, defect 5: write 4,608 bytes, flush, ftruncate(126): the size went
     negative because the retry after NeedChunks subtracted the shrink again."""
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
-    v = VolumeView(repo, "v")
+    v = open_volume(repo, "v")
     f = v.mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
     v.write_sync(f.ino, 0, b"y" * 4608)
     v.flush_sync()
@@ -140,7 +140,7 @@ def test_a_read_during_a_fold_loses_no_later_write(repo: Repository, tmp_path: P
     (src / "g").write_bytes(b"other")
     images.import_image(repo, "img", src)
     volumes.create_volume(repo, "v", volumes.Source(image="img"))
-    v = VolumeView(repo, "v")
+    v = open_volume(repo, "v")
     d = v.lookup(ROOT_INO, b"d")
     f = v.lookup(d.ino, b"f")
     v.write_sync(f.ino, 0, b"BASE")
@@ -153,11 +153,11 @@ def test_a_read_during_a_fold_loses_no_later_write(repo: Repository, tmp_path: P
     g = v.lookup(ROOT_INO, b"g")
     v.write_sync(g.ino, 0, b"OTHER")
     v.flush_sync()
-    again = VolumeView(repo, "v")  # remount; then a write to the file that was read
+    again = open_volume(repo, "v")  # remount; then a write to the file that was read
     f2 = again.lookup(again.lookup(ROOT_INO, b"d").ino, b"f")
     again.write_sync(f2.ino, 0, b"NEW!")
     again.snapshot_sync()
-    final = VolumeView(repo, "v")
+    final = open_volume(repo, "v")
     d3 = final.lookup(ROOT_INO, b"d")
     assert read(final, final.lookup(d3.ino, b"f").ino) == b"NEW!"
     assert read(final, final.lookup(ROOT_INO, b"g").ino) == b"OTHER"
@@ -166,7 +166,7 @@ def test_a_read_during_a_fold_loses_no_later_write(repo: Repository, tmp_path: P
 def test_mutating_a_frozen_view_is_refused(repo: Repository) -> None:
     """The protocol is asserted: nothing changes the view between prepare and apply."""
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
-    v = VolumeView(repo, "v")
+    v = open_volume(repo, "v")
     v.mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
     job = v.prepare_flush()
     assert job is not None
@@ -180,7 +180,7 @@ def test_fsck_recomputes_logical_sizes(repo: Repository) -> None:
     """Counters are checked, not trusted: a volume or snapshot size that disagrees with
     its root is reported, and repaired."""
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
-    v = VolumeView(repo, "v")
+    v = open_volume(repo, "v")
     for name, size in ((b"a", 4608), (b"b", 70_000)):
         f = v.mknod(ROOT_INO, name, stat.S_IFREG | 0o644, 0, 0, 0)
         v.write_sync(f.ino, 0, os.urandom(size))
@@ -226,7 +226,7 @@ def test_a_failed_flush_of_a_big_directory_keeps_its_entry_changes(repo: Reposit
     """Entries are flushed by name (overlay_entries): creates, renames and unlinks in a
     big directory that a failed flush carried are written by the next one."""
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
-    v = VolumeView(repo, "v")
+    v = open_volume(repo, "v")
     d = v.mkdir(ROOT_INO, b"d", 0o755, 0, 0)
     for i in range(500):
         v.mknod(d.ino, b"f%d" % i, stat.S_IFREG | 0o644, 0, 0, 0)
@@ -242,7 +242,7 @@ def test_a_failed_flush_of_a_big_directory_keeps_its_entry_changes(repo: Reposit
     v.flush_sync()
     want = sorted({b"f%d" % i for i in range(4, 500)} | {b"f1", b"renamed", b"new"})
     cookies = {name: cookie for name, _, cookie in v.readdir(d.ino, 0)}
-    again = VolumeView(repo, "v")
+    again = open_volume(repo, "v")
     d2 = again.lookup(ROOT_INO, b"d").ino
     assert sorted(name for name, _, _ in again.readdir(d2, 0)) == want
     assert {name: cookie for name, _, cookie in again.readdir(d2, 0)} == cookies  # cookies kept

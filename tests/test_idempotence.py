@@ -150,12 +150,12 @@ def test_second_caller_of_an_import_in_progress_is_busy(
 
 def test_second_caller_of_a_snapshot_in_progress_is_busy(store: Path) -> None:
     from casfs.repo import Repository
-    from casfs.vfs.volume import VolumeView
+    from casfs.vfs.volume import open_volume
 
     ok(store, "volume", "create", "v", "--blank-dir")
     repo = Repository.open(store)
     try:  # an overlay, as a crashed daemon leaves it: the snapshot has a fold to do
-        view = VolumeView(repo, "v")
+        view = open_volume(repo, "v")
         view.write_sync(view.mknod(1, b"f", 0o100644, 0, 0, 0).ino, 0, b"x")
         view.flush_sync()
     finally:

@@ -24,7 +24,7 @@ from casfs.errors import UnsupportedFormat
 from casfs.lifecycle.phases import ImagePhase, VolumePhase
 from casfs.lifecycle.pids import alive
 from casfs.repo import Repository
-from casfs.vfs.volume import VolumeView
+from casfs.vfs.volume import open_volume
 
 DATA = Path(__file__).parent / "data" / "stores"
 _spec = importlib.util.spec_from_file_location("make_store", DATA / "make_store.py")
@@ -176,13 +176,13 @@ def test_a_killed_mounts_listing_keeps_its_cookies_through_the_upgrade_to_entry_
     assert expected["overlay"]["file"].encode() in old and b"newdir" in old
     repo = Repository.open(store)
     try:
-        view = VolumeView(repo, "vdir")
+        view = open_volume(repo, "vdir")
         assert {name: cookie for name, _, cookie in view.readdir(1, 0)} == old
         view.mknod(1, b"c", 0o100644, 0, 0, 0)
         listing = view.nodes[1].listing
         assert listing is not None and listing.entries[b"c"][0] == struct.unpack_from("<Q", raw)[0]
         view.flush_sync()
-        assert b"c" in {name for name, _, _ in VolumeView(repo, "vdir").readdir(1, 0)}
+        assert b"c" in {name for name, _, _ in open_volume(repo, "vdir").readdir(1, 0)}
     finally:
         repo.close()
     ok(store, "snapshot", "create", "vdir")

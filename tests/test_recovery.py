@@ -24,7 +24,7 @@ from lifecycle_util import (
 )
 
 from casfs.repo import Repository
-from casfs.vfs.volume import VolumeView
+from casfs.vfs.volume import open_volume
 
 CHUNK = 64 << 10
 
@@ -75,7 +75,7 @@ def test_killed_snapshot_keeps_the_overlay_and_is_redone(store: Path, tmp_path: 
     # What a crashed daemon leaves: an overlay with a flushed file, the view never closed.
     repo = Repository.open(store)
     try:
-        view = VolumeView(repo, "v")
+        view = open_volume(repo, "v")
         ino = view.mknod(1, b"f", 0o100644, 0, 0, 0).ino
         view.write_sync(ino, 0, b"data")
         view.flush_sync()

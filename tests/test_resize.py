@@ -11,11 +11,11 @@ from lifecycle_util import casfs
 from casfs import volumes
 from casfs.repo import Repository
 from casfs.vfs.api import ROOT_INO, assemble
-from casfs.vfs.volume import VolumeView
+from casfs.vfs.volume import open_volume
 
 
 def contents(repo: Repository, name: str) -> bytes:
-    v = VolumeView(repo, name)
+    v = open_volume(repo, name)
     size = v.getattr(ROOT_INO).size
     return assemble(v.read_plan(ROOT_INO, 0, size), repo.get)
 
@@ -25,7 +25,7 @@ def test_grow_shrink_and_grow_back(tmp_path: Path) -> None:
     repo = Repository.init(store)
     volumes.create_volume(repo, "vm", volumes.Source(blank_block=1 << 20))
     data = os.urandom(1 << 20)
-    v = VolumeView(repo, "vm")
+    v = open_volume(repo, "vm")
     v.write_sync(ROOT_INO, 0, data)
     v.close()
 

@@ -20,25 +20,25 @@ on set; a name asked of something it does not apply to: ENODATA; a bad value: EI
 
 Slow work (usage walks, digests, catalog writes, syncfs) runs in worker threads;
 catalog writes go through one CatalogWriter (its own connection, one thread at a time).
+No SQL here: getters read through casfs.volumes, casfs.images and casfs.refcount.usage.
 """
 
 from __future__ import annotations
 
 import errno
-import inspect
 import os
 import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import blake3
 import trio
 
-from casfs import volumes
-from casfs.errors import UsageError
+from casfs import images, volumes
+from casfs.errors import NotFound, UsageError
 from casfs.fuse import rwsession
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
@@ -102,10 +102,6 @@ class CatalogWriter:
         self.repo.close()
 
 
-async def maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
-
-
 class ControlPlane:
     def __init__(
         self,
@@ -158,49 +154,58 @@ class ControlPlane:
 
     # -- getters -----------------------------------------------------------------
 
-    def _row(self, target: Target, kinds: tuple[str, ...], query: dict[str, str]) -> tuple[Any, ...]:
-        s = target.subject
-        if s is None or s.kind not in kinds:
+    @staticmethod
+    def _subject(t: Target, *kinds: str) -> Subject:
+        if t.subject is None or t.subject.kind not in kinds:
             raise nodata()
-        args: tuple[Any, ...] = (s.name,) if s.n is None else (s.name, s.n)
-        row = self.repo.conn.execute(query[s.kind], args).fetchone()
-        if row is None:
+        return t.subject
+
+    def _volume(self, name: str) -> volumes.VolumeInfo:
+        try:
+            return volumes.get_volume(self.repo, name)
+        except NotFound:
+            raise nodata() from None
+
+    def _image(self, name: str) -> images.ImageInfo:
+        try:
+            return images.get_image(self.repo, name)
+        except NotFound:
+            raise nodata() from None
+
+    def _snapshot(self, volume: str, n: int | None) -> volumes.SnapshotInfo:
+        try:
+            found = [snap for snap in volumes.list_snapshots(self.repo, volume) if snap.n == n]
+        except NotFound:
+            found = []
+        if not found:
             raise nodata()
-        return tuple(row)
+        return found[0]
 
     async def _phase(self, t: Target) -> bytes:
         """The phase; "mounted by pid N" when another process holds it (this mount's
         own holds read plain "mounted")."""
-        phase, pid = self._row(
-            t,
-            ("volume", "image"),
-            {
-                "volume": "SELECT phase, owner_pid FROM volumes WHERE name = ?",
-                "image": "SELECT phase, owner_pid FROM images WHERE name = ?",
-            },
-        )
+        s = self._subject(t, "volume", "image")
+        info = self._volume(s.name) if s.kind == "volume" else self._image(s.name)
+        phase, pid = info.phase, info.owner_pid
         elsewhere = pid is not None and pid != os.getpid() and phase not in ("ready", "failed")
         return f"{phase} by pid {pid}".encode() if elsewhere else str(phase).encode()
 
     async def _origin(self, t: Target) -> bytes:
-        (origin,) = self._row(t, ("volume",), {"volume": "SELECT origin FROM volumes WHERE name = ?"})
-        return str(origin).encode()
+        return str(self._volume(self._subject(t, "volume").name).origin).encode()
 
     async def _size(self, t: Target) -> bytes:
-        current = getattr(t.view, "size_bytes", None)
-        if t.subject is not None and t.subject.kind == "volume" and current is not None:
+        s = self._subject(t, "volume", "image", "snapshot")
+        rw = t.view.rw
+        if s.kind == "volume" and rw is not None:
             # A read/write view knows its current size (the catalog has its base's): for
             # a directory volume its files' bytes, not the root directory's st_size.
-            return str(current).encode()
-        (size,) = self._row(
-            t,
-            ("volume", "image", "snapshot"),
-            {
-                "volume": "SELECT size FROM volumes WHERE name = ?",
-                "image": "SELECT size FROM images WHERE name = ?",
-                "snapshot": "SELECT size FROM snapshots WHERE volume = ? AND n = ?",
-            },
-        )
+            return str(rw.size_bytes).encode()
+        if s.kind == "volume":
+            size = self._volume(s.name).size
+        elif s.kind == "image":
+            size = self._image(s.name).size
+        else:
+            size = self._snapshot(s.name, s.n).size
         return str(size).encode()
 
     async def _unique(self, t: Target) -> bytes:
@@ -225,11 +230,12 @@ class ControlPlane:
         return str(unique).encode()
 
     async def _snapshots(self, t: Target) -> bytes:
-        s = t.subject
-        if s is None or s.kind != "volume":
-            raise nodata()
-        rows = self.repo.conn.execute("SELECT n FROM snapshots WHERE volume = ? ORDER BY n", (s.name,))
-        return " ".join(str(n) for (n,) in rows).encode()
+        s = self._subject(t, "volume")
+        try:
+            numbers = volumes.get_volume(self.repo, s.name).snapshots
+        except NotFound:
+            numbers = []  # removed meanwhile: it has none
+        return " ".join(str(n) for n in numbers).encode()
 
     async def _digest(self, t: Target) -> bytes:
         st = t.view.getattr(t.ino)
@@ -281,7 +287,7 @@ class ControlPlane:
         await self.writer.run(lambda repo: volumes.snapshot_at_rest(repo, s.name, label, held))
 
 
-def _hash_into(hasher: Any, pieces: list[Piece], fetch: Callable[[BlobId], bytes]) -> None:
+def _hash_into(hasher: blake3.blake3, pieces: list[Piece], fetch: Callable[[BlobId], bytes]) -> None:
     hasher.update(assemble(pieces, fetch))
 
 

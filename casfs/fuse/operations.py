@@ -168,7 +168,7 @@ class Operations(pyfuse3.Operations):
         st = await self._mutate(view, lambda rw, _: make(rw, ino))
         return self._entry_reply(view, st, view)
 
-    async def flush_aged(self, views: Sequence[View], age_s: float) -> None:
+    async def flush_aged(self, views: Sequence[RwView], age_s: float) -> None:
         """Flush read/write views whose oldest unflushed change is older than age_s
         (the daemon calls this on a timer)."""
         await rwsession.flush_aged(views, age_s)

@@ -112,13 +112,12 @@ async def take_snapshot(view: RwView, label: str | None) -> int:
         slot.release()
 
 
-async def flush_aged(views: Sequence[View], age_s: float) -> None:
+async def flush_aged(views: Sequence[RwView], age_s: float) -> None:
     """Flush read/write views whose oldest unflushed change is older than age_s (the
     daemon's timer)."""
     now = time.monotonic()
-    for view in views:
-        rw = view.rw
-        if rw is None or rw.dirty_since is None or now - rw.dirty_since < age_s:
+    for rw in views:
+        if rw.dirty_since is None or now - rw.dirty_since < age_s:
             continue
         try:
             await flush(rw)

@@ -1,8 +1,5 @@
 """Opening a mounted read/write volume as the class of its kind:
 casfs.vfs.dirvolume.DirVolume or casfs.vfs.blockvolume.BlockVolume.
-
-`VolumeView(repo, name, claim)` is the name callers knew (RwVolume, whose constructor
-opens the kind's class too): kept so that code written against it keeps working.
 """
 
 from __future__ import annotations
@@ -17,10 +14,9 @@ from casfs.vfs.blockvolume import BlockVolume
 from casfs.vfs.dirvolume import DirVolume
 from casfs.vfs.overlay.writeback import RwVolume
 
-VolumeView = RwVolume
 Volume = DirVolume | BlockVolume
 
-__all__ = ["BlockVolume", "DirVolume", "NeedChunks", "RwVolume", "Volume", "VolumeView", "open_volume"]
+__all__ = ["BlockVolume", "DirVolume", "NeedChunks", "RwVolume", "Volume", "open_volume"]
 
 
 def open_volume(

@@ -23,7 +23,7 @@ carried, abort_flush (after a failed run) changes nothing, so the next flush ret
 it all. A flush's catalog writes are idempotent, so a retry is always safe.
 
 The kinds (casfs.vfs.dirvolume, casfs.vfs.blockvolume) add how a base is read, copied
-up and folded. `RwVolume(repo, name)` opens the class of the volume's kind.
+up and folded. casfs.vfs.volume.open_volume opens the class of the volume's kind.
 """
 
 from __future__ import annotations
@@ -59,24 +59,11 @@ class RwVolume(ABC):
     immutable = False
     fixed_size = False
     kind: ClassVar[str]
-    _kinds: ClassVar[dict[str, type[RwVolume]]] = {}
 
     def __init_subclass__(cls, kind: str = "", **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if kind:
             cls.kind = kind
-            RwVolume._kinds[kind] = cls
-
-    def __new__(
-        cls, repo: Repository, name: str, claim: Callable[[tuple[object, ...]], None] | None = None
-    ) -> RwVolume:
-        """RwVolume(...) opens the class of the volume's kind; a kind's class itself."""
-        if cls is RwVolume:
-            row = volume_row(repo.conn, name)
-            if row is None:
-                raise CasfsError(f"no volume named {name!r}")
-            cls = RwVolume._kinds[row.kind]
-        return super().__new__(cls)
 
     def __init__(
         self, repo: Repository, name: str, claim: Callable[[tuple[object, ...]], None] | None = None

@@ -1,0 +1,327 @@
+"""The client side of `casfs mount` and `casfs umount`: everything but the serving.
+
+- the daemon's Config, from the CLI's arguments or the daemon's own command line
+  (`python -m casfs.fuse.daemon`, which daemon_command() writes and daemon_parser() reads);
+- background mode: start the daemon in a new session with a ready pipe, and return only
+  once the mount answers, or with the daemon's one-line error (the pipe's protocol,
+  both ends, is here: `ready`, or `error CODE MESSAGE`);
+- the run files STORE/run/<key>.json (the daemon's pid, state and the snapshots its
+  unmount took) and <key>.log (its output), <key> naming the mount point;
+- `casfs umount`: save, unmount, wait for the daemon to exit, print its snapshots.
+
+No trio and no pyfuse3 here: the serving daemon (casfs.fuse.daemon) imports this, and
+passes itself in for a foreground mount.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypedDict, cast
+
+from casfs import volumes
+from casfs.errors import Busy, CasfsError, NotFound
+from casfs.fuse.mountinfo import find_mount
+from casfs.lifecycle.pids import alive
+from casfs.repo import Repository, store_path
+
+READY_TIMEOUT_S = 60.0
+UMOUNT_TIMEOUT_S = 300.0
+ENV_TEST_TIMEOUTS = "CASFS_TEST_TIMEOUTS"
+ENV_CACHE_MB = "CASFS_CHUNK_CACHE_MB"
+
+
+@dataclass
+class Config:
+    store: Path
+    mountpoint: str  # absolute, not resolved through a possibly hung mount
+    volume: str | None = None
+    read_only: bool = False
+    allow_other: bool = False
+    zero_timeouts: bool = False
+    ready_fd: int | None = None
+    cache_bytes: int | None = None  # None: the chunk cache's default
+
+
+def config(args: argparse.Namespace) -> Config:
+    """From the CLI's arguments (`store_path` set) or the daemon's own (`store`)."""
+    store = getattr(args, "store_path", None) or store_path(getattr(args, "store", None))
+    cache_mb = os.environ.get(ENV_CACHE_MB)
+    return Config(
+        store=Path(os.path.abspath(store)),
+        mountpoint=os.path.abspath(args.mountpoint),
+        volume=getattr(args, "volume", None),
+        read_only=bool(getattr(args, "ro", False)),
+        allow_other=bool(getattr(args, "allow_other", False)),
+        zero_timeouts=bool(getattr(args, "zero_timeouts", False)) or os.environ.get(ENV_TEST_TIMEOUTS) == "0",
+        ready_fd=getattr(args, "ready_fd", None),
+        cache_bytes=int(cache_mb) << 20 if cache_mb else None,
+    )
+
+
+# -- casfs mount -------------------------------------------------------------------------
+
+
+def mount_main(args: argparse.Namespace, serve: Callable[[Config], int]) -> int:
+    """`casfs mount`: in the background (a daemon process), or with --foreground in this
+    process by `serve` (the daemon's run_daemon); the exit status."""
+    cfg = config(args)
+    if getattr(args, "foreground", False):
+        _warn_unsaved(cfg)
+        return serve(cfg)
+    rc = _spawn(cfg)
+    if rc == 0:
+        _warn_unsaved(cfg)
+    return rc
+
+
+def _warn_unsaved(cfg: Config) -> None:
+    """Say so when a volume's last read/write mount ended without saving everything."""
+    repo = Repository.open(cfg.store)
+    try:
+        infos = [volumes.get_volume(repo, cfg.volume)] if cfg.volume else volumes.list_volumes(repo)
+    finally:
+        repo.close()
+    for info in infos:
+        if info.unsaved:
+            what = volumes.describe_unsaved(info.unsaved)
+            print(f"casfs: warning: volume {info.name}: {what}", file=sys.stderr)
+
+
+def daemon_command(cfg: Config, ready_fd: int) -> list[str]:
+    """The daemon's command line (daemon_parser() reads it)."""
+    cmd = [sys.executable, "-m", "casfs.fuse.daemon", "--store", str(cfg.store), "--ready-fd", str(ready_fd)]
+    cmd += ["--volume", cfg.volume] if cfg.volume else []
+    cmd += ["--ro"] if cfg.read_only else []
+    cmd += ["--allow-other"] if cfg.allow_other else []
+    cmd += ["--zero-timeouts"] if cfg.zero_timeouts else []
+    return [*cmd, "--", cfg.mountpoint]
+
+
+def daemon_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m casfs.fuse.daemon", description="the casfs mount daemon")
+    p.add_argument("--store", "-s", default=None)
+    p.add_argument("--volume", default=None)
+    p.add_argument("--ro", action="store_true")
+    p.add_argument("--allow-other", action="store_true")
+    p.add_argument("--zero-timeouts", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--ready-fd", type=int, default=None, help="write 'ready' or 'error CODE MESSAGE' here")
+    p.add_argument("mountpoint")
+    return p
+
+
+def _spawn(cfg: Config) -> int:
+    if not cfg.store.joinpath("catalog.db").exists():
+        raise NotFound(f"no casfs store at {cfg.store} (create one with `casfs init`)")
+    (cfg.store / "run").mkdir(exist_ok=True)
+    logfile = log_path(cfg.store, cfg.mountpoint)
+    r, w = os.pipe()
+    env = dict(os.environ)
+    if cfg.cache_bytes is not None:
+        env[ENV_CACHE_MB] = str(cfg.cache_bytes >> 20)
+    try:
+        with open(logfile, "ab") as log_out:
+            proc = subprocess.Popen(
+                daemon_command(cfg, w),
+                stdin=subprocess.DEVNULL,
+                stdout=log_out,
+                stderr=log_out,
+                pass_fds=(w,),
+                start_new_session=True,
+                env=env,
+            )
+    finally:
+        os.close(w)
+    try:
+        line = _read_line(r, READY_TIMEOUT_S)
+    finally:
+        os.close(r)
+    if line.startswith("ready"):
+        return 0
+    if line.startswith("error "):
+        _, code, message = [*line.rstrip("\n").split(" ", 2), ""][:3]
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        _error(message)
+        return int(code) if code.isdigit() else 1
+    if proc.poll() is None:
+        proc.terminate()  # it never answered: end the daemon we started
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+        _error(f"the mount did not answer within {READY_TIMEOUT_S:.0f} s; see {logfile}")
+        return 1
+    _error(f"the mount daemon exited with status {proc.returncode}; see {logfile}")
+    return 1
+
+
+def _error(message: str) -> None:
+    print(f"casfs: error: {message}", file=sys.stderr)
+
+
+# -- the ready pipe ------------------------------------------------------------------------
+
+
+def tell_ready(fd: int | None) -> None:
+    """The daemon's side, once the mount answers."""
+    _tell(fd, "ready\n")
+
+
+def fail(fd: int | None, code: int, message: str) -> None:
+    """The daemon's side when it cannot serve: the error, on the pipe and on stderr."""
+    message = " ".join(message.split())
+    _tell(fd, f"error {code} {message}\n")
+    _error(message)
+
+
+def _tell(fd: int | None, line: str) -> None:
+    # One line, then the pipe is closed: the launcher reads no further.
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.write(fd, line.encode())
+            os.close(fd)
+
+
+def _read_line(fd: int, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    data = b""
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            break
+        part = os.read(fd, 4096)
+        if not part:
+            break
+        data += part
+    return data.decode(errors="replace")
+
+
+# -- run files ---------------------------------------------------------------------------
+
+
+def _key(mountpoint: str) -> str:
+    return hashlib.sha256(mountpoint.encode()).hexdigest()[:20]
+
+
+def run_path(store: Path, mountpoint: str) -> Path:
+    return store / "run" / f"{_key(mountpoint)}.json"
+
+
+def log_path(store: Path, mountpoint: str) -> Path:
+    return store / "run" / f"{_key(mountpoint)}.log"
+
+
+class RunRecord(TypedDict, total=False):
+    """STORE/run/<key>.json: the daemon's record of itself, written as it answers and
+    as it exits (`casfs umount` and lifecycle.ephemeral read it)."""
+
+    pid: int
+    mountpoint: str
+    store: str
+    volume: str | None
+    read_only: bool
+    time: float
+    state: str  # "mounted", then "exited"
+    clean: bool  # exited having saved every change
+    snapshots: list[str]  # "volume@n", taken by the unmount
+    unsaved: list[str]  # volumes whose changes could not be saved
+
+
+def write_run_file(cfg: Config, extra: RunRecord) -> None:
+    path = run_path(cfg.store, cfg.mountpoint)
+    path.parent.mkdir(exist_ok=True)
+    record = RunRecord(
+        pid=os.getpid(),
+        mountpoint=cfg.mountpoint,
+        store=str(cfg.store),
+        volume=cfg.volume,
+        read_only=cfg.read_only,
+        time=time.time(),
+    )
+    record.update(extra)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record) + "\n")
+    os.replace(tmp, path)
+
+
+def _read_run_file(path: Path) -> RunRecord | None:
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return cast(RunRecord, data) if isinstance(data, dict) else None
+
+
+# -- casfs umount ------------------------------------------------------------------------
+
+
+def umount_main(args: argparse.Namespace) -> int:
+    mountpoint = os.path.abspath(args.mountpoint)
+    entry = find_mount(mountpoint)
+    if entry is None or not entry.is_casfs:
+        raise NotFound(f"{mountpoint} is not a casfs mount")
+    store = Path(entry.source.removeprefix("casfs:"))
+    run_file = run_path(store, mountpoint)
+    before = _read_run_file(run_file)
+    pid = int(before["pid"]) if before and before.get("state") == "mounted" else None
+    if before is not None and not before.get("read_only", True):
+        _save_before_unmount(mountpoint)
+    try:
+        done = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise Busy(f"unmounting {mountpoint} timed out") from None
+    if done.returncode != 0:
+        why = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"status {done.returncode}"
+        raise Busy(f"cannot unmount {mountpoint}: {why}")
+    if pid is None:
+        return 0
+    timeout = float(getattr(args, "timeout", None) or UMOUNT_TIMEOUT_S)
+    if not wait_pid_gone(pid, timeout):
+        raise Busy(f"unmounted {mountpoint}, but its daemon (pid {pid}) is busy after {timeout:.0f} s")
+    after = _read_run_file(run_file) or RunRecord()
+    for snap in after.get("snapshots", []):
+        print(f"snapshot {snap}")
+    where = log_path(store, mountpoint)
+    if after.get("pid") != pid or after.get("state") != "exited":
+        raise CasfsError(f"the daemon of {mountpoint} (pid {pid}) did not finish cleanly; see {where}")
+    if not after.get("clean", False):
+        lost = ", ".join(after.get("unsaved", [])) or "some volumes"
+        raise CasfsError(f"{mountpoint} unmounted, but changes to {lost} could not be saved; see {where}")
+    return 0
+
+
+def _save_before_unmount(mountpoint: str) -> None:
+    """Ask the daemon to save everything it buffers; if it cannot, refuse to unmount
+    (as umount(8) refuses a busy filesystem): unmounting would throw the data away."""
+    try:
+        os.setxattr(mountpoint, "user.casfs.flush", b"")
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+            return  # a daemon from before the flush control: its unmount flushes as it can
+        why = os.strerror(e.errno or errno.EIO)
+        raise CasfsError(
+            f"not unmounting {mountpoint}: saving its buffered writes failed: {why}; "
+            "it stays mounted and nothing is lost (free space in the store, then run casfs umount again)"
+        ) from None
+
+
+def wait_pid_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
