@@ -6,17 +6,13 @@ stack after TEST_TIMEOUT_S (faulthandler), so a stuck mount shows where it is st
 from __future__ import annotations
 
 import faulthandler
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from casfs.repo import Repository
-
-sys.path.insert(0, str(Path(__file__).parent))  # tests/mounting.py and other helpers
-
-import mounting
+from tests.helpers import mount
 
 TEST_TIMEOUT_S = 300.0
 
@@ -24,19 +20,19 @@ TEST_TIMEOUT_S = 300.0
 @pytest.fixture(autouse=True)
 def no_leftover_mounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     base = str(tmp_path_factory.getbasetemp())
-    mounts_before = {m.mountpoint for m in mounting.casfs_mounts(base)}
-    daemons_before = set(mounting.daemon_pids(base))
+    mounts_before = {m.mountpoint for m in mount.casfs_mounts(base)}
+    daemons_before = set(mount.daemon_pids(base))
     faulthandler.dump_traceback_later(TEST_TIMEOUT_S, exit=False)
     try:
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
-    mounts = [m for m in mounting.casfs_mounts(base) if m.mountpoint not in mounts_before]
-    daemons = [p for p in mounting.daemon_pids(base) if p not in daemons_before]
+    mounts = [m for m in mount.casfs_mounts(base) if m.mountpoint not in mounts_before]
+    daemons = [p for p in mount.daemon_pids(base) if p not in daemons_before]
     for m in mounts:
-        mounting.cleanup(m.mountpoint, None)
+        mount.cleanup(m.mountpoint, None)
     for pid in daemons:
-        mounting.cleanup("", pid)
+        mount.cleanup("", pid)
     if mounts or daemons:
         pytest.fail(
             f"left behind: mounts {[m.mountpoint for m in mounts]}, daemon pids {daemons}", pytrace=False

@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-from lifecycle_util import CLI, assert_consistent, env, js, ok, query
 
 from casfs import catalog
 from casfs.repo import Repository
 from casfs.snapshots.kinds import TREE
 from casfs.vfs.volume import VolumeView
 from casfs.volumes import _blank_tree
+from tests.helpers.cli import CLI, assert_consistent, env, js, ok, query
 
 SPEC = '{"blank_block": null, "blank_dir": true, "image": null, "mode": "rw", "snapshot": null}'
 

@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
-from lifecycle_util import assert_consistent, casfs, js, ok
 
 from casfs import volumes
 from casfs.catalog import volumes as rows
 from casfs.lifecycle.ephemeral import expire
 from casfs.repo import Repository
 from casfs.units import parse_duration
+from tests.helpers.cli import assert_consistent, casfs, js, ok
 
 HAVE_DAEMON = importlib.util.find_spec("casfs.fuse.daemon") is not None
 
@@ -80,7 +80,7 @@ def test_touch_and_holders_keep_a_volume(store: Path) -> None:
 
 @pytest.mark.skipif(not HAVE_DAEMON, reason="casfs.fuse.daemon is not in this tree yet")
 def test_mounted_ephemeral_volumes_are_kept(store: Path, tmp_path: Path) -> None:
-    from mounting import mounted
+    from tests.helpers.mount import mounted
 
     for name in ("rw", "ro", "idle"):
         ok(store, "volume", "create", name, "--blank-dir", "--grace", "0.5s")

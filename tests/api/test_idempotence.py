@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from lifecycle_util import CLI, assert_consistent, blob_files, casfs, env, js, ok, query
+
+from tests.helpers.cli import CLI, assert_consistent, blob_files, casfs, env, js, ok, query
 
 CHUNK = 64 << 10
 

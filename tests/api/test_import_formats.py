@@ -10,9 +10,9 @@ import zlib
 from pathlib import Path
 
 import pytest
-from lifecycle_util import casfs, js, ok
 
 from casfs.repo import Repository
+from tests.helpers.cli import casfs, js, ok
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from lifecycle_util import CLI, assert_consistent, env, js, ok
+from tests.helpers.cli import CLI, assert_consistent, env, js, ok
 
 CHUNK = 64 << 10
 

@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from lifecycle_util import CLI, assert_consistent, env, js, ok
 
 from casfs.lifecycle import queue
 from casfs.repo import Repository
+from tests.helpers.cli import CLI, assert_consistent, env, js, ok
 
 JOBS = 20
 LIMIT = 2

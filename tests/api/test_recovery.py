@@ -11,7 +11,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from lifecycle_util import (
+
+from casfs.repo import Repository
+from casfs.vfs.volume import VolumeView
+from tests.helpers.cli import (
     assert_consistent,
     blob_files,
     casfs,
@@ -22,9 +25,6 @@ from lifecycle_util import (
     recovered,
     tmp_files,
 )
-
-from casfs.repo import Repository
-from casfs.vfs.volume import VolumeView
 
 CHUNK = 64 << 10
 

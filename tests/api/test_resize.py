@@ -6,12 +6,11 @@ import json
 import os
 from pathlib import Path
 
-from lifecycle_util import casfs
-
 from casfs import volumes
 from casfs.repo import Repository
 from casfs.vfs.api import ROOT_INO, assemble
 from casfs.vfs.volume import VolumeView
+from tests.helpers.cli import casfs
 
 
 def contents(repo: Repository, name: str) -> bytes:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from treecompare import compare
 
 from casfs.errors import Corruption
 from casfs.exporters import export_dir, export_raw, export_tar
@@ -25,6 +24,7 @@ from casfs.repo import Repository
 from casfs.snapshots import chunkmap
 from casfs.snapshots.tree import Tree
 from casfs.store.ids import ZERO_ID, BlobId
+from tests.helpers.trees import compare
 
 CHUNK = 65536
 MiB = 1 << 20

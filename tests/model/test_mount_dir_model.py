@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import treecompare
-from mounting import casfs, mounted, run
 
 from casfs import volumes
 from casfs.repo import Repository
+from tests.helpers import trees
+from tests.helpers.mount import casfs, mounted, run
 
 STEPS = int(os.environ.get("CASFS_MODEL_STEPS", "10000"))  # about 20 s
 CHECK_EVERY = int(os.environ.get("CASFS_MODEL_CHECK_EVERY", "300"))
@@ -273,7 +273,7 @@ def test_model_against_ext4(store: Repository, tmp_path: Path) -> None:
         pytest.fail(f"seed {seed}, step {step}: {why}\n last operations:\n  {recent}", pytrace=False)
 
     def compare(step: int, mnt: Path) -> None:
-        diffs = treecompare.compare(native, mnt, ignore=IGNORE)
+        diffs = trees.compare(native, mnt, ignore=IGNORE)
         if diffs:
             fail(step, "trees differ:\n  " + "\n  ".join(diffs[:20]))
 

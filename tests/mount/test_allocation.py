@@ -11,10 +11,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from mounting import mounted
-
 from casfs import images, volumes
 from casfs.repo import Repository
+from tests.helpers.mount import mounted
 
 MIB = 1 << 20
 

@@ -16,12 +16,11 @@ import sys
 import threading
 from pathlib import Path
 
-from mounting import casfs, mounted
-
 from casfs import volumes
 from casfs.catalog import transaction
 from casfs.refcount.fsck import fsck
 from casfs.repo import Repository
+from tests.helpers.mount import casfs, mounted
 
 
 def test_threads_writing_through_one_repository_each_get_their_own_transactions(tmp_path: Path) -> None:

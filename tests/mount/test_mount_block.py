@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mounting import Mount, casfs, cleanup, fsck_clean, mounted, run, start_daemon, wait_gone
 
 from casfs import images, volumes
 from casfs.repo import Repository
+from tests.helpers.mount import Mount, casfs, cleanup, fsck_clean, mounted, run, start_daemon, wait_gone
 
 KIB = 1 << 10
 MIB = 1 << 20

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import trio
-from mounting import casfs, cleanup, is_mounted, mounted, run
 
 from casfs import volumes
 from casfs.errors import Corruption
@@ -18,6 +17,7 @@ from casfs.repo import Repository
 from casfs.store.ids import BlobId, blob_id
 from casfs.vfs.api import Piece
 from casfs.vfs.chunks import ChunkCache, plan_pieces
+from tests.helpers.mount import casfs, cleanup, is_mounted, mounted, run
 
 
 @pytest.fixture

@@ -2,12 +2,12 @@
 
 Most tests do the same thing to a directory on the native filesystem (ext4 under
 pytest's tmp_path) and to a mounted volume, and compare what comes back: trees with
-tests/treecompare.py (lstat, xattrs, content, hardlink groups), command output, errno.
+tests/helpers/trees.py (lstat, xattrs, content, hardlink groups), command output, errno.
 
 What is deliberately not compared, and why:
 - atime after copying IN: `cp -a` stamps the destination with the atime the source had
   before cp read it, while the source's own atime then moves (relatime). Trees copied
-  OUT of the mount are compared with atimes (treecompare reads with O_NOATIME). atime
+  OUT of the mount are compared with atimes (trees.snapshot reads with O_NOATIME). atime
   is relatime for reads of files in the volume's overlay; readdir and readlink leave
   it alone (ext4 moves it): test_cp_a_in_and_out spells out which entries move.
 - inode numbers and st_dev: different filesystems.
@@ -30,8 +30,11 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 import pytest
-import treecompare
-from mounting import (
+
+from casfs import images, volumes
+from casfs.repo import Repository
+from tests.helpers import trees
+from tests.helpers.mount import (
     Mount,
     as_nobody,
     casfs,
@@ -44,9 +47,6 @@ from mounting import (
     start_daemon,
     wait_gone,
 )
-
-from casfs import images, volumes
-from casfs.repo import Repository
 
 GIB = 1 << 30
 EMAIL = next(Path("/usr/lib").glob("python3*/email"), None)
@@ -135,8 +135,8 @@ def tree_with_everything(top: Path) -> None:
     os.utime(top / "empty", ns=(1_000_000_001, 2_000_000_002))
 
 
-def diff(a: treecompare.Snapshot, b: treecompare.Snapshot, ignore: Collection[str] = ()) -> list[str]:
-    """treecompare.compare for two snapshots already taken (each takes a full read)."""
+def diff(a: trees.Snapshot, b: trees.Snapshot, ignore: Collection[str] = ()) -> list[str]:
+    """trees.compare for two snapshots already taken (each takes a full read)."""
     out = [f"only in the first: {p!r}" for p in sorted(a.keys() - b.keys())]
     out += [f"only in the second: {p!r}" for p in sorted(b.keys() - a.keys())]
     for p in sorted(a.keys() & b.keys()):
@@ -147,7 +147,7 @@ def diff(a: treecompare.Snapshot, b: treecompare.Snapshot, ignore: Collection[st
 
 
 def atimes(top: Path) -> dict[bytes, object]:
-    """Every entry's atime, keyed as treecompare keys them (lstat only: reads nothing)."""
+    """Every entry's atime, keyed as trees.snapshot keys them (lstat only: reads nothing)."""
     root = os.fsencode(top)
     out: dict[bytes, object] = {b"": os.lstat(root).st_atime_ns}
     for here, dirs, files in os.walk(root):
@@ -198,34 +198,34 @@ def test_cp_a_in_and_out(blank: Repository, tmp_path: Path) -> None:
     with mounted(blank.path, tmp_path / "mnt", volume="v") as m:
         done = run(["cp", "-a", src, m.path / "tree"], timeout=120)
         assert done.returncode == 0, done.stderr
-        written = treecompare.snapshot(m.path / "tree")
-        assert diff(treecompare.snapshot(ref), written, ignore=("atime",)) == []
+        written = trees.snapshot(m.path / "tree")
+        assert diff(trees.snapshot(ref), written, ignore=("atime",)) == []
         # sparse stays sparse: 10 kB of data in 1 GiB
         assert os.stat(m.path / "tree" / "sparse").st_size == GIB
         assert du_bytes(m.path / "tree" / "sparse") < 1 << 20
         run(["cp", "-a", m.path / "tree", out], check=True, timeout=120)
         # out of the mount, atimes included: reading through the mount changed none
-        assert diff(written, treecompare.snapshot(out)) == []
+        assert diff(written, trees.snapshot(out)) == []
         assert du_bytes(out / "sparse") < 1 << 20
         # relatime, as on ext4: cp read every file, whose atime was older than its ctime
         # (cp -a in stamped the times last). Not moved here, unlike ext4: directories
         # on readdir and symlinks on readlink (casfs keeps relatime for file reads), and
-        # empty files (the kernel answers a read at EOF itself). treecompare reads with
+        # empty files (the kernel answers a read at EOF itself). trees.snapshot reads with
         # O_NOATIME, which the mount honours.
         now = atimes(m.path / "tree")
         read = {p for p, e in written.items() if e["type"] == stat.S_IFREG and e["size"]}
         assert {p for p in now if now[p] != written[p]["atime"]} == read
         written = {p: dict(e, atime=now[p]) for p, e in written.items()}
     # what was written is what the snapshot taken at unmount holds (not compared with
-    # `out` again: ext4 moves a symlink's atime when it is read, as treecompare does)
+    # `out` again: ext4 moves a symlink's atime when it is read, as trees.snapshot does)
     with mounted(blank.path, tmp_path / "mnt", volume="v") as m:
-        assert diff(written, treecompare.snapshot(m.path / "tree")) == []
+        assert diff(written, trees.snapshot(m.path / "tree")) == []
         assert du_bytes(m.path / "tree" / "sparse") < 1 << 20
     with mounted(blank.path, tmp_path / "whole") as m:
         for sub in (b"email", b"links", b"odd"):
             want = {b"": written[sub]}
             want |= {k.removeprefix(sub + b"/"): v for k, v in written.items() if k.startswith(sub + b"/")}
-            got = treecompare.snapshot(m.path / "volumes" / "v" / "tree" / os.fsdecode(sub))
+            got = trees.snapshot(m.path / "volumes" / "v" / "tree" / os.fsdecode(sub))
             assert diff(want, got, ignore=("hardlink_group",)) == []
 
 
@@ -293,7 +293,7 @@ def test_tools_behave_as_on_ext4(vol: Mount, native: Path, tmp_path: Path) -> No
     assert there.returncode == 0, there.stderr
     assert normalize(there.stdout) == normalize(here.stdout)
     # (created at different moments: mtimes differ; everything else must not)
-    assert treecompare.compare(native, vol.path, ignore=("atime", "mtime")) == []
+    assert trees.compare(native, vol.path, ignore=("atime", "mtime")) == []
     # tar: one archive (ns times, xattrs) extracted on both; then one made from the mount
     archive, again = tmp_path / "t.tar", tmp_path / "again.tar"
     tar = ["tar", "--format=posix", "--xattrs", "--xattrs-include=*"]
@@ -302,11 +302,11 @@ def test_tools_behave_as_on_ext4(vol: Mount, native: Path, tmp_path: Path) -> No
         (top / "x").mkdir()
         done = run([*tar, "-xf", archive, "-C", top / "x"])
         assert done.returncode == 0, done.stderr
-    assert treecompare.compare(native / "x", vol.path / "x", ignore=("atime",)) == []
+    assert trees.compare(native / "x", vol.path / "x", ignore=("atime",)) == []
     run([*tar, "-cf", again, "-C", vol.path / "x", "."], check=True)
     (tmp_path / "y").mkdir()
     run([*tar, "-xf", again, "-C", tmp_path / "y"], check=True)
-    assert treecompare.compare(native / "x", tmp_path / "y", ignore=("atime",)) == []
+    assert trees.compare(native / "x", tmp_path / "y", ignore=("atime",)) == []
     listing = [run(["tar", "-tvf", a], check=True).stdout for a in (archive, again)]
     assert listing[0].splitlines()[1:] == listing[1].splitlines()[1:]  # (the first is "./")
 
@@ -655,7 +655,7 @@ def test_posix_errors_as_on_ext4(vol: Mount, native: Path) -> None:
     assert ("create long name", "ENAMETOOLONG") in want and ("rmdir non-empty", "ENOTEMPTY") in want
     got = errnos(vol.path)
     assert [(w, g) for w, g in zip(want, got, strict=True) if w != g] == []
-    assert treecompare.compare(native, vol.path, ignore=("atime", "mtime")) == []
+    assert trees.compare(native, vol.path, ignore=("atime", "mtime")) == []
 
 
 def test_exdev_between_volumes_of_a_whole_store_mount(blank: Repository, tmp_path: Path) -> None:
@@ -814,7 +814,7 @@ def test_clones_of_one_image_diverge_and_the_image_never_changes(store: Reposito
         volumes.create_volume(store, name, volumes.Source(image="img"))
     with mounted(store.path, tmp_path / "mnt") as m:
         a, b, img = (m.path / "volumes" / "a", m.path / "volumes" / "b", m.path / "images" / "img")
-        assert treecompare.compare(src, a, ignore=("atime",)) == []
+        assert trees.compare(src, a, ignore=("atime",)) == []
         noise = os.urandom(70_000)
         patch(a / "big.bin", 65536 + 100, noise)  # across a chunk boundary
         (a / "sub" / "b.txt").unlink()
@@ -836,14 +836,14 @@ def test_clones_of_one_image_diverge_and_the_image_never_changes(store: Reposito
         assert sorted(os.listdir(b)) == ["a.txt", "big.bin", "moved"]
         assert os.getxattr(a / "a.txt", "user.kept") == b"yes"
         # the image, read through the same mount, is what was imported
-        assert treecompare.compare(src, img, ignore=("atime",)) == []
+        assert trees.compare(src, img, ignore=("atime",)) == []
         # each clone has bytes of its own now (stored bytes: 2 new chunks in a, 1 in b)
         ua, ub = int(xattr(a, "user.casfs.unique")), int(xattr(b, "user.casfs.unique"))
         assert ua >= 2 * 65536 and 0 < ub < ua
     # and out of the store, byte for byte
     done = casfs(store.path, "image", "export", "img", tmp_path / "exported")
     assert done.returncode == 0, done.stderr
-    assert treecompare.compare(src, tmp_path / "exported", ignore=("atime",)) == []
+    assert trees.compare(src, tmp_path / "exported", ignore=("atime",)) == []
     assert [s.n for s in volumes.list_snapshots(store, "a")] == [1]  # unchanged since: none at unmount
     fsck_clean(store.path)
 

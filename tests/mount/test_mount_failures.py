@@ -18,12 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mounting import casfs, is_mounted, mounted, run, running, wait_gone
 
 from casfs import volumes
 from casfs.lifecycle.queue import acquire_slot, queue_limit
 from casfs.refcount.fsck import fsck
 from casfs.repo import Repository
+from tests.helpers.mount import casfs, is_mounted, mounted, run, running, wait_gone
 
 
 @pytest.fixture

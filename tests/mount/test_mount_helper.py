@@ -19,14 +19,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lifecycle_util import env, ok
-from mounting import alive, cleanup, is_mounted, mount_table, wait_gone
+
+from tests.helpers.cli import env, ok
+from tests.helpers.mount import alive, cleanup, is_mounted, mount_table, wait_gone
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("casfs.fuse.daemon") is None, reason="casfs.fuse.daemon is not in this tree yet"
 )
 
-HELPER = Path(__file__).resolve().parent.parent / "tools" / "mount.fuse.casfs"
+HELPER = Path(__file__).resolve().parents[2] / "tools" / "mount.fuse.casfs"
 INSTALLED = Path("/sbin/mount.fuse.casfs")
 CASFS_BIN = Path(sys.executable).parent / "casfs"
 TIMEOUT = 60

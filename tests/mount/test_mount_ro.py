@@ -13,8 +13,14 @@ from pathlib import Path
 
 import blake3
 import pytest
-import treecompare
-from mounting import (
+
+from casfs import images, volumes
+from casfs.repo import Repository
+from casfs.snapshots.chunkmap import Content
+from casfs.snapshots.tree import Tree
+from casfs.store.ids import ZERO_ID, BlobId
+from tests.helpers import trees
+from tests.helpers.mount import (
     as_nobody,
     casfs,
     casfs_mounts,
@@ -27,12 +33,6 @@ from mounting import (
     unmount,
     wait_gone,
 )
-
-from casfs import images, volumes
-from casfs.repo import Repository
-from casfs.snapshots.chunkmap import Content
-from casfs.snapshots.tree import Tree
-from casfs.store.ids import ZERO_ID, BlobId
 
 CHUNK = 64 << 10
 DISK_SIZE = 3 * (1 << 20) + 1000
@@ -154,14 +154,14 @@ def test_cp_a_out_of_a_directory_image(populated: Populated, tmp_path: Path) -> 
     out = tmp_path / "out"
     with mounted(repo.path, tmp_path / "mnt") as m:
         image = m.path / "images" / "tree"
-        assert treecompare.compare(src, image, ignore=("atime",)) == []
+        assert trees.compare(src, image, ignore=("atime",)) == []
         run(["cp", "-a", image, out], check=True, timeout=120)
         assert (image / "sub" / "rel_link").read_text() == "hello, world\n"
         assert os.stat(image / "hello.txt").st_ino == os.stat(image / "sub" / "hello_link").st_ino
         assert os.stat(image / "hello.txt").st_nlink == 2
-        assert treecompare.compare(image, out) == []  # atimes too: reading an image changes none
+        assert trees.compare(image, out) == []  # atimes too: reading an image changes none
     # (the source's own atimes moved when it was imported and compared)
-    assert treecompare.compare(src, out, ignore=("atime",)) == []
+    assert trees.compare(src, out, ignore=("atime",)) == []
 
 
 def test_find_and_du_over_an_image(populated: Populated, tmp_path: Path) -> None:
@@ -362,7 +362,7 @@ def test_a_corrupt_blob_fails_that_read_only(populated: Populated, tmp_path: Pat
         with open(tree / "sub" / "big.bin", "rb") as f:
             assert f.read(2 * CHUNK) == (src / "sub" / "big.bin").read_bytes()[: 2 * CHUNK]
         assert (tree / "hello.txt").read_text() == "hello, world\n"
-        assert treecompare.compare(src / "sub" / "deeper", tree / "sub" / "deeper", ignore=("atime",)) == []
+        assert trees.compare(src / "sub" / "deeper", tree / "sub" / "deeper", ignore=("atime",)) == []
         assert int(xattr_value(m.path, "user.casfs.corrupt_reads")) >= 1
         assert victim.hex() in xattr_value(m.path, "user.casfs.corrupt_ids")
         assert "Input/output error" in getfattr(tree / "sub/big.bin", "user.casfs.digest").stderr
@@ -416,7 +416,7 @@ def test_block_volume_on_a_regular_file(populated: Populated, tmp_path: Path) ->
 def test_directory_volume_mount(populated: Populated, tmp_path: Path) -> None:
     repo, src, _ = populated
     with mounted(repo.path, tmp_path / "mnt", volume="rov") as m:
-        assert treecompare.compare(src, m.path, ignore=("atime",)) == []
+        assert trees.compare(src, m.path, ignore=("atime",)) == []
         # a single-volume mount shows the volume's own inode numbers
         tree = Tree.decode(repo.get(BlobId(bytes.fromhex(volumes.get_volume(repo, "rov").base))))
         hello = tree.find(b"hello.txt")

@@ -13,10 +13,10 @@ import os
 from pathlib import Path
 
 import pytest
-from mounting import casfs, mounted, run
 
 from casfs import volumes
 from casfs.repo import Repository
+from tests.helpers.mount import casfs, mounted, run
 
 
 def phase(store: Path, name: str) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent / "casfs"
+ROOT = Path(__file__).resolve().parents[2] / "casfs"
 
 
 def module_name(path: Path) -> str:
