@@ -18,7 +18,8 @@ from casfs.repo import Repository
 from casfs.snapshots.kinds import TREE
 from casfs.vfs.volume import VolumeView
 from casfs.volumes import _blank_tree
-from tests.helpers.cli import CLI, assert_consistent, env, js, ok, query
+from tests.helpers.cli import CLI, env, js, ok
+from tests.helpers.fsck import assert_consistent, query
 
 SPEC = '{"blank_block": null, "blank_dir": true, "image": null, "mode": "rw", "snapshot": null}'
 

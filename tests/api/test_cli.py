@@ -2,7 +2,7 @@
 
 Every failing command must exit with its documented code, say what and why in one
 stderr line, and leave the store exactly as it was (blob rows and blob files). Every
-store is checked with `casfs fsck` when its test ends.
+store is checked with fsck when its test ends (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -13,61 +13,27 @@ import json
 import os
 import pty
 import shutil
-import sqlite3
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.helpers.cli import CLI, TIMEOUT, casfs, env, fails, js, out
+from tests.helpers.fsck import Stores, query
+
 CHUNK = 64 << 10
-TIMEOUT = 120
-
-
-def casfs(*args: str, store: Path | None = None, **kw: Any) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "CASFS_STORE"}
-    cmd = [sys.executable, "-m", "casfs", *(["-s", str(store)] if store else []), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env, **kw)
-
-
-def ok(store: Path, *args: str) -> str:
-    p = casfs(*args, store=store)
-    assert p.returncode == 0, p.stderr
-    return p.stdout
-
-
-def js(store: Path, *args: str) -> Any:
-    return json.loads(ok(store, *args, "--json"))
-
-
-def fails(store: Path | None, code: int, *args: str) -> str:
-    """Run a command that must fail with `code`; returns its one-line message."""
-    p = casfs(*args, store=store)
-    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
-    lines = p.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("casfs: error: "), p.stderr
-    return lines[0]
 
 
 def state(store: Path) -> tuple[list[tuple[Any, ...]], list[str]]:
     """The blob rows, the blob files and the staging area: what a failed command must not change."""
-    conn = sqlite3.connect(store / "catalog.db")
-    try:
-        rows = conn.execute("SELECT id, kind, refs, size, stored FROM blobs ORDER BY id").fetchall()
-    finally:
-        conn.close()
+    rows = query(store, "SELECT id, kind, refs, size, stored FROM blobs ORDER BY id")
     files = sorted(str(p.relative_to(store)) for d in ("blobs", "tmp") for p in (store / d).rglob("*"))
     return rows, files
 
 
 def stored_total(store: Path) -> int:
-    conn = sqlite3.connect(store / "catalog.db")
-    try:
-        return int(conn.execute("SELECT COALESCE(SUM(stored), 0) FROM blobs").fetchone()[0])
-    finally:
-        conn.close()
+    return int(query(store, "SELECT COALESCE(SUM(stored), 0) FROM blobs")[0][0])
 
 
 def make_raw(path: Path, seed: bytes = b"") -> Path:
@@ -78,23 +44,14 @@ def make_raw(path: Path, seed: bytes = b"") -> Path:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Path]:
-    s = tmp_path / "store"
-    assert "created" in ok(s, "init")
-    yield s
-    p = casfs("fsck", store=s)
-    assert p.returncode == 0, p.stdout + p.stderr
-
-
-@pytest.fixture
 def raw(tmp_path: Path) -> Path:
     return make_raw(tmp_path / "disk.img")
 
 
-def test_init_is_idempotent_and_refuses_a_foreign_dir(tmp_path: Path) -> None:
-    s = tmp_path / "s"
-    assert "created" in ok(s, "init")
-    assert "already exists" in ok(s, "init")
+def test_init_is_idempotent_and_refuses_a_foreign_dir(tmp_path: Path, stores: Stores) -> None:
+    s = stores.add(tmp_path / "s")
+    assert "created" in out(s, "init")
+    assert "already exists" in out(s, "init")
     other = tmp_path / "other"
     other.mkdir()
     (other / "file").write_text("x")
@@ -102,22 +59,22 @@ def test_init_is_idempotent_and_refuses_a_foreign_dir(tmp_path: Path) -> None:
 
 
 def test_raw_import_export_round_trip(store: Path, raw: Path, tmp_path: Path) -> None:
-    p = casfs("image", "import", "disk", str(raw), store=store)
+    p = casfs(store, "image", "import", "disk", str(raw))
     assert p.returncode == 0 and p.stderr == ""  # no progress when stderr is not a TTY
     assert p.stdout.startswith("imported image disk: ") and "(block)" in p.stdout
-    b3 = json.loads(ok(store, "image", "info", "disk", "--json"))["digest"]
+    b3 = json.loads(out(store, "image", "info", "disk", "--json"))["digest"]
     assert b3.startswith("blake3:") and b3 in p.stdout
-    out = tmp_path / "out.img"
-    ok(store, "image", "export", "disk", str(out))
-    assert filecmp.cmp(raw, out, shallow=False)
+    exported = tmp_path / "out.img"
+    out(store, "image", "export", "disk", str(exported))
+    assert filecmp.cmp(raw, exported, shallow=False)
     # DEST exists: a conflict, and the file is left alone.
-    assert "already exists" in fails(store, 4, "image", "export", "disk", str(out))
-    assert filecmp.cmp(raw, out, shallow=False)
+    assert "already exists" in fails(store, 4, "image", "export", "disk", str(exported))
+    assert filecmp.cmp(raw, exported, shallow=False)
 
 
 def test_ls_and_info_json(store: Path, raw: Path) -> None:
     sha = hashlib.sha256(raw.read_bytes()).hexdigest()
-    ok(store, "image", "import", "disk", str(raw), "--expect", f"sha256:{sha}")
+    out(store, "image", "import", "disk", str(raw), "--expect", f"sha256:{sha}")
     [img] = js(store, "image", "ls")
     info = js(store, "image", "info", "disk")
     assert img == info
@@ -127,18 +84,18 @@ def test_ls_and_info_json(store: Path, raw: Path) -> None:
     assert 24 * CHUNK < info["stored"] < 25 * CHUNK + 8192
     assert info["unique"] == info["stored"] == stored_total(store)
     assert info["volumes"] == [] and info["chunk_size"] == CHUNK
-    text = ok(store, "image", "ls").splitlines()
+    text = out(store, "image", "ls").splitlines()
     assert text[0].split() == ["NAME", "KIND", "PHASE", "SIZE", "STORED", "UNIQUE", "RATIO", "VOLUMES"]
     assert text[1].split()[:3] == ["disk", "block", "ready"]
-    assert "size:" in ok(store, "image", "info", "disk")
+    assert "size:" in out(store, "image", "info", "disk")
 
-    ok(store, "volume", "create", "vm", "--from", "disk")
+    out(store, "volume", "create", "vm", "--from", "disk")
     info = js(store, "image", "info", "disk")
     assert info["volumes"] == ["vm"] and info["unique"] == 0  # now shared with the volume
     vol = js(store, "volume", "info", "vm")
     assert (vol["kind"], vol["mode"], vol["phase"], vol["origin"]) == ("block", "rw", "ready", "image:disk")
     assert vol["size"] == raw.stat().st_size and vol["stored"] == info["stored"] and vol["snapshots"] == []
-    assert ok(store, "snapshot", "create", "vm", "--label", "first").strip() == "1"
+    assert out(store, "snapshot", "create", "vm", "--label", "first").strip() == "1"
     vol = js(store, "volume", "info", "vm")
     assert vol["snapshots"] == [1] and vol["logical"] == 2 * vol["size"]
     [snap] = js(store, "snapshot", "ls", "vm")
@@ -146,12 +103,12 @@ def test_ls_and_info_json(store: Path, raw: Path) -> None:
 
 
 def test_volume_sources(store: Path, raw: Path) -> None:
-    ok(store, "image", "import", "disk", str(raw))
-    ok(store, "volume", "create", "a", "--from", "disk")
-    assert ok(store, "snapshot", "create", "a").strip() == "1"
-    ok(store, "volume", "create", "b", "--from", "a@1", "--ro")
-    ok(store, "volume", "create", "d", "--blank-dir")
-    ok(store, "volume", "create", "k", "--blank-block", "64M")
+    out(store, "image", "import", "disk", str(raw))
+    out(store, "volume", "create", "a", "--from", "disk")
+    assert out(store, "snapshot", "create", "a").strip() == "1"
+    out(store, "volume", "create", "b", "--from", "a@1", "--ro")
+    out(store, "volume", "create", "d", "--blank-dir")
+    out(store, "volume", "create", "k", "--blank-block", "64M")
     vols = {v["name"]: v for v in js(store, "volume", "ls")}
     got = {n: (v["kind"], v["mode"], v["origin"], v["size"]) for n, v in vols.items()}
     size = raw.stat().st_size
@@ -163,35 +120,35 @@ def test_volume_sources(store: Path, raw: Path) -> None:
     }
     assert vols["a"]["base"] == vols["b"]["base"] == js(store, "snapshot", "ls", "a")[0]["root"]
     assert vols["k"]["stored"] < 4096 and vols["k"]["unique"] == vols["k"]["stored"]  # holes only
-    header = ok(store, "volume", "ls").splitlines()[0].split()
+    header = out(store, "volume", "ls").splitlines()[0].split()
     assert header[:3] == ["NAME", "KIND", "MODE"] and "SNAPSHOTS" in header and "ORIGIN" in header
 
     # The snapshot a volume was made from, and its volume, cannot go.
     assert "b" in fails(store, 4, "snapshot", "rm", "a@1")
     assert "b" in fails(store, 4, "volume", "rm", "a")
-    ok(store, "volume", "rm", "b")
-    ok(store, "snapshot", "rm", "a@1")
-    assert "no snapshot" in ok(store, "snapshot", "rm", "a@1", "--if-exists")
+    out(store, "volume", "rm", "b")
+    out(store, "snapshot", "rm", "a@1")
+    assert "no snapshot" in out(store, "snapshot", "rm", "a@1", "--if-exists")
     assert js(store, "snapshot", "ls", "a") == []
 
 
 def test_repeat_create_is_idempotent_and_a_different_one_conflicts(store: Path, raw: Path) -> None:
-    ok(store, "image", "import", "disk", str(raw))
-    ok(store, "volume", "create", "v", "--from", "disk")
+    out(store, "image", "import", "disk", str(raw))
+    out(store, "volume", "create", "v", "--from", "disk")
     before = state(store)
-    assert "already exists with the same spec" in ok(store, "volume", "create", "v", "--from", "disk")
-    assert "already imported" in ok(store, "image", "import", "disk", str(raw))
+    assert "already exists with the same spec" in out(store, "volume", "create", "v", "--from", "disk")
+    assert "already imported" in out(store, "image", "import", "disk", str(raw))
     assert "different spec" in fails(store, 4, "volume", "create", "v", "--from", "disk", "--ro")
     assert "different spec" in fails(store, 4, "volume", "create", "v", "--blank-block", "1G")
     assert state(store) == before
 
 
 def test_rollback(store: Path, raw: Path) -> None:
-    ok(store, "image", "import", "disk", str(raw))
-    ok(store, "volume", "create", "v", "--from", "disk")
-    ok(store, "snapshot", "create", "v")
-    ok(store, "snapshot", "create", "v")
-    assert "snapshot 1" in ok(store, "rollback", "v", "1")
+    out(store, "image", "import", "disk", str(raw))
+    out(store, "volume", "create", "v", "--from", "disk")
+    out(store, "snapshot", "create", "v")
+    out(store, "snapshot", "create", "v")
+    assert "snapshot 1" in out(store, "rollback", "v", "1")
     vol = js(store, "volume", "info", "v")
     assert vol["base"] == js(store, "snapshot", "ls", "v")[0]["root"] and vol["snapshots"] == [1, 2]
     before = state(store)
@@ -202,11 +159,11 @@ def test_rollback(store: Path, raw: Path) -> None:
 
 
 def test_export_volume_and_snapshot(store: Path, raw: Path, tmp_path: Path) -> None:
-    ok(store, "image", "import", "disk", str(raw))
-    ok(store, "volume", "create", "v", "--from", "disk")
-    ok(store, "snapshot", "create", "v")
-    ok(store, "volume", "export", "v", str(tmp_path / "v.img"))
-    ok(store, "snapshot", "export", "v@1", str(tmp_path / "s.img"))
+    out(store, "image", "import", "disk", str(raw))
+    out(store, "volume", "create", "v", "--from", "disk")
+    out(store, "snapshot", "create", "v")
+    out(store, "volume", "export", "v", str(tmp_path / "v.img"))
+    out(store, "snapshot", "export", "v@1", str(tmp_path / "s.img"))
     assert filecmp.cmp(raw, tmp_path / "v.img", shallow=False)
     assert filecmp.cmp(raw, tmp_path / "s.img", shallow=False)
     fails(store, 3, "snapshot", "export", "v@2", str(tmp_path / "t.img"))
@@ -214,14 +171,14 @@ def test_export_volume_and_snapshot(store: Path, raw: Path, tmp_path: Path) -> N
 
 
 def test_rm_then_gc_frees_exactly_the_unique_bytes(store: Path, raw: Path, tmp_path: Path) -> None:
-    ok(store, "image", "import", "keep", str(raw))
+    out(store, "image", "import", "keep", str(raw))
     other = make_raw(tmp_path / "other.img")
-    ok(store, "image", "import", "gone", str(other))
+    out(store, "image", "import", "gone", str(other))
     unique = js(store, "image", "info", "gone")["unique"]
     total = stored_total(store)
     assert 0 < unique < total
-    ok(store, "image", "rm", "gone")
-    assert "no image gone" in ok(store, "image", "rm", "gone", "--if-exists")
+    out(store, "image", "rm", "gone")
+    assert "no image gone" in out(store, "image", "rm", "gone", "--if-exists")
     report = js(store, "gc")
     assert report["bytes_freed"] == unique and report["problems"] == []
     assert stored_total(store) == total - unique
@@ -233,8 +190,8 @@ def test_rm_then_gc_frees_exactly_the_unique_bytes(store: Path, raw: Path, tmp_p
 @pytest.fixture
 def used(store: Path, raw: Path) -> Path:
     """A store with image 'disk' and volume 'vm' made from it."""
-    ok(store, "image", "import", "disk", str(raw))
-    ok(store, "volume", "create", "vm", "--from", "disk")
+    out(store, "image", "import", "disk", str(raw))
+    out(store, "volume", "create", "vm", "--from", "disk")
     return store
 
 
@@ -313,10 +270,9 @@ def test_store_of_unknown_format_is_refused(used: Path) -> None:
 
 
 def test_same_file_twice_adds_no_blob(store: Path, raw: Path) -> None:
-    ok(store, "image", "import", "one", str(raw))
+    out(store, "image", "import", "one", str(raw))
     before = state(store)
-    out = ok(store, "image", "import", "two", str(raw))
-    assert "stored 0 B new" in out
+    assert "stored 0 B new" in out(store, "image", "import", "two", str(raw))
     assert state(store)[1] == before[1]
     assert js(store, "image", "info", "two")["unique"] == 0
 
@@ -330,9 +286,9 @@ def test_shared_chunks_are_stored_once(store: Path, tmp_path: Path) -> None:
         changed[n * CHUNK : (n + 1) * CHUNK] = os.urandom(CHUNK)
     b = tmp_path / "b.img"
     b.write_bytes(changed)
-    ok(store, "image", "import", "a", str(a))
+    out(store, "image", "import", "a", str(a))
     after_a = stored_total(store)
-    ok(store, "image", "import", "b", str(b))
+    out(store, "image", "import", "b", str(b))
     grew = stored_total(store) - after_a
     # Three new random chunks (stored raw: incompressible) and a new map root.
     assert 3 * CHUNK <= grew < 3 * CHUNK + 8192
@@ -347,9 +303,8 @@ def test_progress_only_on_a_tty(store: Path, tmp_path: Path) -> None:
     big = tmp_path / "big.img"
     big.write_bytes(os.urandom(96 << 20))
     master, slave = pty.openpty()
-    env = {k: v for k, v in os.environ.items() if k != "CASFS_STORE"}
-    cmd = [sys.executable, "-m", "casfs", "-s", str(store), "image", "import", "big", str(big)]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=slave, env=env) as p:
+    cmd = [*CLI, "-s", str(store), "image", "import", "big", str(big)]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=slave, env=env()) as p:
         os.close(slave)
         seen = b""
         while True:
@@ -383,6 +338,6 @@ def test_help_everywhere() -> None:
         ["fsck"],
         ["gc"],
     ):
-        p = casfs(*args, "--help")
+        p = casfs(None, *args, "--help")
         assert p.returncode == 0 and "usage: casfs" in p.stdout, args
-    assert "--blank-block SIZE" in casfs("volume", "create", "--help").stdout
+    assert "--blank-block SIZE" in casfs(None, "volume", "create", "--help").stdout

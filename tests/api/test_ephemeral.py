@@ -14,16 +14,10 @@ from casfs.catalog import volumes as rows
 from casfs.lifecycle.ephemeral import expire
 from casfs.repo import Repository
 from casfs.units import parse_duration
-from tests.helpers.cli import assert_consistent, casfs, js, ok
+from tests.helpers.cli import casfs, js, ok
+from tests.helpers.fsck import assert_consistent
 
 HAVE_DAEMON = importlib.util.find_spec("casfs.fuse.daemon") is not None
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Path:
-    path = tmp_path / "store"
-    ok(path, "init")
-    return path
 
 
 def test_durations() -> None:

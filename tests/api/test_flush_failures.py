@@ -28,15 +28,6 @@ from casfs.vfs.volume import VolumeView
 CHUNK = 64 << 10
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Iterator[Repository]:
-    r = Repository.init(tmp_path / "store")
-    yield r
-    report = fsck(r, timeout=0)  # Busy if a failed flush leaked the store's lock
-    assert report.clean, [p.message for p in report.problems]
-    r.close()
-
-
 @contextlib.contextmanager
 def store_refuses_writes(repo: Repository) -> Iterator[None]:
     tmp = str(repo.path / "tmp")

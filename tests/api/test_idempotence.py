@@ -13,16 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import CLI, assert_consistent, blob_files, casfs, env, js, ok, query
+from tests.helpers.cli import CLI, casfs, env, js, ok
+from tests.helpers.fsck import assert_consistent, blob_files, query
 
 CHUNK = 64 << 10
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Path:
-    path = tmp_path / "store"
-    ok(path, "init")
-    return path
 
 
 @pytest.fixture

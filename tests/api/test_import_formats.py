@@ -11,14 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from casfs.repo import Repository
 from tests.helpers.cli import casfs, js, ok
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Path:
-    Repository.init(tmp_path / "store").close()
-    return tmp_path / "store"
 
 
 @pytest.fixture

@@ -9,14 +9,13 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.helpers.cli import CLI, assert_consistent, env, js, ok
+from tests.helpers.cli import CLI, env, js, ok
+from tests.helpers.fsck import assert_consistent
 
 CHUNK = 64 << 10
 
 
-def test_concurrent_commands_leave_a_consistent_store(tmp_path: Path) -> None:
-    store = tmp_path / "store"
-    ok(store, "init")
+def test_concurrent_commands_leave_a_consistent_store(store: Path, tmp_path: Path) -> None:
     shared = os.urandom(16 * CHUNK)
     base = tmp_path / "base.raw"
     base.write_bytes(shared + os.urandom(8 * CHUNK))

@@ -13,7 +13,8 @@ import pytest
 
 from casfs.lifecycle import queue
 from casfs.repo import Repository
-from tests.helpers.cli import CLI, assert_consistent, env, js, ok
+from tests.helpers.cli import CLI, env, js, ok
+from tests.helpers.fsck import assert_consistent
 
 JOBS = 20
 LIMIT = 2
@@ -28,9 +29,7 @@ def max_running(log: list[str]) -> int:
     return peak
 
 
-def test_twenty_imports_two_at_a_time(tmp_path: Path) -> None:
-    store = tmp_path / "store"
-    ok(store, "init")
+def test_twenty_imports_two_at_a_time(store: Path, tmp_path: Path) -> None:
     ok(store, "config", "set", "queue.limit", str(LIMIT))
     sources = []
     for i in range(JOBS):
@@ -79,41 +78,37 @@ def test_twenty_imports_two_at_a_time(tmp_path: Path) -> None:
     assert_consistent(store)
 
 
-def test_slots_nest_and_free_on_kill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_slots_nest_and_free_on_kill(repo: Repository, monkeypatch: pytest.MonkeyPatch) -> None:
     """A thread holding a slot runs nested jobs in it; a killed holder frees its slot."""
     monkeypatch.setenv("CASFS_QUEUE_LIMIT", "1")
-    repo = Repository.init(tmp_path / "store")
+    with queue.job_slot(repo, "outer") as outer, queue.job_slot(repo, "inner") as inner:
+        assert outer == inner == 0
+        (job,) = queue.status(repo).running
+        assert (job.pid, job.what, job.slot) == (os.getpid(), "outer", 0)
+    holder = subprocess.Popen(
+        [
+            *CLI[:1],
+            "-c",
+            "import sys, time\n"
+            "from casfs.repo import Repository\n"
+            "from casfs.lifecycle.queue import job_slot\n"
+            "with job_slot(Repository.open(sys.argv[1]), 'held'):\n"
+            "    print('in', flush=True); time.sleep(60)",
+            str(repo.path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env(CASFS_QUEUE_LIMIT="1"),
+    )
     try:
-        with queue.job_slot(repo, "outer") as outer, queue.job_slot(repo, "inner") as inner:
-            assert outer == inner == 0
-            (job,) = queue.status(repo).running
-            assert (job.pid, job.what, job.slot) == (os.getpid(), "outer", 0)
-        holder = subprocess.Popen(
-            [
-                *CLI[:1],
-                "-c",
-                "import sys, time\n"
-                "from casfs.repo import Repository\n"
-                "from casfs.lifecycle.queue import job_slot\n"
-                "with job_slot(Repository.open(sys.argv[1]), 'held'):\n"
-                "    print('in', flush=True); time.sleep(60)",
-                str(repo.path),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env(CASFS_QUEUE_LIMIT="1"),
-        )
-        try:
-            assert holder.stdout and holder.stdout.readline() == "in\n"
-            assert [j.what for j in queue.status(repo).running] == ["held"]
-        finally:
-            holder.kill()
-            holder.wait()
-            if holder.stdout:
-                holder.stdout.close()
-        assert queue.status(repo).running == []  # its content names a dead pid
-        start = time.monotonic()
-        with queue.job_slot(repo, "after") as slot:
-            assert slot == 0 and time.monotonic() - start < 1.0
+        assert holder.stdout and holder.stdout.readline() == "in\n"
+        assert [j.what for j in queue.status(repo).running] == ["held"]
     finally:
-        repo.close()
+        holder.kill()
+        holder.wait()
+        if holder.stdout:
+            holder.stdout.close()
+    assert queue.status(repo).running == []  # its content names a dead pid
+    start = time.monotonic()
+    with queue.job_slot(repo, "after") as slot:
+        assert slot == 0 and time.monotonic() - start < 1.0

@@ -14,26 +14,10 @@ import pytest
 
 from casfs.repo import Repository
 from casfs.vfs.volume import VolumeView
-from tests.helpers.cli import (
-    assert_consistent,
-    blob_files,
-    casfs,
-    js,
-    killed_at,
-    ok,
-    query,
-    recovered,
-    tmp_files,
-)
+from tests.helpers.cli import casfs, js, killed_at, ok, recovered
+from tests.helpers.fsck import assert_consistent, blob_files, query, tmp_files
 
 CHUNK = 64 << 10
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Path:
-    path = tmp_path / "store"
-    ok(path, "init")
-    return path
 
 
 @pytest.fixture

@@ -28,16 +28,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import CALL_TIMEOUT, run
+
 DAEMON = [sys.executable, "-m", "casfs.fuse.daemon"]
-CLI = [sys.executable, "-m", "casfs"]
 FSTYPE = "fuse.casfs"
 READY_TIMEOUT_S = 30.0
 EXIT_TIMEOUT_S = 60.0
-CALL_TIMEOUT_S = 60.0
 FUSECTL = Path("/sys/fs/fuse/connections")
-
-
-Completed = subprocess.CompletedProcess[str]
 
 
 @dataclass
@@ -123,37 +120,6 @@ def wait_gone(pid: int, proc: subprocess.Popen[bytes] | None, timeout: float) ->
     return False
 
 
-# -- commands ------------------------------------------------------------------------
-
-
-def run(
-    cmd: Sequence[str | Path],
-    timeout: float = CALL_TIMEOUT_S,
-    check: bool = False,
-    env: dict[str, str] | None = None,
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(c) for c in cmd],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=check,
-        env=env,
-    )
-
-
-def casfs(store: Path, *args: str | Path, timeout: float = CALL_TIMEOUT_S) -> Completed:
-    """The CLI, as a user runs it (CASFS_STORE set, test timeouts of 0)."""
-    env = dict(os.environ, CASFS_STORE=str(store), CASFS_TEST_TIMEOUTS="0")
-    return run([*CLI, *args], timeout=timeout, env=env)
-
-
-def fsck_clean(store: Path) -> None:
-    """`casfs fsck` finds nothing."""
-    done = casfs(store, "fsck", timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
 # -- mounting ------------------------------------------------------------------------
 
 
@@ -206,7 +172,7 @@ def _read_word(fd: int, proc: subprocess.Popen[bytes], timeout: float) -> str:
 
 def unmount(m: Mount) -> None:
     """The clean path: fusermount3 -u, then the daemon must exit 0."""
-    done = run(["fusermount3", "-u", m.path], timeout=CALL_TIMEOUT_S)
+    done = run(["fusermount3", "-u", m.path], timeout=CALL_TIMEOUT)
     assert done.returncode == 0, f"fusermount3 -u {m.path}: {done.stderr}"
     assert wait_gone(m.pid, m.proc, EXIT_TIMEOUT_S), f"the daemon did not exit after unmount:\n{m.log()}"
     if m.proc is not None:

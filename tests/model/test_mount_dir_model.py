@@ -32,7 +32,8 @@ import pytest
 from casfs import volumes
 from casfs.repo import Repository
 from tests.helpers import trees
-from tests.helpers.mount import casfs, mounted, run
+from tests.helpers.cli import casfs, run
+from tests.helpers.mount import mounted
 
 STEPS = int(os.environ.get("CASFS_MODEL_STEPS", "10000"))  # about 20 s
 CHECK_EVERY = int(os.environ.get("CASFS_MODEL_CHECK_EVERY", "300"))
@@ -259,11 +260,11 @@ def short(value: object) -> str:
     return text if len(text) < 300 else text[:300] + "..."
 
 
-def test_model_against_ext4(store: Repository, tmp_path: Path) -> None:
+def test_model_against_ext4(repo: Repository, tmp_path: Path) -> None:
     seed = int(os.environ.get("CASFS_MODEL_SEED", str(random.randrange(1 << 32))))
     print(f"model seed {seed} (replay: CASFS_MODEL_SEED={seed})")
     rnd = random.Random(seed)
-    volumes.create_volume(store, "v", volumes.Source(blank_dir=True))
+    volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
     native = tmp_path / "native"
     native.mkdir()
     history: list[str] = []
@@ -278,7 +279,7 @@ def test_model_against_ext4(store: Repository, tmp_path: Path) -> None:
             fail(step, "trees differ:\n  " + "\n  ".join(diffs[:20]))
 
     started = time.monotonic()
-    with mounted(store.path, tmp_path / "mnt", volume="v") as m:
+    with mounted(repo.path, tmp_path / "mnt", volume="v") as m:
         here, there = Side(os.fsencode(native), False), Side(os.fsencode(m.path), True)
         setup(here)
         setup(there)
@@ -296,8 +297,8 @@ def test_model_against_ext4(store: Repository, tmp_path: Path) -> None:
             there.close_all()
         compare(STEPS, m.path)
     # every change went into the snapshot taken at unmount
-    with mounted(store.path, tmp_path / "mnt", volume="v") as m:
+    with mounted(repo.path, tmp_path / "mnt", volume="v") as m:
         compare(STEPS, m.path)
-    done = casfs(store.path, "fsck", timeout=120)
+    done = casfs(repo.path, "fsck", timeout=120)
     assert done.returncode == 0, f"seed {seed}: {done.stdout}{done.stderr}"
     print(f"{STEPS} steps in {time.monotonic() - started:.1f} s")

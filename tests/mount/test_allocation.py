@@ -29,14 +29,13 @@ def qemu_disk_size(path: Path) -> int:
     return int(json.loads(out)["actual-size"])
 
 
-def test_holes_allocate_nothing(tmp_path: Path) -> None:
+def test_holes_allocate_nothing(store: Path, tmp_path: Path) -> None:
     src = tmp_path / "disk.raw"
     with open(src, "wb") as f:
         f.truncate(64 * MIB)
         f.seek(10 * MIB)
         f.write(os.urandom(3 * MIB + 100))
-    store = tmp_path / "store"
-    with contextlib.closing(Repository.init(store)) as repo:
+    with contextlib.closing(Repository.open(store)) as repo:
         images.import_image(repo, "disk", src)
         volumes.create_volume(repo, "blank", volumes.Source(blank_block=1 << 30))
         volumes.create_volume(repo, "vm", volumes.Source(image="disk"))
@@ -58,9 +57,8 @@ def test_holes_allocate_nothing(tmp_path: Path) -> None:
         assert MIB <= du(m.path / "volumes" / "blank") <= 2 * MIB
 
 
-def test_a_block_volume_keeps_its_mtime_across_mounts(tmp_path: Path) -> None:
-    store = tmp_path / "store"
-    with contextlib.closing(Repository.init(store)) as repo:
+def test_a_block_volume_keeps_its_mtime_across_mounts(store: Path, tmp_path: Path) -> None:
+    with contextlib.closing(Repository.open(store)) as repo:
         volumes.create_volume(repo, "vm", volumes.Source(blank_block=8 * MIB))
     disk = tmp_path / "vm.raw"
     disk.touch()

@@ -9,7 +9,7 @@ A block volume is reached two ways, and the tests that can tell them apart run b
   store   volumes/NAME of a whole-store mount (writeback cache on: the mount also
           serves directory volumes)
 
-Every test that changes a store ends with `casfs fsck` (exit 0). Loop devices and the
+Every store is checked with fsck when its test ends (tests/conftest.py). Loop devices and the
 kernel mounts on them are undone in `finally`, before the casfs mount is.
 """
 
@@ -31,7 +31,9 @@ import pytest
 
 from casfs import images, volumes
 from casfs.repo import Repository
-from tests.helpers.mount import Mount, casfs, cleanup, fsck_clean, mounted, run, start_daemon, wait_gone
+from tests.helpers.cli import must, out, run
+from tests.helpers.fsck import fsck_clean
+from tests.helpers.mount import Mount, cleanup, mounted, start_daemon, wait_gone
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -44,20 +46,8 @@ HOW = ("file", "store")
 # -- helpers -------------------------------------------------------------------------------
 
 
-def ok(*cmd: str | Path, timeout: float = 60) -> str:
-    done = run(cmd, timeout=timeout)
-    assert done.returncode == 0, f"{' '.join(map(str, cmd))}: {done.returncode}\n{done.stdout}{done.stderr}"
-    return done.stdout
-
-
-def cli(store: Path, *args: str | Path, timeout: float = 60) -> str:
-    done = casfs(store, *args, timeout=timeout)
-    assert done.returncode == 0, f"casfs {' '.join(map(str, args))}: {done.returncode}\n{done.stderr}"
-    return done.stdout
-
-
 def volume_info(store: Path, name: str) -> dict[str, Any]:
-    info: dict[str, Any] = json.loads(cli(store, "volume", "info", name, "--json"))
+    info: dict[str, Any] = json.loads(out(store, "volume", "info", name, "--json"))
     return info
 
 
@@ -91,7 +81,7 @@ def make_disk(path: Path, size: int, seed: int) -> None:
 def dd_write(data: Path, target: Path, offset: int, length: int, bs: int, direct: bool) -> None:
     """`length` bytes of `data` at byte `offset` of `target`, in `bs`-sized writes."""
     oflag = "seek_bytes,direct" if direct else "seek_bytes"
-    ok(
+    must(
         "dd",
         f"if={data}",
         f"of={target}",
@@ -139,7 +129,7 @@ def block_file(store: Path, tmp_path: Path, volume: str, how: str) -> Iterator[t
 
 @contextlib.contextmanager
 def loop_device(path: Path, read_only: bool = False) -> Iterator[str]:
-    dev = ok("losetup", "--find", "--show", *(["--read-only"] if read_only else []), path).strip()
+    dev = must("losetup", "--find", "--show", *(["--read-only"] if read_only else []), path).strip()
     try:
         yield dev
     finally:
@@ -150,7 +140,7 @@ def loop_device(path: Path, read_only: bool = False) -> Iterator[str]:
 @contextlib.contextmanager
 def kernel_mount(dev: str, where: Path, read_only: bool = False) -> Iterator[Path]:
     where.mkdir(exist_ok=True)
-    ok("mount", *(["-o", "ro"] if read_only else []), dev, where)
+    must("mount", *(["-o", "ro"] if read_only else []), dev, where)
     try:
         yield where
     finally:
@@ -161,13 +151,13 @@ def kernel_mount(dev: str, where: Path, read_only: bool = False) -> Iterator[Pat
 
 
 def blank_volume(store: Path, name: str, size: str) -> None:
-    cli(store, "volume", "create", name, "--blank-block", size)
+    out(store, "volume", "create", name, "--blank-block", size)
 
 
 # -- dd against a reference ----------------------------------------------------------------
 
 
-def test_dd_random_writes_match_a_reference(store: Repository, tmp_path: Path) -> None:
+def test_dd_random_writes_match_a_reference(repo: Repository, tmp_path: Path) -> None:
     """Random dd writes (O_DIRECT or not, block sizes from a sector to odd ones) over an
     imported disk: the same bytes as the reference while mounted, after a remount, in
     the snapshot taken at unmount, and in a volume cloned from it; the image never moves."""
@@ -175,37 +165,36 @@ def test_dd_random_writes_match_a_reference(store: Repository, tmp_path: Path) -
     raw, ref, scratch = tmp_path / "disk.raw", tmp_path / "ref.raw", tmp_path / "scratch"
     make_disk(raw, size, seed=1)
     shutil.copyfile(raw, ref)
-    images.import_image(store, "disk", raw)
-    volumes.create_volume(store, "v", volumes.Source(image="disk"))
+    images.import_image(repo, "disk", raw)
+    volumes.create_volume(repo, "v", volumes.Source(image="disk"))
     rnd = random.Random(2)
-    with block_file(store.path, tmp_path, "v", "file") as (_, path):
+    with block_file(repo.path, tmp_path, "v", "file") as (_, path):
         assert path.stat().st_size == size
         same_bytes(path, ref)
         random_dd_writes(rnd, path, ref, 40, scratch)
         same_bytes(path, ref)
         same_bytes_direct(path, ref)
         assert path.stat().st_size == size
-    assert volume_info(store.path, "v")["snapshots"] == [1]
+    assert volume_info(repo.path, "v")["snapshots"] == [1]
     first = tmp_path / "first.raw"
     shutil.copyfile(ref, first)
-    cli(store.path, "snapshot", "export", "v@1", tmp_path / "v1.raw")
+    out(repo.path, "snapshot", "export", "v@1", tmp_path / "v1.raw")
     same_bytes(tmp_path / "v1.raw", first)
 
-    with block_file(store.path, tmp_path, "v", "file") as (_, path):
+    with block_file(repo.path, tmp_path, "v", "file") as (_, path):
         same_bytes(path, ref)  # after a remount
         random_dd_writes(rnd, path, ref, 25, scratch)
         same_bytes(path, ref)
-    assert volume_info(store.path, "v")["snapshots"] == [1, 2]
-    cli(store.path, "volume", "create", "w", "--from", "v@2")
-    with block_file(store.path, tmp_path, "w", "file") as (_, path):
+    assert volume_info(repo.path, "v")["snapshots"] == [1, 2]
+    out(repo.path, "volume", "create", "w", "--from", "v@2")
+    with block_file(repo.path, tmp_path, "w", "file") as (_, path):
         same_bytes(path, ref)
-    assert volume_info(store.path, "w")["snapshots"] == []  # unchanged: no snapshot
+    assert volume_info(repo.path, "w")["snapshots"] == []  # unchanged: no snapshot
 
-    cli(store.path, "snapshot", "export", "v@1", tmp_path / "v1-again.raw")
+    out(repo.path, "snapshot", "export", "v@1", tmp_path / "v1-again.raw")
     same_bytes(tmp_path / "v1-again.raw", first)
-    cli(store.path, "image", "export", "disk", tmp_path / "image.raw")
+    out(repo.path, "image", "export", "disk", tmp_path / "image.raw")
     same_bytes(tmp_path / "image.raw", raw)
-    fsck_clean(store.path)
 
 
 # -- zeros, holes, a fixed size ------------------------------------------------------------
@@ -213,23 +202,23 @@ def test_dd_random_writes_match_a_reference(store: Repository, tmp_path: Path) -
 
 @pytest.mark.parametrize("how", HOW)
 def test_blank_volume_zeros_fixed_size_and_zero_writes_free_chunks(
-    store: Repository, tmp_path: Path, how: str
+    repo: Repository, tmp_path: Path, how: str
 ) -> None:
     size = 64 * MIB
-    blank_volume(store.path, "b", "64M")
-    blank = volume_info(store.path, "b")
+    blank_volume(repo.path, "b", "64M")
+    blank = volume_info(repo.path, "b")
     rnd = random.Random(3)
     spots = sorted(rnd.sample(range(size // CHUNK), 24))
-    with block_file(store.path, tmp_path, "b", how) as (_, path):
+    with block_file(repo.path, tmp_path, "b", how) as (_, path):
         assert path.stat().st_size == size
-        ok("cmp", "-n", str(size), path, "/dev/zero", timeout=120)  # unwritten reads as zeros
+        must("cmp", "-n", str(size), path, "/dev/zero", timeout=120)  # unwritten reads as zeros
 
         fd = os.open(path, os.O_RDWR)
         try:
             for n in spots:
                 os.pwrite(fd, rnd.randbytes(CHUNK), n * CHUNK)
             os.fsync(fd)
-            full = volume_info(store.path, "b")
+            full = volume_info(repo.path, "b")
             assert full["stored"] >= blank["stored"] + len(spots) * CHUNK
             assert full["unique"] >= len(spots) * CHUNK
 
@@ -239,7 +228,7 @@ def test_blank_volume_zeros_fixed_size_and_zero_writes_free_chunks(
             for off in range(0, CHUNK, 4096):
                 os.pwrite(fd, bytes(4096), spots[0] * CHUNK + off)
             os.fsync(fd)
-            zeroed = volume_info(store.path, "b")
+            zeroed = volume_info(repo.path, "b")
             assert zeroed["stored"] <= blank["stored"] + 4 * KIB, (blank, zeroed)
             assert zeroed["unique"] <= blank["unique"] + 4 * KIB, (blank, zeroed)
 
@@ -280,21 +269,20 @@ def test_blank_volume_zeros_fixed_size_and_zero_writes_free_chunks(
             os.truncate(path, size + CHUNK)
         assert refused.value.errno == errno.EPERM
         assert path.stat().st_size == size
-        ok("cmp", "-n", str(size - 100), path, "/dev/zero", timeout=120)
+        must("cmp", "-n", str(size - 100), path, "/dev/zero", timeout=120)
 
-    after = volume_info(store.path, "b")
+    after = volume_info(repo.path, "b")
     assert after["snapshots"] == [1] and after["size"] == size
     assert after["stored"] <= blank["stored"] + CHUNK  # the tail chunk, and new map pages
-    fsck_clean(store.path)
 
 
 # -- durability ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("how", HOW)
-def test_fdatasync_survives_kill_9(store: Repository, tmp_path: Path, how: str) -> None:
+def test_fdatasync_survives_kill_9(repo: Repository, tmp_path: Path, how: str) -> None:
     size = 16 * MIB
-    blank_volume(store.path, "b", "16M")
+    blank_volume(repo.path, "b", "16M")
     ref = tmp_path / "ref.raw"
     with open(ref, "wb") as f:
         f.truncate(size)
@@ -302,12 +290,12 @@ def test_fdatasync_survives_kill_9(store: Repository, tmp_path: Path, how: str) 
     if how == "file":
         mountpoint = tmp_path / "b.img"
         mountpoint.touch()
-        m = start_daemon(store.path, mountpoint, volume="b")
+        m = start_daemon(repo.path, mountpoint, volume="b")
         path = mountpoint
     else:
         mountpoint = tmp_path / "mnt"
         mountpoint.mkdir()
-        m = start_daemon(store.path, mountpoint)
+        m = start_daemon(repo.path, mountpoint)
         path = mountpoint / "volumes" / "b"
     try:
         fd = os.open(path, os.O_RDWR)
@@ -339,13 +327,12 @@ def test_fdatasync_survives_kill_9(store: Repository, tmp_path: Path, how: str) 
         assert wait_gone(m.pid, m.proc, 30)
     finally:
         cleanup(m.path, m.pid, m.proc)
-    fsck_clean(store.path)  # the overlay of a crashed mount is consistent as it is
-    with block_file(store.path, tmp_path, "b", how) as (_, path):
+    fsck_clean(repo.path)  # the overlay of a crashed mount is consistent as it is
+    with block_file(repo.path, tmp_path, "b", how) as (_, path):
         same_bytes(path, ref)
-    assert volume_info(store.path, "b")["snapshots"] == [1]
-    cli(store.path, "snapshot", "export", "b@1", tmp_path / "b1.raw")
+    assert volume_info(repo.path, "b")["snapshots"] == [1]
+    out(repo.path, "snapshot", "export", "b@1", tmp_path / "b1.raw")
     same_bytes(tmp_path / "b1.raw", ref)
-    fsck_clean(store.path)
 
 
 # -- a file system on a loop device --------------------------------------------------------
@@ -369,47 +356,46 @@ def same_tree(a: Path, b: Path) -> None:
 
 
 @pytest.mark.parametrize("how", HOW)
-def test_losetup_mkfs_ext4_mount_and_back(store: Repository, tmp_path: Path, how: str) -> None:
-    blank_volume(store.path, "b", "64M")
+def test_losetup_mkfs_ext4_mount_and_back(repo: Repository, tmp_path: Path, how: str) -> None:
+    blank_volume(repo.path, "b", "64M")
     ref = tmp_path / "ref"
     ref.mkdir()
     populate(ref, seed=5)
-    with block_file(store.path, tmp_path, "b", how) as (_, path), loop_device(path) as dev:
-        ok("mkfs.ext4", "-q", "-F", dev, timeout=120)
+    with block_file(repo.path, tmp_path, "b", how) as (_, path), loop_device(path) as dev:
+        must("mkfs.ext4", "-q", "-F", dev, timeout=120)
         with kernel_mount(dev, tmp_path / "ext") as ext:
             populate(ext, seed=5)
             same_tree(ref, ext)
-        ok("e2fsck", "-fn", dev, timeout=120)
-    assert volume_info(store.path, "b")["snapshots"] == [1]
-    with block_file(store.path, tmp_path, "b", how) as (_, path), loop_device(path, read_only=True) as dev:
-        ok("e2fsck", "-fn", dev, timeout=120)
+        must("e2fsck", "-fn", dev, timeout=120)
+    assert volume_info(repo.path, "b")["snapshots"] == [1]
+    with block_file(repo.path, tmp_path, "b", how) as (_, path), loop_device(path, read_only=True) as dev:
+        must("e2fsck", "-fn", dev, timeout=120)
         with kernel_mount(dev, tmp_path / "ext", read_only=True) as ext:
             same_tree(ref, ext)
-    assert volume_info(store.path, "b")["snapshots"] == [1]  # read only: nothing changed
-    fsck_clean(store.path)
+    assert volume_info(repo.path, "b")["snapshots"] == [1]  # read only: nothing changed
 
 
 # -- qemu ----------------------------------------------------------------------------------
 
 
-def test_qemu_img_and_qemu_io(store: Repository, tmp_path: Path) -> None:
+def test_qemu_img_and_qemu_io(repo: Repository, tmp_path: Path) -> None:
     size = 16 * MIB
-    blank_volume(store.path, "b", "16M")
+    blank_volume(repo.path, "b", "16M")
     ref = tmp_path / "ref.raw"
     make_disk(ref, size, seed=6)
-    with block_file(store.path, tmp_path, "b", "file") as (_, path):
-        info = json.loads(ok("qemu-img", "info", "--output=json", "-f", "raw", path))
+    with block_file(repo.path, tmp_path, "b", "file") as (_, path):
+        info = json.loads(must("qemu-img", "info", "--output=json", "-f", "raw", path))
         assert info["format"] == "raw" and info["virtual-size"] == size
         # A whole disk written through O_DIRECT; qemu writes its zero runs as it can.
-        ok("qemu-img", "convert", "-n", "-t", "none", "-f", "raw", "-O", "raw", ref, path, timeout=120)
-        ok("qemu-img", "compare", "-f", "raw", "-F", "raw", ref, path, timeout=120)
+        must("qemu-img", "convert", "-n", "-t", "none", "-f", "raw", "-O", "raw", ref, path, timeout=120)
+        must("qemu-img", "compare", "-f", "raw", "-F", "raw", ref, path, timeout=120)
         io = ["qemu-io", "-f", "raw"]
-        ok(*io, "-c", "write -P 0xab 0 1M", "-c", "read -P 0xab 0 1M", path)
-        ok(*io, "-t", "none", "-c", "write -P 0xcd 1M 64k", "-c", "read -P 0xcd 1M 64k", path)
-        ok(*io, "--nocache", "-c", "write -P 0x5a 2052096 5120", "-c", "read -P 0x5a 2052096 5120", path)
-        ok(*io, "-t", "none", "-c", "write -z 4M 1M", "-c", "read -P 0 4M 1M", path)
-        out = ok(*io, "-t", "none", "-c", "read -P 0xab 0 1M", "-c", "read -P 0xcd 1M 64k", path)
-        assert "Pattern verification failed" not in out, out
+        must(*io, "-c", "write -P 0xab 0 1M", "-c", "read -P 0xab 0 1M", path)
+        must(*io, "-t", "none", "-c", "write -P 0xcd 1M 64k", "-c", "read -P 0xcd 1M 64k", path)
+        must(*io, "--nocache", "-c", "write -P 0x5a 2052096 5120", "-c", "read -P 0x5a 2052096 5120", path)
+        must(*io, "-t", "none", "-c", "write -z 4M 1M", "-c", "read -P 0 4M 1M", path)
+        said = must(*io, "-t", "none", "-c", "read -P 0xab 0 1M", "-c", "read -P 0xcd 1M 64k", path)
+        assert "Pattern verification failed" not in said, said
         with open(ref, "r+b") as r:
             for offset, length, byte in (
                 (0, MIB, 0xAB),
@@ -421,26 +407,25 @@ def test_qemu_img_and_qemu_io(store: Repository, tmp_path: Path) -> None:
                 r.write(bytes([byte]) * length)
         same_bytes(path, ref)
         same_bytes_direct(path, ref)
-    cli(store.path, "snapshot", "export", "b@1", tmp_path / "b1.raw")
+    out(repo.path, "snapshot", "export", "b@1", tmp_path / "b1.raw")
     same_bytes(tmp_path / "b1.raw", ref)
-    fsck_clean(store.path)
 
 
 # -- copy-on-write ---------------------------------------------------------------------------
 
 
-def test_clones_of_one_image_diverge_and_report_unique_bytes(store: Repository, tmp_path: Path) -> None:
+def test_clones_of_one_image_diverge_and_report_unique_bytes(repo: Repository, tmp_path: Path) -> None:
     """Two volumes from one block image, written through one whole-store mount: each
     matches its own reference, the image's bytes never change, and each volume's unique
     bytes are the chunks it rewrote."""
     size = 4 * MIB
     raw = tmp_path / "disk.raw"
     raw.write_bytes(random.Random(7).randbytes(size))  # incompressible: stored = chunk size
-    images.import_image(store, "disk", raw)
-    image_stored = json.loads(cli(store.path, "image", "info", "disk", "--json"))["stored"]
+    images.import_image(repo, "disk", raw)
+    image_stored = json.loads(out(repo.path, "image", "info", "disk", "--json"))["stored"]
     refs = {}
     for name in ("a", "b"):
-        volumes.create_volume(store, name, volumes.Source(image="disk"))
+        volumes.create_volume(repo, name, volumes.Source(image="disk"))
         refs[name] = tmp_path / f"{name}.raw"
         shutil.copyfile(raw, refs[name])
     rnd = random.Random(8)
@@ -450,15 +435,15 @@ def test_clones_of_one_image_diverge_and_report_unique_bytes(store: Repository, 
         "b": [(5 * CHUNK, CHUNK), (33 * CHUNK, 2 * CHUNK)],
     }
     changed_chunks = {"a": 4, "b": 3}
-    with block_file(store.path, tmp_path, "a", "store") as (m, _):
+    with block_file(repo.path, tmp_path, "a", "store") as (m, _):
         for name, writes in plan.items():
             path = m.path / "volumes" / name
             with open(path, "r+b") as f, open(refs[name], "r+b") as r:
                 for offset, length in writes:
                     data = rnd.randbytes(length)
-                    for out in (f, r):
-                        out.seek(offset)
-                        out.write(data)
+                    for dest in (f, r):
+                        dest.seek(offset)
+                        dest.write(data)
         for name in plan:
             same_bytes(m.path / "volumes" / name, refs[name])
         same_bytes(m.path / "images" / "disk", raw)
@@ -467,21 +452,20 @@ def test_clones_of_one_image_diverge_and_report_unique_bytes(store: Repository, 
         fb.seek(5 * CHUNK)
         assert fa.read(CHUNK) != fb.read(CHUNK)
     for name, n in changed_chunks.items():
-        info = volume_info(store.path, name)
+        info = volume_info(repo.path, name)
         assert info["snapshots"] == [1]
         # the rewritten chunks, plus a new map root (a few hundred bytes)
         assert n * CHUNK <= info["unique"] <= n * CHUNK + 16 * KIB, (name, info)
         assert info["stored"] <= image_stored + n * CHUNK + 16 * KIB, (name, info)
-        cli(store.path, "volume", "export", name, tmp_path / f"{name}-out.raw")
+        out(repo.path, "volume", "export", name, tmp_path / f"{name}-out.raw")
         same_bytes(tmp_path / f"{name}-out.raw", refs[name])
-    cli(store.path, "image", "export", "disk", tmp_path / "image.raw")
+    out(repo.path, "image", "export", "disk", tmp_path / "image.raw")
     same_bytes(tmp_path / "image.raw", raw)
-    with block_file(store.path, tmp_path, "a", "store") as (m, _):
+    with block_file(repo.path, tmp_path, "a", "store") as (m, _):
         for name in plan:
             same_bytes(m.path / "snapshots" / name / "1", refs[name])
             same_bytes(m.path / "volumes" / name, refs[name])
         same_bytes(m.path / "images" / "disk", raw)
-    fsck_clean(store.path)
 
 
 # -- snapshots while mounted, rollback -----------------------------------------------------
@@ -489,14 +473,14 @@ def test_clones_of_one_image_diverge_and_report_unique_bytes(store: Repository, 
 
 @pytest.mark.parametrize("how", HOW)
 def test_setfattr_snapshot_holds_unsynced_writes_and_rollback(
-    store: Repository, tmp_path: Path, how: str
+    repo: Repository, tmp_path: Path, how: str
 ) -> None:
     size = 8 * MIB
-    blank_volume(store.path, "b", "8M")
+    blank_volume(repo.path, "b", "8M")
     rnd = random.Random(9)
     spots = [(rnd.randrange(0, size - 20 * KIB), rnd.randint(1, 20 * KIB)) for _ in range(12)]
     state_a, state_b = bytearray(size), bytearray(size)
-    with block_file(store.path, tmp_path, "b", how) as (_, path):
+    with block_file(repo.path, tmp_path, "b", how) as (_, path):
         fd = os.open(path, os.O_RDWR)
         try:
             for offset, length in spots:  # no fsync: the snapshot must sync them itself
@@ -505,7 +489,7 @@ def test_setfattr_snapshot_holds_unsynced_writes_and_rollback(
                 state_a[offset : offset + length] = data
             done = run(["setfattr", "-n", "user.casfs.snapshot", "-v", "before", path])
             assert done.returncode == 0, done.stderr
-            assert ok("getfattr", "--only-values", "-n", "user.casfs.snapshots", path) == "1"
+            assert must("getfattr", "--only-values", "-n", "user.casfs.snapshots", path) == "1"
             state_b[:] = state_a
             for offset, length in spots[::2]:
                 data = rnd.randbytes(length)
@@ -513,19 +497,18 @@ def test_setfattr_snapshot_holds_unsynced_writes_and_rollback(
                 state_b[offset : offset + length] = data
         finally:
             os.close(fd)
-    snaps = volumes.list_snapshots(store, "b")
+    snaps = volumes.list_snapshots(repo, "b")
     assert [(s.n, s.label) for s in snaps] == [(1, "before"), (2, None)]
     (tmp_path / "a.raw").write_bytes(state_a)
     (tmp_path / "b.raw").write_bytes(state_b)
-    cli(store.path, "snapshot", "export", "b@1", tmp_path / "b1.raw")
-    cli(store.path, "snapshot", "export", "b@2", tmp_path / "b2.raw")
+    out(repo.path, "snapshot", "export", "b@1", tmp_path / "b1.raw")
+    out(repo.path, "snapshot", "export", "b@2", tmp_path / "b2.raw")
     same_bytes(tmp_path / "b1.raw", tmp_path / "a.raw")
     same_bytes(tmp_path / "b2.raw", tmp_path / "b.raw")
 
-    cli(store.path, "rollback", "b", "1")
-    with block_file(store.path, tmp_path, "b", how) as (m, path):
+    out(repo.path, "rollback", "b", "1")
+    with block_file(repo.path, tmp_path, "b", how) as (m, path):
         same_bytes(path, tmp_path / "a.raw")
         if how == "store":
             same_bytes(m.path / "snapshots" / "b" / "2", tmp_path / "b.raw")
-    assert [s.n for s in volumes.list_snapshots(store, "b")] == [1, 2]  # unchanged: none taken
-    fsck_clean(store.path)
+    assert [s.n for s in volumes.list_snapshots(repo, "b")] == [1, 2]  # unchanged: none taken

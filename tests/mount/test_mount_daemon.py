@@ -17,13 +17,14 @@ from casfs.repo import Repository
 from casfs.store.ids import BlobId, blob_id
 from casfs.vfs.api import Piece
 from casfs.vfs.chunks import ChunkCache, plan_pieces
-from tests.helpers.mount import casfs, cleanup, is_mounted, mounted, run
+from tests.helpers.cli import casfs, run
+from tests.helpers.mount import cleanup, is_mounted, mounted
 
 
 @pytest.fixture
-def rw_volume(store: Repository) -> Repository:
-    volumes.create_volume(store, "v", volumes.Source(blank_dir=True))
-    return store
+def rw_volume(repo: Repository) -> Repository:
+    volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
+    return repo
 
 
 def phase(repo: Repository, name: str) -> tuple[str, int | None]:

@@ -13,7 +13,7 @@ What is deliberately not compared, and why:
 - inode numbers and st_dev: different filesystems.
 - a directory's st_size and st_blocks: ext4 reports 4096 and up, casfs 0.
 
-Every test that changes a store ends with `casfs fsck` (exit 0).
+Every store is checked with fsck when its test ends (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -34,16 +34,15 @@ import pytest
 from casfs import images, volumes
 from casfs.repo import Repository
 from tests.helpers import trees
+from tests.helpers.cli import casfs, run
+from tests.helpers.fsck import fsck_clean
 from tests.helpers.mount import (
     Mount,
     as_nobody,
-    casfs,
     cleanup,
-    fsck_clean,
     is_mounted,
     mounted,
     public_dir,
-    run,
     start_daemon,
     wait_gone,
 )
@@ -165,11 +164,10 @@ def du_bytes(path: Path) -> int:
 
 
 @pytest.fixture
-def blank(store: Repository) -> Iterator[Repository]:
-    """A store with one blank read/write directory volume `v`; fsck'd afterwards."""
-    volumes.create_volume(store, "v", volumes.Source(blank_dir=True))
-    yield store
-    fsck_clean(store.path)
+def blank(repo: Repository) -> Repository:
+    """A store with one blank read/write directory volume `v`."""
+    volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
+    return repo
 
 
 @pytest.fixture
@@ -805,14 +803,14 @@ def patch(path: Path, offset: int, data: bytes) -> None:
         f.write(data)
 
 
-def test_clones_of_one_image_diverge_and_the_image_never_changes(store: Repository, tmp_path: Path) -> None:
+def test_clones_of_one_image_diverge_and_the_image_never_changes(repo: Repository, tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
     files = small_tree(src)
-    images.import_image(store, "img", src)
+    images.import_image(repo, "img", src)
     for name in ("a", "b"):
-        volumes.create_volume(store, name, volumes.Source(image="img"))
-    with mounted(store.path, tmp_path / "mnt") as m:
+        volumes.create_volume(repo, name, volumes.Source(image="img"))
+    with mounted(repo.path, tmp_path / "mnt") as m:
         a, b, img = (m.path / "volumes" / "a", m.path / "volumes" / "b", m.path / "images" / "img")
         assert trees.compare(src, a, ignore=("atime",)) == []
         noise = os.urandom(70_000)
@@ -841,11 +839,10 @@ def test_clones_of_one_image_diverge_and_the_image_never_changes(store: Reposito
         ua, ub = int(xattr(a, "user.casfs.unique")), int(xattr(b, "user.casfs.unique"))
         assert ua >= 2 * 65536 and 0 < ub < ua
     # and out of the store, byte for byte
-    done = casfs(store.path, "image", "export", "img", tmp_path / "exported")
+    done = casfs(repo.path, "image", "export", "img", tmp_path / "exported")
     assert done.returncode == 0, done.stderr
     assert trees.compare(src, tmp_path / "exported", ignore=("atime",)) == []
-    assert [s.n for s in volumes.list_snapshots(store, "a")] == [1]  # unchanged since: none at unmount
-    fsck_clean(store.path)
+    assert [s.n for s in volumes.list_snapshots(repo, "a")] == [1]  # unchanged since: none at unmount
 
 
 def test_snapshots_by_setfattr_and_at_umount_clone_and_rollback(blank: Repository, tmp_path: Path) -> None:

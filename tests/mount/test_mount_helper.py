@@ -13,14 +13,13 @@ import contextlib
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import env, ok
+from tests.helpers.cli import Completed, env, ok, run
 from tests.helpers.mount import alive, cleanup, is_mounted, mount_table, wait_gone
 
 pytestmark = pytest.mark.skipif(
@@ -49,25 +48,19 @@ def helper() -> Iterator[Path]:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Path:
-    path = tmp_path / "store"
-    ok(path, "init")
+def store(store: Path, tmp_path: Path) -> Path:
+    """The store, with a directory image `tree` and a volume `vol` of it."""
     src = tmp_path / "src"
     (src / "etc").mkdir(parents=True)
     (src / "etc" / "hostname").write_text("casfs\n")
-    ok(path, "image", "import", "tree", str(src))
-    ok(path, "volume", "create", "vol", "--from", "tree")
-    return path
+    ok(store, "image", "import", "tree", str(src))
+    ok(store, "volume", "create", "vol", "--from", "tree")
+    return store
 
 
-def run(*cmd: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(c) for c in cmd],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env=env(CASFS_BIN=str(CASFS_BIN)),
-    )
+def tool(*cmd: str | Path) -> Completed:
+    """mount(8) and umount(8), finding the casfs command through the helper's CASFS_BIN."""
+    return run(cmd, timeout=TIMEOUT, env=env(CASFS_BIN=str(CASFS_BIN)))
 
 
 def daemon_pid(store: Path, mountpoint: Path) -> int | None:
@@ -85,7 +78,7 @@ def mounted_by(store: Path, mountpoint: Path, *mount_args: str | Path) -> Iterat
     mountpoint.mkdir(exist_ok=True)
     pid = None
     try:
-        done = run("mount", *mount_args)
+        done = tool("mount", *mount_args)
         assert done.returncode == 0, done.stderr
         pid = daemon_pid(store, mountpoint)
         assert pid is not None and alive(pid)
@@ -93,7 +86,7 @@ def mounted_by(store: Path, mountpoint: Path, *mount_args: str | Path) -> Iterat
         source, point, fstype, options = line.split()[:4]
         assert (source, point, fstype) == (f"casfs:{store}", str(mountpoint), "fuse.casfs")
         yield options
-        done = run("umount", mountpoint)
+        done = tool("umount", mountpoint)
         assert done.returncode == 0, done.stderr
         assert wait_gone(pid, None, TIMEOUT), "the daemon did not exit after umount"
         assert not is_mounted(mountpoint)
@@ -130,7 +123,7 @@ def test_fstab_lines_volume_and_whole_store(helper: Path, store: Path, tmp_path:
 def test_unknown_options_are_refused(helper: Path, store: Path, tmp_path: Path) -> None:
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    done = run("mount", "-t", "fuse.casfs", f"{store}:vol", mnt, "-o", "ro,compress=zstd")
+    done = tool("mount", "-t", "fuse.casfs", f"{store}:vol", mnt, "-o", "ro,compress=zstd")
     assert done.returncode != 0
     assert "unknown option 'compress=zstd'" in done.stderr
     assert not any(m.mountpoint == str(mnt) for m in mount_table())

@@ -20,15 +20,14 @@ from casfs.snapshots.chunkmap import Content
 from casfs.snapshots.tree import Tree
 from casfs.store.ids import ZERO_ID, BlobId
 from tests.helpers import trees
+from tests.helpers.cli import casfs, run
 from tests.helpers.mount import (
     as_nobody,
-    casfs,
     casfs_mounts,
     cleanup,
     is_mounted,
     mounted,
     public_dir,
-    run,
     start_daemon,
     unmount,
     wait_gone,
@@ -71,7 +70,7 @@ Populated = tuple[Repository, Path, bytes]
 
 
 @pytest.fixture
-def populated(store: Repository, tmp_path: Path) -> Populated:
+def populated(repo: Repository, tmp_path: Path) -> Populated:
     """A store with a directory image `tree`, a block image `disk`, read-only volumes
     of each (`rov`, `blk`), a read/write one (`rwv`) and snapshot rov@1."""
     src = tmp_path / "src"
@@ -79,13 +78,13 @@ def populated(store: Repository, tmp_path: Path) -> Populated:
     make_tree(src)
     raw = disk_bytes()
     (tmp_path / "disk.raw").write_bytes(raw)
-    images.import_image(store, "tree", src)
-    images.import_image(store, "disk", tmp_path / "disk.raw")
-    volumes.create_volume(store, "rov", volumes.Source(image="tree"), read_only=True)
-    volumes.create_volume(store, "blk", volumes.Source(image="disk"), read_only=True)
-    volumes.create_volume(store, "rwv", volumes.Source(blank_dir=True))
-    volumes.create_snapshot(store, "rov", "first")
-    return store, src, raw
+    images.import_image(repo, "tree", src)
+    images.import_image(repo, "disk", tmp_path / "disk.raw")
+    volumes.create_volume(repo, "rov", volumes.Source(image="tree"), read_only=True)
+    volumes.create_volume(repo, "blk", volumes.Source(image="disk"), read_only=True)
+    volumes.create_volume(repo, "rwv", volumes.Source(blank_dir=True))
+    volumes.create_snapshot(repo, "rov", "first")
+    return repo, src, raw
 
 
 def touch_open(path: Path, mode: str) -> None:
@@ -276,15 +275,15 @@ def test_control_needs_root_or_the_owner(populated: Populated) -> None:
         assert xattr_value(rov, "user.casfs.snapshots") == "1"
 
 
-def test_trusted_xattrs_are_for_root_only(store: Repository, tmp_path: Path) -> None:
+def test_trusted_xattrs_are_for_root_only(repo: Repository, tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
     (src / "f").write_text("x")
     os.setxattr(src / "f", "trusted.secret", b"t")
     os.setxattr(src / "f", "user.open", b"o")
     src.chmod(0o755)
-    images.import_image(store, "t", src)
-    with public_dir() as pub, mounted(store.path, pub / "mnt", extra=["--allow-other"]) as m:
+    images.import_image(repo, "t", src)
+    with public_dir() as pub, mounted(repo.path, pub / "mnt", extra=["--allow-other"]) as m:
         f = m.path / "images/t/f"
         assert "trusted.secret" in run(["getfattr", "-d", "-m", "-", f]).stdout
         seen = as_nobody("getfattr", "-d", "-m", "-", f)

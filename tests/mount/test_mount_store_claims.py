@@ -16,7 +16,8 @@ import pytest
 
 from casfs import volumes
 from casfs.repo import Repository
-from tests.helpers.mount import casfs, mounted, run
+from tests.helpers.cli import casfs, run
+from tests.helpers.mount import mounted
 
 
 def phase(store: Path, name: str) -> str:
@@ -31,12 +32,13 @@ def xattr(path: Path, name: str) -> str:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Path:
-    with contextlib.closing(Repository.init(tmp_path / "store")) as repo:
+def store(store: Path) -> Path:
+    """The store, with directory volumes a, b, c and a block volume `disk`."""
+    with contextlib.closing(Repository.open(store)) as repo:
         for name in ("a", "b", "c"):
             volumes.create_volume(repo, name, volumes.Source(blank_dir=True))
         volumes.create_volume(repo, "disk", volumes.Source(blank_block=4 << 20))
-    return tmp_path / "store"
+    return store
 
 
 def test_browsing_claims_nothing_and_the_first_write_claims_one(store: Path, tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ orphans, and the next batch of the same blobs completes them."""
 from __future__ import annotations
 
 import errno
-from pathlib import Path
 
 import pytest
 
@@ -13,11 +12,6 @@ from casfs.errors import Corruption
 from casfs.refcount.fsck import fsck
 from casfs.repo import Repository
 from casfs.store.faulty import Faults, FaultyBlobStore
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Repository:
-    return Repository.init(tmp_path / "store")
 
 
 def install(repo: Repository, plan: str) -> Faults:

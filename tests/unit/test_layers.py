@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import ok
+
 ROOT = Path(__file__).resolve().parents[2] / "casfs"
 
 
@@ -161,11 +163,10 @@ def test_only_the_fuse_layer_imports_pyfuse3_and_trio_stays_below_the_mount() ->
         ["gc"],
     ],
 )
-def test_commands_that_do_not_mount_import_neither_trio_nor_pyfuse3(tmp_path: Path, argv: list[str]) -> None:
+def test_commands_that_do_not_mount_import_neither_trio_nor_pyfuse3(store: Path, argv: list[str]) -> None:
     """(Orchestrators call the CLI per volume: importing the mount's libraries costs
     each call tens of milliseconds.)"""
-    store = tmp_path / "store"
-    setup = [["init"], ["volume", "create", "v", "--blank-dir"], ["snapshot", "create", "v"]]
+    setup = [["volume", "create", "v", "--blank-dir"], ["snapshot", "create", "v"]]
     probe = (
         "import sys, runpy; sys.argv = ['casfs', '-s', sys.argv[1], *sys.argv[2:]]\n"
         "try:\n    runpy.run_module('casfs', run_name='__main__')\n"
@@ -173,8 +174,7 @@ def test_commands_that_do_not_mount_import_neither_trio_nor_pyfuse3(tmp_path: Pa
         "print('loaded:', sorted(m for m in ('trio', 'pyfuse3') if m in sys.modules))\n"
     )
     for step in setup:
-        cmd = [sys.executable, "-m", "casfs", "-s", str(store), *step]
-        subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+        ok(store, *step)
     done = subprocess.run(
         [sys.executable, "-c", probe, str(store), *argv], capture_output=True, text=True, timeout=60
     )
