@@ -59,9 +59,10 @@ def test_block_random_writes_match_a_reference(repo: Repository, tmp_path: Path)
     with pytest.raises(OSError) as e:
         v.setattr(ROOT_INO, size=size * 2)
     assert e.value.errno == errno.EPERM
-    n = v.close()
-    assert n is not None
-    snap_root = repo.conn.execute("SELECT root FROM snapshots WHERE volume='vm' AND n=?", (n,)).fetchone()[0]
+    snap = v.close()
+    assert snap is not None
+    row = repo.conn.execute("SELECT root FROM snapshots WHERE volume='vm' AND n=?", (snap,)).fetchone()
+    snap_root = row[0]
     out = tmp_path / "out.img"
     from casfs.exporters import export_raw
 

@@ -131,7 +131,7 @@ def test_unknown_options_are_refused(helper: Path, store: Path, tmp_path: Path) 
 
 def test_translation() -> None:
     def translate(*args: str) -> str:
-        done = run(HELPER, "-f", "-v", *args)
+        done = tool(HELPER, "-f", "-v", *args)
         assert done.returncode == 0, done.stderr
         return done.stdout.strip().removeprefix(f"{CASFS_BIN} ")
 
@@ -144,5 +144,5 @@ def test_translation() -> None:
         translate("/odd:dir/store:v", "/m", "-n", "-o", "ro") == "-s /odd:dir/store mount /m --volume v --ro"
     )
     for bad in (["/s:v"], ["/s:v", "/m", "-o", "uid=0"], ["/s:v", "/m", "-q"]):
-        done = run(HELPER, "-f", *bad)
+        done = tool(HELPER, "-f", *bad)
         assert done.returncode == 1 and done.stderr.startswith("mount.fuse.casfs: "), done.stderr

@@ -9,6 +9,7 @@ import os
 import signal
 import stat
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import blake3
@@ -298,7 +299,7 @@ def test_writes_are_refused_with_erofs(populated: Populated, tmp_path: Path) -> 
     repo, _, _ = populated
     with mounted(repo.path, tmp_path / "mnt") as m:
         tree = m.path / "images" / "tree"
-        attempts = [
+        attempts: list[Callable[[], object]] = [
             lambda: touch_open(tree / "new", "w"),
             lambda: touch_open(tree / "hello.txt", "a"),
             lambda: touch_open(tree / "hello.txt", "r+"),
