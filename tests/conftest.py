@@ -39,8 +39,8 @@ _reports = pytest.StashKey[dict[str, pytest.TestReport]]()
 
 @pytest.fixture(autouse=True)
 def stores(request: pytest.FixtureRequest) -> Iterator[Stores]:
-    """Defined before no_leftover_mounts, so it ends after it: no daemon holds a store
-    when it is checked."""
+    """The stores the test made; fsck'd when it ends (after no_leftover_mounts has
+    ended, which asks for this fixture for that: no daemon holds a store then)."""
     made = Stores()
     yield made
     marker = request.node.get_closest_marker("no_fsck")
@@ -56,7 +56,7 @@ def stores(request: pytest.FixtureRequest) -> Iterator[Stores]:
 
 
 @pytest.fixture(autouse=True)
-def no_leftover_mounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def no_leftover_mounts(tmp_path_factory: pytest.TempPathFactory, stores: Stores) -> Iterator[None]:
     base = str(tmp_path_factory.getbasetemp())
     mounts_before = {m.mountpoint for m in mount.casfs_mounts(base)}
     daemons_before = set(mount.daemon_pids(base))
