@@ -339,6 +339,7 @@ def test_ro_mount_option(populated: Populated, tmp_path: Path) -> None:
 # -- corruption -------------------------------------------------------------------------------
 
 
+@pytest.mark.no_fsck("a blob file is corrupted on purpose: fsck reports it, and cannot repair it")
 def test_a_corrupt_blob_fails_that_read_only(populated: Populated, tmp_path: Path) -> None:
     repo, src, _ = populated
     root = BlobId(bytes.fromhex(images.get_image(repo, "tree").root or ""))
@@ -370,6 +371,7 @@ def test_a_corrupt_blob_fails_that_read_only(populated: Populated, tmp_path: Pat
     assert victim in repo.blobs.damaged()  # remembered: the next import of it heals it
 
 
+@pytest.mark.no_fsck("a tree blob file is corrupted on purpose: fsck reports it, and cannot repair it")
 def test_a_corrupt_tree_blob_is_counted_too(populated: Populated, tmp_path: Path) -> None:
     """Issue 7, defect 7: metadata (trees, maps) failing its check counts in
     user.casfs.corrupt_reads and corrupt_ids, as data chunks do."""
