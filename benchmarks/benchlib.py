@@ -1,5 +1,6 @@
-"""What the side-by-side benchmarks share: commands with timeouts, mounts that are always
-undone (bindfs and casfs), the page cache, fio, the daemon's memory, and the table.
+"""What the benchmarks share: generated images, commands with timeouts, mounts that are
+always undone (bindfs and casfs), the page cache, fio, timings, the daemon's memory, the
+table and the output.
 
 Not a test helper: the scripts run as root on a disk-backed --workdir, and print
 casfs's figure next to the native filesystem's and bindfs's (a C FUSE passthrough)
@@ -12,19 +13,40 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 CLI = [sys.executable, "-m", "casfs"]
 PEERS = ("native", "bindfs", "casfs")
+MIB = 1 << 20
+NOT_DROPPED = "(could not drop the page cache: cold reads may have come from memory; run as root)"
+
+
+def generate(path: Path, size: int, seed: int, runs: str) -> None:
+    """An image of distinct 1 MiB runs, the i-th of the kind runs[i % len(runs)]: z for
+    zeros, r for random bytes, t for text (what compresses and what does not)."""
+    rnd = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = ["".join(rnd.choices(letters, k=rnd.randint(2, 10))) for _ in range(5000)]
+    lines = [(" ".join(rnd.choices(vocab, k=12)) + "\n").encode() for _ in range(50_000)]
+    with open(path, "wb") as f:
+        for i in range(size // MIB):
+            kind = runs[i % len(runs)]
+            if kind == "z":
+                f.write(bytes(MIB))
+            elif kind == "r":
+                f.write(rnd.randbytes(MIB))
+            else:
+                f.write(b"".join(rnd.choices(lines, k=MIB // 60))[:MIB].ljust(MIB, b"\n"))
 
 
 def sh(*cmd: str | Path, timeout: float = 600, env: dict[str, str] | None = None) -> str:
@@ -91,10 +113,10 @@ def scratch(parent: str, prefix: str, mounts: Sequence[str] = ("casfs", "bindfs"
 
 
 @contextlib.contextmanager
-def bindfs(src: Path, mnt: Path) -> Iterator[Path]:
-    """bindfs as it comes (single-threaded; read/write)."""
+def bindfs(src: Path, mnt: Path, read_only: bool = False) -> Iterator[Path]:
+    """bindfs as it comes (single-threaded; read/write unless `read_only`)."""
     mnt.mkdir(exist_ok=True)
-    sh("bindfs", src, mnt, timeout=60)
+    sh("bindfs", *(["-r"] if read_only else []), src, mnt, timeout=60)
     try:
         yield mnt
     finally:
@@ -182,13 +204,36 @@ def fio(path: Path, args: Sequence[str], size: int, timeout: float = 900) -> dic
     return figures
 
 
-def median_ms(fn: Callable[[], object], runs: int) -> float:
+def describe(test: str, figures: dict[str, float]) -> str:
+    """One fio figure: MB/s for a sequential test, IOPS for a random one."""
+    return f"{figures['mbps']:8.1f} MB/s" if test.startswith("seq") else f"{figures['iops']:8.0f} IOPS"
+
+
+def fio_rows(results: dict[str, dict[str, dict[str, float]]]) -> list[Row]:
+    """Table rows of fio figures by test and peer (MB/s or IOPS, as describe())."""
+    rows = []
+    for test, by_peer in results.items():
+        key, unit = ("mbps", "MB/s") if test.startswith("seq") else ("iops", "IOPS")
+        rows.append(Row(test, unit, {p: v[key] for p, v in by_peer.items()}))
+    return rows
+
+
+def median_ms(fn: Any, runs: int, before: Any = None) -> float:
+    """Median milliseconds of fn(i) over `runs`, each after before(i) (untimed) if given.
+    (Any: callers bind loop variables as lambda defaults, which mypy cannot type.)"""
     times = []
-    for _ in range(runs):
+    for i in range(runs):
+        if before is not None:
+            before(i)
         t = time.perf_counter()
-        fn()
+        fn(i)
         times.append((time.perf_counter() - t) * 1000)
     return statistics.median(times)
+
+
+def emit(report: object, as_json: bool, *text: str) -> None:
+    """A script's output: the report as JSON, or `text` (a heading, a table) for people."""
+    print(json.dumps(report, indent=2) if as_json else "\n".join(text))
 
 
 @dataclass

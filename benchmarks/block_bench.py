@@ -31,18 +31,27 @@ the seq write test pays for one. The daemon's peak resident memory (VmHWM) is re
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchlib import PEERS, Casfs, Row, bindfs, drop_caches, fio, is_mounted, memory_kib, table, unmount
+from benchlib import (
+    NOT_DROPPED,
+    PEERS,
+    Casfs,
+    arguments,
+    bindfs,
+    describe,
+    drop_caches,
+    emit,
+    fio,
+    fio_rows,
+    memory_kib,
+    scratch,
+    table,
+)
 
 MIB = 1 << 20
 _DATA = ["--refill_buffers", "--buffer_compress_percentage=50", "--buffer_compress_chunk=4096"]
@@ -119,54 +128,33 @@ def run(size: int, work: Path, runtime: int, qd_engine: str, cache_mb: int | Non
     }
 
 
-def describe(test: str, r: dict[str, float]) -> str:
-    return f"{r['mbps']:8.1f} MB/s" if test.startswith("seq") else f"{r['iops']:8.0f} IOPS"
-
-
 def report_table(report: dict[str, Any]) -> str:
-    rows = []
-    for test, by_peer in report["results"].items():
-        key, unit = ("mbps", "MB/s") if test.startswith("seq") else ("iops", "IOPS")
-        rows.append(Row(test, unit, {p: v[key] for p, v in by_peer.items()}))
-    out = [table(rows)]
+    out = [table(fio_rows(report["results"]))]
     out.append(f"casfs daemon peak RSS (VmHWM): {report['casfs_peak_rss_mib']:.0f} MiB")
     for key, value in report["casfs_extra"].items():
         out.append(f"casfs {key}: {value:.2f}")
     if not report["dropped_caches"]:
-        out.append("(could not drop the page cache: cold reads may have come from memory; run as root)")
+        out.append(NOT_DROPPED)
     return "\n".join(out)
 
 
 def main() -> int:
     from casfs.units import parse_size
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p = arguments(__doc__)
     p.add_argument("--size", default="1G")
-    p.add_argument("--workdir", default=os.environ.get("CASFS_BENCH_DIR", "/var/tmp"))
     p.add_argument("--runtime", type=int, default=8, help="seconds per random test")
     p.add_argument("--qd-engine", choices=("libaio", "psync"), default="libaio", help="how qd16 is made")
     p.add_argument("--cache-mb", type=int, default=None, help="the casfs daemon's chunk cache, MiB")
-    p.add_argument("--json", action="store_true")
     args = p.parse_args()
     size = parse_size(args.size)
-    work = Path(tempfile.mkdtemp(prefix="casfs-blockbench-", dir=args.workdir))
-    try:
+    with scratch(args.workdir, "casfs-blockbench-", mounts=("casfs.img", "bindfs")) as work:
         report = run(size, work, args.runtime, args.qd_engine, args.cache_mb)
-    finally:
-        for mnt in (work / "casfs.img", work / "bindfs"):
-            unmount(mnt)
-        if not any(is_mounted(work / m) for m in ("casfs.img", "bindfs")):
-            shutil.rmtree(work, ignore_errors=True)
-    if args.json:
-        import json
-
-        print(json.dumps(report, indent=2))
-    else:
-        print(
-            f"{args.size} block volume, fio, {os.cpu_count()} CPUs, qd16 by {args.qd_engine}"
-            f"{' (iodepth=16)' if args.qd_engine == 'libaio' else ' (numjobs=16)'}; casfs mounted on a file"
-        )
-        print(report_table(report))
+    heading = (
+        f"{args.size} block volume, fio, {os.cpu_count()} CPUs, qd16 by {args.qd_engine}"
+        f"{' (iodepth=16)' if args.qd_engine == 'libaio' else ' (numjobs=16)'}; casfs mounted on a file"
+    )
+    emit(report, args.json, heading, report_table(report))
     return 0
 
 

@@ -12,16 +12,15 @@ stay near 1.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchlib import arguments, scratch
 
 from casfs.images import import_image
 from casfs.repo import Repository
@@ -82,19 +81,14 @@ def run(sizes: list[int], runs: int, work: Path) -> list[dict[str, Any]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__)
     ap.add_argument("--sizes", default="1M,1G,10G", help="comma-separated sizes (default 1M,1G,10G)")
     ap.add_argument("--runs", type=int, default=20, help="timed repetitions per operation (default 20)")
-    ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("CASFS_BENCH_DIR", "/var/tmp")))
-    ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
 
-    work = Path(tempfile.mkdtemp(prefix="casfs-bench-", dir=args.workdir))
-    try:
+    with scratch(args.workdir, "casfs-bench-", mounts=()) as work:
         results = run(sizes, args.runs, work)
-    finally:
-        shutil.rmtree(work)
 
     if args.json:
         print(json.dumps(results, indent=2))

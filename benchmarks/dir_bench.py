@@ -21,7 +21,6 @@ casfs's unmount after the copy (flush and snapshot) is timed too. Run as root.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -29,9 +28,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchlib import PEERS, Casfs, Row, arguments, drop_caches, scratch, sh, table, timed, unmount
+from benchlib import (
+    NOT_DROPPED,
+    PEERS,
+    Casfs,
+    Row,
+    arguments,
+    drop_caches,
+    emit,
+    scratch,
+    sh,
+    table,
+    timed,
+    unmount,
+)
 
 STEPS = ("cp -a", "ls -lR warm", "du -s warm", "find | wc -l", "ls -lR cold")
 
@@ -107,7 +117,7 @@ def report_table(report: dict[str, Any]) -> str:
     for key, value in report["extra"].items():
         out.append(f"{key}: {value:.2f}")
     if not report["dropped"]:
-        out.append("(could not drop the page cache: cold reads may have come from memory; run as root)")
+        out.append(NOT_DROPPED)
     return "\n".join(out)
 
 
@@ -117,14 +127,11 @@ def main() -> int:
     args = p.parse_args()
     with scratch(args.workdir, "casfs-dirbench-") as work:
         report = run(Path(args.source), work)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(
-            f"{report['source']}: {report['entries']} entries, {os.cpu_count()} CPUs; times in seconds "
-            "(ratios above 1 are slower); casfs: a directory volume mounted alone"
-        )
-        print(report_table(report))
+    heading = (
+        f"{report['source']}: {report['entries']} entries, {os.cpu_count()} CPUs; times in seconds "
+        "(ratios above 1 are slower); casfs: a directory volume mounted alone"
+    )
+    emit(report, args.json, heading, report_table(report))
     return 0
 
 

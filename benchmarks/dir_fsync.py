@@ -14,16 +14,13 @@ the changed entries only (issue 7, defect 11). Run as root.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchlib import PEERS, Casfs, Row, arguments, scratch, sh, table, unmount
+from benchlib import PEERS, Casfs, Row, arguments, emit, scratch, sh, table, unmount
 
 
 def grow(d: Path, have: int, want: int) -> None:
@@ -87,11 +84,12 @@ def main() -> int:
     with scratch(args.workdir, "casfs-dirfsync-") as work:
         rates = run(work, [int(s) for s in args.sizes.split(",")], args.batch)
     report: dict[str, Any] = {"batch": args.batch, "rates": rates}
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(f"create + 100 B write + fsync, {args.batch} files per size, {os.cpu_count()} CPUs")
-        print(table([Row(f"at {n} entries", "/s", by_peer) for n, by_peer in rates.items()]))
+    emit(
+        report,
+        args.json,
+        f"create + 100 B write + fsync, {args.batch} files per size, {os.cpu_count()} CPUs",
+        table([Row(f"at {n} entries", "/s", by_peer) for n, by_peer in rates.items()]),
+    )
     return 0
 
 

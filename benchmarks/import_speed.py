@@ -16,51 +16,19 @@ source from disk. Steps:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import random
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from benchlib import arguments, drop_caches, generate, scratch
+
 from casfs.images import import_image
 from casfs.repo import Repository
 from casfs.units import format_size, parse_size
-
-MIB = 1 << 20
-
-
-def generate(path: Path, size: int, seed: int = 1) -> None:
-    rnd = random.Random(seed)
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    vocab = ["".join(rnd.choices(letters, k=rnd.randint(2, 10))) for _ in range(5000)]
-    lines = [(" ".join(rnd.choices(vocab, k=12)) + "\n").encode() for _ in range(50_000)]
-    with open(path, "wb") as f:
-        for i in range(size // MIB):
-            kind = i % 3
-            if kind == 0:
-                f.write(bytes(MIB))
-            elif kind == 1:
-                f.write(rnd.randbytes(MIB))
-            else:
-                f.write(b"".join(rnd.choices(lines, k=MIB // 60))[:MIB].ljust(MIB, b"\n"))
-
-
-def drop_caches() -> bool:
-    os.sync()
-    if os.geteuid() != 0:
-        return False
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-    except OSError:
-        return False
-    return True
 
 
 def stored_total(repo: Repository) -> int:
@@ -113,23 +81,18 @@ def run(image: Path, workdir: Path) -> dict[str, Any]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__)
     ap.add_argument("image", nargs="?", type=Path, help="a raw image to import (default: generate one)")
     ap.add_argument("--size", default="1G", help="size of the generated image (default 1G)")
-    ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("CASFS_BENCH_DIR", "/var/tmp")))
-    ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="casfs-bench-", dir=args.workdir))
-    try:
+    with scratch(args.workdir, "casfs-bench-", mounts=()) as work:
         image = args.image
         if image is None:
             image = work / "mixed.img"
             print(f"generating {args.size} mixed image at {image} …", file=sys.stderr)
-            generate(image, parse_size(args.size))
+            generate(image, parse_size(args.size), seed=1, runs="zrt")
         report = run(image, work)
-    finally:
-        shutil.rmtree(work)
 
     if args.json:
         print(json.dumps(report, indent=2))

@@ -25,21 +25,12 @@ Each figure comes with the ratio largest/smallest size. Run as root (mounts).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
-import shutil
-import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchlib import Casfs, bindfs, is_mounted, sh, unmount
+from benchlib import Casfs, arguments, bindfs, emit, median_ms, scratch, sh
 
 WRITES = 8
 KIB = 1 << 10
@@ -59,22 +50,6 @@ def write_spots(path: Path, size: int, rnd: random.Random) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def median_ms(times: list[float]) -> float:
-    return statistics.median(times) * 1000
-
-
-def timed(fn: Any, runs: int, before: Any = None) -> float:
-    """Median ms of fn(i), each after before(i) (untimed) if given."""
-    times = []
-    for i in range(runs):
-        if before is not None:
-            before(i)
-        t = time.perf_counter()
-        fn(i)
-        times.append(time.perf_counter() - t)
-    return median_ms(times)
 
 
 def run(sizes: list[int], runs: int, work: Path) -> dict[str, dict[str, float]]:
@@ -122,7 +97,7 @@ def run(sizes: list[int], runs: int, work: Path) -> dict[str, dict[str, float]]:
                 put(
                     "clone casfs (library)",
                     size,
-                    timed(
+                    median_ms(
                         lambda i, v=vol, s=clone_src: volumes.create_volume(
                             repo, f"{v}-lib{i}", volumes.Source(snapshot=s)
                         ),
@@ -132,7 +107,7 @@ def run(sizes: list[int], runs: int, work: Path) -> dict[str, dict[str, float]]:
                 put(
                     "clone casfs (CLI)",
                     size,
-                    timed(
+                    median_ms(
                         lambda i, v=vol, s=clone_src: cas.cli("volume", "create", f"{v}-cli{i}", "--from", s),
                         runs,
                     ),
@@ -142,16 +117,20 @@ def run(sizes: list[int], runs: int, work: Path) -> dict[str, dict[str, float]]:
                     sh("cp", "--sparse=always", src, dst)
                     dst.unlink()
 
-                put("clone native (cp)", size, timed(lambda i, r=raw: cp(r, native / f"copy{i}.raw"), runs))
+                put(
+                    "clone native (cp)",
+                    size,
+                    median_ms(lambda i, r=raw: cp(r, native / f"copy{i}.raw"), runs),
+                )
                 put(
                     "clone bindfs (cp)",
                     size,
-                    timed(lambda i, v=vol: cp(bind / f"{v}.raw", bind / f"copy{i}.raw"), runs),
+                    median_ms(lambda i, v=vol: cp(bind / f"{v}.raw", bind / f"copy{i}.raw"), runs),
                 )
                 put(
                     "clone qcow2 (overlay)",
                     size,
-                    timed(
+                    median_ms(
                         lambda i, q=qcow: sh(
                             "qemu-img",
                             "create",
@@ -170,17 +149,17 @@ def run(sizes: list[int], runs: int, work: Path) -> dict[str, dict[str, float]]:
                 put(
                     "snapshot casfs rest (library)",
                     size,
-                    timed(lambda i, v=vol: volumes.create_snapshot(repo, v), runs),
+                    median_ms(lambda i, v=vol: volumes.create_snapshot(repo, v), runs),
                 )
                 put(
                     "snapshot casfs rest (CLI)",
                     size,
-                    timed(lambda i, v=vol: cas.cli("snapshot", "create", v), runs),
+                    median_ms(lambda i, v=vol: cas.cli("snapshot", "create", v), runs),
                 )
                 put(
                     "snapshot qcow2 (internal)",
                     size,
-                    timed(lambda i, q=qcow: sh("qemu-img", "snapshot", "-c", f"s{i}", q), runs),
+                    median_ms(lambda i, q=qcow: sh("qemu-img", "snapshot", "-c", f"s{i}", q), runs),
                 )
                 for i in range(runs):
                     (work / f"overlay{i}.qcow2").unlink(missing_ok=True)
@@ -196,7 +175,7 @@ def run(sizes: list[int], runs: int, work: Path) -> dict[str, dict[str, float]]:
                         put(
                             "snapshot casfs mounted (xattr)",
                             size,
-                            timed(
+                            median_ms(
                                 lambda i, p=path: os.setxattr(p, "user.casfs.snapshot", b""),
                                 runs,
                                 before=dirty,
@@ -228,27 +207,20 @@ def table(results: dict[str, dict[str, float]], sizes: list[int]) -> str:
 def main() -> int:
     from casfs.units import parse_size
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p = arguments(__doc__)
     p.add_argument("--sizes", default="1M,1G,10G")
     p.add_argument("--runs", type=int, default=10)
-    p.add_argument("--workdir", default=os.environ.get("CASFS_BENCH_DIR", "/var/tmp"))
-    p.add_argument("--json", action="store_true")
     args = p.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    work = Path(tempfile.mkdtemp(prefix="casfs-snapcost-", dir=args.workdir))
-    try:
+    mounts = ["bindfs", *(f"b{s}.img" for s in sizes)]
+    with scratch(args.workdir, "casfs-snapcost-", mounts=mounts) as work:
         results = run(sizes, args.runs, work)
-    finally:
-        mounts = [work / "bindfs", *(work / f"b{s}.img" for s in sizes)]
-        for mnt in mounts:
-            unmount(mnt)
-        if not any(is_mounted(m) for m in mounts):
-            shutil.rmtree(work, ignore_errors=True)
-    if args.json:
-        print(json.dumps({"sizes": sizes, "runs": args.runs, "results": results}, indent=2))
-    else:
-        print(f"median of {args.runs} runs, block volumes with {WRITES} 4 KiB writes, {os.cpu_count()} CPUs")
-        print(table(results, sizes))
+    emit(
+        {"sizes": sizes, "runs": args.runs, "results": results},
+        args.json,
+        f"median of {args.runs} runs, block volumes with {WRITES} 4 KiB writes, {os.cpu_count()} CPUs",
+        table(results, sizes),
+    )
     return 0
 
 

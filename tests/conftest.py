@@ -1,42 +1,76 @@
-"""Shared fixtures. Every test is checked for leftovers: a casfs mount or a casfs daemon
-started under this session's temporary directory that outlives its test fails it (and
-is cleaned up, so the next test starts clean). A test that hangs dumps every thread's
-stack after TEST_TIMEOUT_S (faulthandler), so a stuck mount shows where it is stuck."""
+"""Shared fixtures.
+
+`store` is a fresh store's path (`repo` opens it). Every store a test made, through
+`store` or registered with `stores.add`, is checked with fsck when the test ends: a
+test fails if it leaves a store inconsistent, unless it is marked
+`@pytest.mark.no_fsck("why")` because damage is what it is about.
+
+Every test is also checked for leftovers: a casfs mount or a casfs daemon started under
+this session's temporary directory that outlives its test fails it (and is cleaned up,
+so the next test starts clean). A test that hangs dumps every thread's stack after
+TEST_TIMEOUT_S (faulthandler), so a stuck mount shows where it is stuck."""
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
-import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from casfs.repo import Repository
-
-sys.path.insert(0, str(Path(__file__).parent))  # tests/mounting.py and other helpers
-
-import mounting
+from tests.helpers import mount
+from tests.helpers.fsck import Stores, fsck_clean
 
 TEST_TIMEOUT_S = 300.0
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Keep each phase's report on the item: the fsck below is pointless after a failure."""
+    report = yield
+    item.stash.setdefault(_reports, {})[report.when] = report
+    return report
+
+
+_reports = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
 @pytest.fixture(autouse=True)
-def no_leftover_mounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def stores(request: pytest.FixtureRequest) -> Iterator[Stores]:
+    """The stores the test made; fsck'd when it ends (after no_leftover_mounts has
+    ended, which asks for this fixture for that: no daemon holds a store then)."""
+    made = Stores()
+    yield made
+    marker = request.node.get_closest_marker("no_fsck")
+    if marker is not None:
+        assert marker.args, "no_fsck needs a reason"
+        return
+    call = request.node.stash.get(_reports, {}).get("call")
+    if call is None or call.failed:
+        return
+    for path in made.paths:
+        if (path / "catalog.db").exists():
+            fsck_clean(path, timeout=0)  # Busy if the test leaked the store's lock
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_mounts(tmp_path_factory: pytest.TempPathFactory, stores: Stores) -> Iterator[None]:
     base = str(tmp_path_factory.getbasetemp())
-    mounts_before = {m.mountpoint for m in mounting.casfs_mounts(base)}
-    daemons_before = set(mounting.daemon_pids(base))
+    mounts_before = {m.mountpoint for m in mount.casfs_mounts(base)}
+    daemons_before = set(mount.daemon_pids(base))
     faulthandler.dump_traceback_later(TEST_TIMEOUT_S, exit=False)
     try:
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
-    mounts = [m for m in mounting.casfs_mounts(base) if m.mountpoint not in mounts_before]
-    daemons = [p for p in mounting.daemon_pids(base) if p not in daemons_before]
+    mounts = [m for m in mount.casfs_mounts(base) if m.mountpoint not in mounts_before]
+    daemons = [p for p in mount.daemon_pids(base) if p not in daemons_before]
     for m in mounts:
-        mounting.cleanup(m.mountpoint, None)
+        mount.cleanup(m.mountpoint, None)
     for pid in daemons:
-        mounting.cleanup("", pid)
+        mount.cleanup("", pid)
     if mounts or daemons:
         pytest.fail(
             f"left behind: mounts {[m.mountpoint for m in mounts]}, daemon pids {daemons}", pytrace=False
@@ -44,7 +78,15 @@ def no_leftover_mounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Repository]:
-    repo = Repository.init(tmp_path / "store")
-    yield repo
-    repo.close()
+def store(tmp_path: Path, stores: Stores) -> Path:
+    """A new, empty store (checked with fsck when the test ends)."""
+    path = stores.add(tmp_path / "store")
+    Repository.init(path).close()
+    return path
+
+
+@pytest.fixture
+def repo(store: Path) -> Iterator[Repository]:
+    """The store, open."""
+    with contextlib.closing(Repository.open(store)) as r:
+        yield r

@@ -1,0 +1,190 @@
+"""Old stores stay readable: stores of every older catalog format, made by the casfs of
+their time (tests/data/stores, README there), open with today's casfs, migrated once
+however many processes open them at the same moment, with every image, volume and
+snapshot there and holding what it held, the overlay a killed mount left folded into
+the next snapshot, and fsck clean."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sqlite3
+import struct
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from casfs import catalog
+from casfs.catalog import schema
+from casfs.errors import UnsupportedFormat
+from casfs.lifecycle.phases import ImagePhase, VolumePhase
+from casfs.lifecycle.pids import alive
+from casfs.repo import Repository
+from casfs.vfs.volume import open_volume
+from tests.helpers.cli import CLI, env, js, ok
+from tests.helpers.fsck import assert_consistent, query
+
+DATA = Path(__file__).parent.parent / "data" / "stores"
+_spec = importlib.util.spec_from_file_location("make_store", DATA / "make_store.py")
+assert _spec is not None and _spec.loader is not None
+make_store = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_store)
+
+FORMATS = list(range(1, catalog.FORMAT_VERSION))
+# A pid no process can have (above any pid_max): a dead daemon's, wherever this runs.
+DEAD_PID = 2**31 - 1
+
+
+def unpack(version: int, into: Path) -> tuple[Path, dict[str, Any]]:
+    """The store of `version` (its dead daemon's pid made surely dead) and what it held."""
+    with tarfile.open(DATA / f"format-{version}.tar.gz") as tar:
+        tar.extractall(into, filter="data")
+    store = into / "store"
+    with sqlite3.connect(store / "catalog.db") as conn:
+        for name, pid in conn.execute("SELECT name, owner_pid FROM volumes WHERE owner_pid IS NOT NULL"):
+            if alive(pid):  # the pid of the daemon killed when the store was made is taken here
+                conn.execute("UPDATE volumes SET owner_pid = ? WHERE name = ?", (DEAD_PID, name))
+    conn.close()
+    return store, json.loads((into / "expected.json").read_text())
+
+
+def exported(store: Path, noun: str, name: str, dest: Path) -> Any:
+    ok(store, noun, "export", name, str(dest))
+    return make_store.manifest(dest)
+
+
+def format_of(store: Path) -> int:
+    return int(query(store, "SELECT value FROM meta WHERE key = 'format_version'")[0][0])
+
+
+@pytest.mark.parametrize("version", FORMATS)
+def test_an_old_store_opens_with_nothing_lost(tmp_path: Path, version: int) -> None:
+    store, expected = unpack(version, tmp_path / "unpacked")
+    assert format_of(store) == expected["format"] == version
+    # Four processes open it at once: one migrates, the others find it done.
+    procs = [
+        subprocess.Popen(
+            [*CLI, "-s", str(store), "volume", "ls"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env(),
+        )
+        for _ in range(4)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+    assert format_of(store) == catalog.FORMAT_VERSION
+
+    images = {i["name"]: i for i in js(store, "image", "ls")}
+    assert set(images) == set(expected["images"])
+    assert {i["phase"] for i in images.values()} == {"ready"}
+    volumes = {v["name"]: v for v in js(store, "volume", "ls")}
+    assert set(volumes) == set(expected["volumes"])
+    assert {v["phase"] for v in volumes.values()} == {"ready"}  # the killed mount's is recovered
+    snapshots = {f"{name}@{n}" for name, v in volumes.items() for n in v["snapshots"]}
+    assert snapshots == set(expected["snapshots"])
+
+    out = tmp_path / "export"
+    out.mkdir()
+    overlay = expected.get("overlay") or {}
+    for noun, table in (("image", "images"), ("snapshot", "snapshots"), ("volume", "volumes")):
+        for name, manifest in expected[table].items():
+            if manifest is None:
+                continue
+            got = exported(store, noun, name, out / f"{noun}-{name}")
+            if (noun, name) == ("volume", overlay.get("volume")):
+                # What the killed mount had saved is folded in first (a new snapshot).
+                assert got.pop(overlay["file"])[2] == overlay["sha256"]
+                assert got.pop("newdir")[0] == "dir"
+                assert len(js(store, "snapshot", "ls", name)) == len(volumes[name]["snapshots"]) + 1
+            assert got == manifest, (noun, name)
+    ok(store, "volume", "create", "fresh", "--from", f"{next(iter(sorted(snapshots)))}", "--grace", "1h")
+    assert_consistent(store)
+    assert _shape(store) == _shape(_fresh(tmp_path / "fresh"))
+
+
+def _fresh(path: Path) -> Path:
+    Repository.init(path).close()
+    return path
+
+
+def _shape(store: Path) -> dict[str, Any]:
+    """Every table's columns (name, type, not null, default, key) and every index."""
+    with sqlite3.connect(store / "catalog.db") as conn:
+        tables = [
+            t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+        ]
+        shape: dict[str, Any] = {t: [r[1:] for r in conn.execute(f"PRAGMA table_info({t})")] for t in tables}
+        shape["indexes"] = conn.execute(
+            "SELECT name, tbl_name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL ORDER BY name"
+        ).fetchall()
+    conn.close()
+    return shape
+
+
+def test_the_phase_enums_are_the_phases_the_catalog_checks() -> None:
+    assert tuple(ImagePhase) == schema.IMAGE_PHASES
+    assert tuple(VolumePhase) == schema.VOLUME_PHASES
+    assert set(catalog.MIGRATIONS) == set(FORMATS)
+
+
+@pytest.mark.parametrize("version", [None, 5])
+def test_an_unknown_phase_is_refused(tmp_path: Path, version: int | None) -> None:
+    """New stores and migrated ones check every phase (a typo cannot reach the disk)."""
+    store = _fresh(tmp_path / "fresh") if version is None else unpack(version, tmp_path / "old")[0]
+    repo = Repository.open(store)
+    try:
+        conn = repo.conn
+        ok(store, "volume", "create", "x", "--blank-dir")
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+            conn.execute("UPDATE volumes SET phase = 'mountde' WHERE name = 'x'")
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+            conn.execute(
+                "INSERT INTO images (name, kind, phase, chunk_size, created) "
+                "VALUES ('i', 'dir', 'redy', 4096, 0)"
+            )
+    finally:
+        repo.close()
+
+
+def test_a_phase_from_nowhere_stops_the_migration_and_changes_nothing(tmp_path: Path) -> None:
+    store, _ = unpack(5, tmp_path / "old")
+    with sqlite3.connect(store / "catalog.db") as conn:
+        conn.execute("UPDATE volumes SET phase = 'frozen' WHERE name = 'vraw'")
+    conn.close()
+    with pytest.raises(UnsupportedFormat, match="frozen"):
+        Repository.open(store)
+    assert format_of(store) == 5
+    assert query(store, "SELECT phase FROM volumes WHERE name = 'vraw'") == [("frozen",)]
+
+
+def test_a_killed_mounts_listing_keeps_its_cookies_through_the_upgrade_to_entry_rows(tmp_path: Path) -> None:
+    """Format 5 moved a copied-up directory's entries out of its overlay row: the real
+    format-4 store, whose mount was killed after writing to its root, keeps the root's
+    names with their readdir cookies, and the next name gets the next cookie."""
+    store, expected = unpack(4, tmp_path / "old")
+    (blob,) = query(store, "SELECT listing FROM overlay_inodes WHERE volume = 'vdir' AND ino = 1")[0]
+    raw, head, old = bytes(blob), struct.Struct("<QQH"), {}
+    pos = 8
+    while pos < len(raw):
+        cookie, _, n = head.unpack_from(raw, pos)
+        old[raw[pos + head.size : pos + head.size + n]] = cookie
+        pos += head.size + n
+    assert expected["overlay"]["file"].encode() in old and b"newdir" in old
+    repo = Repository.open(store)
+    try:
+        view = open_volume(repo, "vdir")
+        assert {name: cookie for name, _, cookie in view.readdir(1, 0)} == old
+        view.mknod(1, b"c", 0o100644, 0, 0, 0)
+        listing = view.nodes[1].listing
+        assert listing is not None and listing.entries[b"c"][0] == struct.unpack_from("<Q", raw)[0]
+        view.flush_sync()
+        assert b"c" in {name for name, _, _ in open_volume(repo, "vdir").readdir(1, 0)}
+    finally:
+        repo.close()
+    ok(store, "snapshot", "create", "vdir")
+    assert_consistent(store)

@@ -1,0 +1,89 @@
+"""Commands in subprocesses, always with a timeout: the real `casfs` command line as a
+user runs it (`python -m casfs -s STORE ...`, none of the caller's CASFS_* variables,
+daemons with entry/attr timeouts of 0), and any other tool."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+CLI = [sys.executable, "-m", "casfs"]
+TIMEOUT = 120.0  # a casfs command
+CALL_TIMEOUT = 60.0  # any other tool
+
+Completed = subprocess.CompletedProcess[str]
+
+
+def env(**extra: str) -> dict[str, str]:
+    """This process's environment without CASFS_* (a test sets what it means), plus `extra`."""
+    out = {k: v for k, v in os.environ.items() if not k.startswith("CASFS_")}
+    out.update(extra)
+    return out
+
+
+def run(
+    cmd: Sequence[str | Path],
+    timeout: float = CALL_TIMEOUT,
+    check: bool = False,
+    env: dict[str, str] | None = None,
+) -> Completed:
+    return subprocess.run(
+        [str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, check=check, env=env
+    )
+
+
+def must(*cmd: str | Path, timeout: float = CALL_TIMEOUT) -> str:
+    """Run a tool that must succeed; its stdout."""
+    done = run(cmd, timeout=timeout)
+    assert done.returncode == 0, f"{' '.join(map(str, cmd))}: {done.returncode}\n{done.stdout}{done.stderr}"
+    return done.stdout
+
+
+def casfs(store: Path | None, *args: str | Path, timeout: float = TIMEOUT, **extra_env: str) -> Completed:
+    """`casfs -s STORE ARGS` (no -s without a store); `extra_env` such as CASFS_FAULT."""
+    where = ["-s", str(store)] if store is not None else []
+    return run([*CLI, *where, *args], timeout=timeout, env=env(CASFS_TEST_TIMEOUTS="0", **extra_env))
+
+
+def ok(store: Path, *args: str | Path, timeout: float = TIMEOUT, **extra_env: str) -> Completed:
+    """A casfs command that must exit 0."""
+    p = casfs(store, *args, timeout=timeout, **extra_env)
+    assert p.returncode == 0, (args, p.returncode, p.stdout, p.stderr)
+    return p
+
+
+def out(store: Path, *args: str | Path, timeout: float = TIMEOUT) -> str:
+    """A casfs command that must exit 0: its stdout."""
+    return ok(store, *args, timeout=timeout).stdout
+
+
+def js(store: Path, *args: str | Path) -> Any:
+    """A casfs command that must exit 0, with --json: its output parsed."""
+    return json.loads(out(store, *args, "--json"))
+
+
+def fails(store: Path | None, code: int, *args: str | Path) -> str:
+    """A casfs command that must fail with `code` and say why in one stderr line: that line."""
+    p = casfs(store, *args)
+    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("casfs: error: "), p.stderr
+    return lines[0]
+
+
+def killed_at(store: Path, fault: str, *args: str | Path) -> None:
+    """Run a command that must SIGKILL itself at the fault point `fault`."""
+    p = casfs(store, *args, CASFS_FAULT=fault)
+    assert p.returncode == -signal.SIGKILL, (fault, p.returncode, p.stdout, p.stderr)
+
+
+def recovered(p: Completed) -> list[str]:
+    """What a command said it recovered (one stderr line each)."""
+    prefix = "casfs: recovered: "
+    return [line.removeprefix(prefix) for line in p.stderr.splitlines() if line.startswith(prefix)]

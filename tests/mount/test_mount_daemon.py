@@ -1,0 +1,159 @@
+"""The daemon's side of read/write mounts: one writer per volume, the phase while
+mounted, snapshot on unmount reported by `casfs umount`, a snapshot by setfattr; and
+the chunk cache under the read path (no mount)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from casfs import volumes
+from casfs.errors import Corruption
+from casfs.repo import Repository
+from casfs.store.ids import BlobId, blob_id
+from casfs.vfs.api import Piece
+from casfs.vfs.chunks import ChunkCache, plan_pieces
+from tests.helpers.cli import casfs, run
+from tests.helpers.mount import cleanup, is_mounted, mounted
+
+
+@pytest.fixture
+def rw_volume(repo: Repository) -> Repository:
+    volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
+    return repo
+
+
+def phase(repo: Repository, name: str) -> tuple[str, int | None]:
+    row = repo.conn.execute("SELECT phase, owner_pid FROM volumes WHERE name = ?", (name,)).fetchone()
+    return row[0], row[1]
+
+
+def test_one_read_write_daemon_per_volume(rw_volume: Repository, tmp_path: Path) -> None:
+    repo = rw_volume
+    with mounted(repo.path, tmp_path / "a", volume="v") as m:
+        assert phase(repo, "v") == ("mounted", m.pid)
+        (tmp_path / "b").mkdir()
+        second = casfs(repo.path, "mount", tmp_path / "b", "--volume", "v")
+        assert second.returncode == 4 and "mounted by process" in second.stderr
+        assert not is_mounted(tmp_path / "b")
+        # read-only, any number may mount it
+        with mounted(repo.path, tmp_path / "c", volume="v", ro=True) as ro:
+            assert os.listdir(ro.path) == []
+        assert run(["getfattr", "--only-values", "-n", "user.casfs.phase", m.path]).stdout == "mounted"
+    assert phase(repo, "v") == ("ready", None)
+
+
+def test_a_dead_holder_does_not_block_the_volume(rw_volume: Repository, tmp_path: Path) -> None:
+    repo = rw_volume
+    repo.conn.execute("UPDATE volumes SET phase = 'mounted', owner_pid = 999999999 WHERE name = 'v'")
+    with mounted(repo.path, tmp_path / "a", volume="v") as m:
+        assert phase(repo, "v") == ("mounted", m.pid)
+
+
+def test_umount_reports_the_snapshot_of_a_changed_volume(rw_volume: Repository, tmp_path: Path) -> None:
+    repo = rw_volume
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        assert casfs(repo.path, "mount", mnt, "--volume", "v").returncode == 0
+        (mnt / "f").write_text("written\n")
+        done = run(["setfattr", "-n", "user.casfs.snapshot", "-v", "while mounted", mnt])
+        assert done.returncode == 0, done.stderr
+        assert run(["getfattr", "--only-values", "-n", "user.casfs.snapshots", mnt]).stdout == "1"
+        (mnt / "g").write_text("more\n")
+        bye = casfs(repo.path, "umount", mnt)
+        assert bye.returncode == 0, bye.stderr
+        assert bye.stdout.splitlines() == ["snapshot v@2"]
+    finally:
+        cleanup(mnt, None)
+    assert [s.label for s in volumes.list_snapshots(repo, "v")] == ["while mounted", None]
+    # an unchanged volume gets no snapshot
+    assert casfs(repo.path, "mount", mnt, "--volume", "v").returncode == 0
+    try:
+        assert (mnt / "g").read_text() == "more\n"
+        bye = casfs(repo.path, "umount", mnt)
+        assert bye.returncode == 0 and bye.stdout == ""
+    finally:
+        cleanup(mnt, None)
+
+
+def test_a_missing_mount_point(rw_volume: Repository, tmp_path: Path) -> None:
+    done = casfs(rw_volume.path, "mount", tmp_path / "nowhere", "--volume", "v")
+    assert done.returncode == 3 and "does not exist" in done.stderr
+
+
+# -- the chunk cache, without a mount ------------------------------------------------
+
+
+class Blobs:
+    def __init__(self, n: int) -> None:
+        self.by_id: dict[BlobId, bytes] = {}
+        for i in range(n):
+            plain = bytes([i % 251]) * 4096 + os.urandom(16)
+            self.by_id[blob_id(plain)] = plain
+        self.bad: set[BlobId] = set()
+        self.reads = 0
+
+    def get(self, bid: BlobId) -> bytes:
+        self.reads += 1
+        time.sleep(0.001)
+        if bid in self.bad:
+            raise Corruption(f"blob {bid.hex()} is corrupt")
+        return self.by_id[bid]
+
+
+def test_chunk_cache_counts_corruption_and_reads_once() -> None:
+    blobs = Blobs(8)
+    ids = list(blobs.by_id)
+    blobs.bad.add(ids[3])
+    cache = ChunkCache(blobs.get, max_bytes=1 << 20, workers=0)
+    assert cache.fetch(ids[0]) == blobs.by_id[ids[0]]
+    assert cache.fetch(ids[0]) == blobs.by_id[ids[0]] and blobs.reads == 1
+    assert cache.cached(ids[0]) is not None and cache.cached(ids[1]) is None
+    with pytest.raises(Corruption):
+        cache.fetch(ids[3])
+    with pytest.raises(Corruption):
+        cache.fetch_uncached(ids[3])
+    assert cache.corrupt_reads == 2 and list(cache.last_corrupt) == [ids[3], ids[3]]
+    have, missing = cache.split([Piece(0, 10, ids[0]), Piece(0, 10, ids[1]), Piece(0, 10, data=b"x")])
+    assert list(have) == [ids[0]] and missing == [ids[1]]
+
+
+async def test_read_ahead_follows_a_sequential_reader() -> None:
+    blobs = Blobs(64)
+    ids = list(blobs.by_id)
+    cs = 4096
+
+    def plan(offset: int, size: int) -> list[Piece]:
+        return plan_pieces(lambda n: ids[n], len(ids) * cs, cs, offset, size)
+
+    cache = ChunkCache(blobs.get, max_bytes=1 << 22, readahead_bytes=16 * cs, workers=2)
+    try:
+        for n in range(4):  # sequential reads: read-ahead starts after two
+            got = await cache.fetch_async([p.blob for p in plan(n * cs, cs)])
+            assert got[ids[n]] == blobs.by_id[ids[n]]
+            cache.readahead("f", n * cs, cs, plan)
+        with trio.fail_after(10):
+            # (polled: read-ahead runs in the cache's own threads, which signal no trio.Event)
+            while cache.cached(ids[15]) is None:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        assert cache.prefetched >= 10
+        # a random reader gets no read-ahead
+        before = cache.prefetched
+        for n in (40, 5, 60):
+            cache.readahead("g", n * cs, cs, plan)
+        assert cache.prefetched == before
+    finally:
+        cache.close()
+
+
+def test_plan_pieces_cuts_at_chunks_and_the_end() -> None:
+    ids = [BlobId(bytes([i]) * 32) for i in range(4)]
+    pieces = plan_pieces(lambda n: ids[n], 10_000, 4096, 4000, 5000)
+    want = [(4000, 4096, ids[0]), (0, 4096, ids[1]), (0, 808, ids[2])]
+    assert [(p.start, p.end, p.blob) for p in pieces] == want
+    assert plan_pieces(lambda n: ids[n], 10_000, 4096, 10_000, 10) == []

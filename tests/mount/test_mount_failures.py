@@ -1,0 +1,247 @@
+"""When the store cannot take data, a mounted volume loses nothing it acknowledged.
+
+The store is made to fail for real: `chattr +i STORE/tmp` refuses every staging
+directory (as a full or read-only disk would) until it is lifted; and a small ext4
+filesystem on a loop device, filled up, gives real ENOSPC.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from casfs import volumes
+from casfs.lifecycle.queue import acquire_slot, queue_limit
+from casfs.repo import Repository
+from tests.helpers.cli import casfs, run
+from tests.helpers.fsck import fsck_clean
+from tests.helpers.mount import is_mounted, mounted, running, wait_gone
+
+
+@pytest.fixture
+def store(store: Path) -> Path:
+    """The store, with a blank directory volume `v`."""
+    with contextlib.closing(Repository.open(store)) as repo:
+        volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
+    return store
+
+
+@contextlib.contextmanager
+def store_refuses_writes(store: Path) -> Iterator[None]:
+    subprocess.run(["chattr", "+i", str(store / "tmp")], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(store / "tmp")], check=True)
+
+
+def fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def test_a_failed_fsync_then_a_good_one_keeps_everything_after_kill_9(store: Path, tmp_path: Path) -> None:
+    """Issue 7, defect 1, through a mount: what the second fsync acknowledged survives."""
+    mnt = tmp_path / "mnt"
+    with running(store, mnt, volume="v") as m:
+        (mnt / "a").write_bytes(b"first")
+        fsync(mnt / "a")
+        with store_refuses_writes(store):
+            os.rename(mnt / "a", mnt / "b")
+            (mnt / "marker").write_bytes(b"")
+            with open(mnt / "b", "ab") as f:
+                f.write(b" and more")
+            with pytest.raises(OSError):
+                fsync(mnt / "b")
+        fsync(mnt / "b")  # the store recovered: this one is acknowledged
+        os.kill(m.pid, signal.SIGKILL)
+        assert wait_gone(m.pid, m.proc, 30)
+        assert run(["fusermount3", "-u", "-z", mnt]).returncode == 0
+    with mounted(store, mnt, volume="v") as m:
+        assert sorted(os.listdir(m.path)) == ["b", "marker"]
+        assert (m.path / "b").read_bytes() == b"first and more"
+
+
+def test_umount_refuses_when_it_cannot_save_and_loses_nothing(store: Path, tmp_path: Path) -> None:
+    """Issue 7, defect 3: `casfs umount` saves first; if it cannot, it exits non-zero and
+    the volume stays mounted with the data readable; once the store recovers, it saves."""
+    mnt = tmp_path / "mnt"
+    data = os.urandom(300_000)
+    with running(store, mnt, volume="v") as m:
+        (mnt / "unsynced").write_bytes(data)  # no fsync: buffered in the daemon
+        with store_refuses_writes(store):
+            done = casfs(store, "umount", mnt)
+            assert done.returncode == 1, done
+            assert "not unmounting" in done.stderr and "Operation not permitted" in done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1
+            assert is_mounted(mnt)
+            assert (mnt / "unsynced").read_bytes() == data
+        done = casfs(store, "umount", mnt)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "snapshot v@1"
+        assert wait_gone(m.pid, m.proc, 30)
+    with mounted(store, mnt, volume="v") as m:
+        assert (m.path / "unsynced").read_bytes() == data
+
+
+def test_a_forced_unmount_that_cannot_save_says_what_was_lost(store: Path, tmp_path: Path) -> None:
+    """Issue 7, defect 3: fusermount3 -u while the store refuses: the daemon exits
+    non-zero, its run file and log say what was not saved, and so do the next mount
+    and `casfs volume info`."""
+    mnt = tmp_path / "mnt"
+    with running(store, mnt, volume="v") as m:
+        (mnt / "saved").write_bytes(b"safe")
+        fsync(mnt / "saved")
+        (mnt / "lost").write_bytes(b"x" * 5000)
+        with store_refuses_writes(store):
+            assert run(["fusermount3", "-u", mnt]).returncode == 0
+            assert wait_gone(m.pid, m.proc, 30)
+        assert m.proc is not None and m.proc.returncode == 1
+        runs = [json.loads(p.read_text()) for p in (store / "run").glob("*.json")]
+        assert [(r["clean"], r["unsaved"]) for r in runs] == [(False, ["v"])]
+        assert "not saved: /lost (5000 buffered bytes)" in m.log()
+    info = json.loads(casfs(store, "volume", "info", "v", "--json").stdout)
+    assert info["unsaved"]["unsaved"] == [["/lost", 5000]]
+    assert "could not save /lost (5000 bytes)" in casfs(store, "volume", "info", "v").stdout
+    done = casfs(store, "mount", mnt, "--volume", "v")
+    try:
+        assert done.returncode == 0, done.stderr
+        assert "warning: volume v:" in done.stderr and "/lost" in done.stderr
+        assert (mnt / "saved").read_bytes() == b"safe"
+    finally:
+        assert casfs(store, "umount", mnt).returncode == 0
+    # a clean unmount clears the note
+    assert json.loads(casfs(store, "volume", "info", "v", "--json").stdout)["unsaved"] is None
+
+
+def test_a_snapshot_waiting_for_a_job_slot_does_not_stall_writers(store: Path, tmp_path: Path) -> None:
+    """Issue 7, defect 10: other processes' jobs hold every slot; a snapshot asked by
+    setfattr waits for one, and meanwhile writes and fsyncs to the volume go on."""
+    with contextlib.closing(Repository.open(store)) as repo:
+        slots = [acquire_slot(repo, "someone else's import") for _ in range(queue_limit(repo))]
+
+    def release_slots() -> None:
+        for slot in slots:
+            slot.release()
+
+    with mounted(store, tmp_path / "mnt", volume="v") as m:
+        # Made first: creating a name in the root waits for the root's inode lock, which
+        # the kernel holds for as long as a setxattr on the root runs.
+        (m.path / "f").write_bytes(b"")
+        snap = subprocess.Popen(["setfattr", "-n", "user.casfs.snapshot", "-v", "x", str(m.path)])
+        try:
+            deadline = time.monotonic() + 60
+            while not list((store / "queue").glob("wait-*")) and time.monotonic() < deadline:
+                time.sleep(0.05)  # until the daemon queues for a slot
+            assert snap.poll() is None
+            dd = subprocess.Popen(
+                ["dd", "if=/dev/urandom", f"of={m.path / 'f'}", "bs=64k", "count=16", "conv=fsync,notrunc"],
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                stalled = dd.wait(timeout=60) is None
+            except subprocess.TimeoutExpired:
+                stalled = True  # (release the slots first, or the write never returns)
+            release_slots()
+            assert dd.wait(timeout=60) == 0
+            assert not stalled, "a write waited for the snapshot's job slot"
+            assert snap.wait(timeout=60) == 0
+        finally:
+            release_slots()
+            if snap.poll() is None:
+                snap.kill()
+                snap.wait()
+        assert (m.path / "f").stat().st_size == 16 << 16
+    with contextlib.closing(Repository.open(store)) as repo:
+        assert [s.label for s in volumes.list_snapshots(repo, "v")][:1] == ["x"]
+
+
+# -- a real full disk ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def small_disk(tmp_path: Path, mib: int = 48) -> Iterator[Path]:
+    """A small ext4 filesystem on a loop device, mounted at tmp_path/disk."""
+    image, point = tmp_path / "disk.img", tmp_path / "disk"
+    with open(image, "wb") as f:
+        f.truncate(mib << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    point.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(point)], check=True)
+    try:
+        yield point
+    finally:
+        if subprocess.run(["umount", str(point)]).returncode != 0:
+            subprocess.run(["umount", "-l", str(point)])
+
+
+def fill(path: Path) -> None:
+    """Fill the filesystem holding `path` (a file of that name takes every free block)."""
+    with open(path, "wb") as f:
+        chunk = b"\xff" * (1 << 20)
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(chunk)
+                f.flush()
+        with contextlib.suppress(OSError):
+            os.fsync(f.fileno())
+
+
+def test_a_full_disk_is_enospc_and_nothing_acknowledged_is_lost(tmp_path: Path) -> None:
+    with small_disk(tmp_path) as disk:
+        store = disk / "store"
+        with contextlib.closing(Repository.init(store)) as repo:
+            volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
+        mnt = tmp_path / "mnt"
+        kept = os.urandom(200_000)
+        with mounted(store, mnt, volume="v") as m:
+            (m.path / "kept").write_bytes(kept)
+            fsync(m.path / "kept")
+            fill(disk / "filler")
+            later = os.urandom(2_000_000)
+            (m.path / "later").write_bytes(later)
+            with pytest.raises(OSError) as failed:
+                fsync(m.path / "later")
+            assert failed.value.errno == errno.ENOSPC
+            gc = casfs(store, "gc")  # the store lock is not leaked: gc can run
+            assert gc.returncode == 0, gc.stderr
+            (disk / "filler").unlink()
+            fsync(m.path / "later")
+        with mounted(store, mnt, volume="v") as m:
+            assert (m.path / "kept").read_bytes() == kept
+            assert (m.path / "later").read_bytes() == later
+        fsck_clean(store)  # here: the small disk is gone when the test ends
+
+
+def test_import_on_a_full_disk_says_so_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Issue 7, defect 2: ENOSPC is reported as such (not 'Directory not empty'), exit 1,
+    the staging directory is emptied and the store's lock is released."""
+    source = tmp_path / "disk.raw"
+    source.write_bytes(os.urandom(8 << 20))
+    with small_disk(tmp_path) as disk:
+        store = disk / "store"
+        Repository.init(store).close()
+        fill(disk / "filler")
+        done = casfs(store, "image", "import", "big", source)
+        assert done.returncode == 1, done
+        assert "No space left on device" in done.stderr and "Directory not empty" not in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+        assert list((store / "tmp").iterdir()) == []
+        (disk / "filler").unlink()
+        gc = casfs(store, "gc")
+        assert gc.returncode == 0, gc.stderr
+        again = casfs(store, "image", "import", "big", source)
+        assert again.returncode == 0, again.stderr
+        fsck_clean(store)  # here: the small disk is gone when the test ends
