@@ -244,20 +244,21 @@ class Row:
     higher_is_better: bool = True
 
 
-def table(rows: Sequence[Row], peers: Sequence[str] = PEERS) -> str:
-    """Rows of figures with ratios casfs/native and casfs/bindfs (for times, a ratio
-    above 1 is slower; for rates, below 1 is slower)."""
-    head = (
-        f"{'test':24} " + " ".join(f"{p:>12}" for p in peers) + f" {'unit':6} {'/native':>8} {'/bindfs':>8}"
-    )
+def table(
+    rows: Sequence[Row], peers: Sequence[str] = PEERS, bases: Sequence[str] = ("native", "bindfs")
+) -> str:
+    """Rows of figures with the ratios casfs/base for each of `bases` (for times, a
+    ratio above 1 is slower; for rates, below 1 is slower)."""
+    head = f"{'test':24} " + " ".join(f"{p:>12}" for p in peers) + f" {'unit':6} "
+    head += " ".join(f"{'/' + b:>10}" for b in bases)
     lines = [head]
     for r in rows:
         cells = " ".join(f"{_fmt(r.values.get(p)):>12}" for p in peers)
         ratios = []
-        for base in ("native", "bindfs"):
+        for base in bases:
             have, other = r.values.get("casfs"), r.values.get(base)
-            ratios.append(f"{have / other:7.2f}x" if have is not None and other else f"{'-':>8}")
-        lines.append(f"{r.test:24} {cells} {r.unit:6} {ratios[0]:>8} {ratios[1]:>8}")
+            ratios.append(f"{have / other:9.2f}x" if have is not None and other else f"{'-':>10}")
+        lines.append(f"{r.test:24} {cells} {r.unit:6} " + " ".join(ratios))
     return "\n".join(lines)
 
 
