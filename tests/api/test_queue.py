@@ -36,7 +36,9 @@ def test_twenty_imports_two_at_a_time(store: Path, tmp_path: Path) -> None:
         sources.append(tmp_path / f"src{i}.raw")
         sources[-1].write_bytes(os.urandom(256 << 10))
     log = tmp_path / "jobs.log"
-    job_env = env(CASFS_JOB_LOG=str(log), CASFS_SLOW_IMPORT_S="0.3")
+    # Each job holds its slot a second: long enough that, however slowly twenty Python
+    # processes start on a loaded machine, some are seen waiting while two run.
+    job_env = env(CASFS_JOB_LOG=str(log), CASFS_SLOW_IMPORT_S="1.0")
     procs = [
         subprocess.Popen(
             [*CLI, "-s", str(store), "image", "import", f"img{i}", str(src)],

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import pytest
 
+from casfs.fuse.mountinfo import MountEntry, mounts
 from tests.helpers.cli import CALL_TIMEOUT, run
 
 DAEMON = [sys.executable, "-m", "casfs.fuse.daemon"]
-FSTYPE = "fuse.casfs"
 READY_TIMEOUT_S = 30.0
 EXIT_TIMEOUT_S = 60.0
 FUSECTL = Path("/sys/fs/fuse/connections")
@@ -55,33 +55,13 @@ class Mount:
 # -- /proc -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class MountInfo:
-    mountpoint: str
-    fstype: str
-    source: str
-    minor: int
-
-
-def mount_table() -> list[MountInfo]:
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields, rest = left.split(), right.split()
-            point = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
-            point = point.replace("\\134", "\\")
-            out.append(MountInfo(point, rest[0], rest[1], int(fields[2].split(":")[1])))
-    return out
-
-
-def casfs_mounts(under: str = "/") -> list[MountInfo]:
-    return [m for m in mount_table() if m.fstype == FSTYPE and m.mountpoint.startswith(under)]
+def casfs_mounts(under: str = "/") -> list[MountEntry]:
+    return [m for m in mounts() if m.is_casfs and m.mountpoint.startswith(under)]
 
 
 def is_mounted(path: Path | str) -> bool:
-    """From /proc/self/mountinfo, without touching the path."""
-    return any(m.mountpoint == str(path) and m.fstype == FSTYPE for m in mount_table())
+    """A casfs mount at `path`, from /proc/self/mountinfo (without touching the path)."""
+    return any(m.mountpoint == str(path) and m.is_casfs for m in mounts())
 
 
 def daemon_pids(under: str) -> list[int]:
@@ -198,7 +178,7 @@ def cleanup(path: Path | str, pid: int | None, proc: subprocess.Popen[bytes] | N
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
         wait_gone(pid, proc, wait)
-    for info in [i for i in mount_table() if i.mountpoint == str(path) and i.fstype == FSTYPE]:
+    for info in [i for i in mounts() if i.mountpoint == str(path) and i.is_casfs]:
         abort_connection(info.minor)
         with contextlib.suppress(subprocess.TimeoutExpired):
             run(["fusermount3", "-u", "-z", str(path)], timeout=10)
@@ -225,7 +205,7 @@ def public_dir() -> Iterator[Path]:
         path.chmod(0o755)
         yield path
     finally:
-        if not any(m.mountpoint.startswith(str(path)) for m in mount_table()):
+        if not any(m.mountpoint.startswith(str(path)) for m in mounts()):
             shutil.rmtree(path, ignore_errors=True)
 
 

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from casfs.fuse.mountinfo import mounts
 from tests.helpers.cli import Completed, env, ok, run
-from tests.helpers.mount import alive, cleanup, is_mounted, mount_table, wait_gone
+from tests.helpers.mount import alive, cleanup, is_mounted, wait_gone
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("casfs.fuse.daemon") is None, reason="casfs.fuse.daemon is not in this tree yet"
@@ -126,7 +127,7 @@ def test_unknown_options_are_refused(helper: Path, store: Path, tmp_path: Path) 
     done = tool("mount", "-t", "fuse.casfs", f"{store}:vol", mnt, "-o", "ro,compress=zstd")
     assert done.returncode != 0
     assert "unknown option 'compress=zstd'" in done.stderr
-    assert not any(m.mountpoint == str(mnt) for m in mount_table())
+    assert not any(m.mountpoint == str(mnt) for m in mounts())
 
 
 def test_translation() -> None:
