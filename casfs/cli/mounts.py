@@ -1,5 +1,6 @@
 """`casfs mount` and `casfs umount`: handed to the daemon's entry points, imported here
-and only here, so that no other command loads trio or pyfuse3."""
+and only here, so that no other command loads trio or pyfuse3 (and `umount`, a client
+of the daemon, loads neither)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,6 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
-    from casfs.fuse.daemon import umount_main
+    from casfs.fuse.launcher import umount_main  # (the client side: no trio, no pyfuse3)
 
     return int(umount_main(args))
