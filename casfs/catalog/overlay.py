@@ -35,7 +35,7 @@ def base_time(conn: sqlite3.Connection, name: str, base: BlobId) -> float:
 
 
 def blob_kind(conn: sqlite3.Connection, bid: BlobId) -> int | None:
-    """A blob's kind (casfs.snapshots.kinds), None if the catalog has no row for it."""
+    """A blob's kind (a casfs.kinds.BlobKind value), None if the catalog has no row for it."""
     row = conn.execute("SELECT kind FROM blobs WHERE id = ?", (bid,)).fetchone()
     return None if row is None else int(row[0])
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 from casfs.errors import UsageError
 from casfs.importers import Built
+from casfs.kinds import BlobKind
 from casfs.refcount.ledger import Batch
 from casfs.snapshots import chunkmap, tree
-from casfs.snapshots.kinds import TREE
 from casfs.store.ids import ZERO_ID, BlobId
 
 Parts = tuple[bytes, ...]
@@ -156,7 +156,7 @@ class TreeBuilder:
             subdirs = sum(isinstance(c, Dir) for c in d.entries.values())
             attrs = d.attrs.with_(ino=d.ino, nlink=2 + subdirs, size=0)
             t = tree.Tree(attrs, self.chunk_size, [_entry(name, c) for name, c in d.entries.items()])
-            d.tree_id = self.batch.put(t.encode(), TREE)
+            d.tree_id = self.batch.put(t.encode(), BlobKind.TREE)
         assert self.root.tree_id is not None
         return Built(self.root.tree_id, size, next_ino)
 

@@ -25,9 +25,9 @@ from casfs.catalog import blobs as blob_rows
 from casfs.catalog import images as image_rows
 from casfs.catalog import volumes as volume_rows
 from casfs.errors import Corruption
+from casfs.kinds import BlobKind
 from casfs.repo import Repository
 from casfs.snapshots.children import children
-from casfs.snapshots.kinds import DATA
 from casfs.store.ids import ZERO_ID, BlobId
 
 
@@ -78,7 +78,7 @@ def usage(repo: Repository, roots: Iterable[Root]) -> Usage:
         rows.update(found)
         nxt: list[BlobId] = []
         for bid, row in found.items():
-            if row.kind == DATA:
+            if row.kind == BlobKind.DATA:
                 continue
             try:
                 kids: Counter[BlobId] = Counter(c for c, _ in children(row.kind, repo.get_meta(bid)))

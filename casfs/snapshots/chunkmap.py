@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from casfs.errors import Corruption
-from casfs.snapshots.kinds import DATA, MAP_PAGE, MAP_ROOT
+from casfs.kinds import BlobKind
 from casfs.store.ids import ID_SIZE, ZERO_ID, BlobId
 
 PAGE_ENTRIES = 1024
@@ -30,7 +30,7 @@ _PAGE_MAGIC = b"CPAG"
 _VERSION = 1
 
 Get = Callable[[BlobId], bytes]
-Put = Callable[[bytes, int], BlobId]
+Put = Callable[[bytes, BlobKind], BlobId]
 
 
 def n_chunks(size: int, chunk_size: int) -> int:
@@ -81,12 +81,12 @@ def decode_page(plain: bytes) -> list[BlobId]:
     return _unpack_ids(plain[_PAGE.size :], count, "chunk-map page")
 
 
-def children(kind: int, plain: bytes) -> Iterator[tuple[BlobId, int]]:
-    if kind == MAP_ROOT:
+def children(kind: BlobKind, plain: bytes) -> Iterator[tuple[BlobId, BlobKind]]:
+    if kind == BlobKind.MAP_ROOT:
         root = MapRoot.decode(plain)
-        child_kind = MAP_PAGE if root.depth else DATA
+        child_kind = BlobKind.MAP_PAGE if root.depth else BlobKind.DATA
         return ((i, child_kind) for i in root.ids if i != ZERO_ID)
-    return ((i, DATA) for i in decode_page(plain) if i != ZERO_ID)
+    return ((i, BlobKind.DATA) for i in decode_page(plain) if i != ZERO_ID)
 
 
 def build_map(put: Put, chunk_ids: Sequence[BlobId], size: int, chunk_size: int) -> BlobId:
@@ -95,15 +95,15 @@ def build_map(put: Put, chunk_ids: Sequence[BlobId], size: int, chunk_size: int)
     if len(chunk_ids) != count:
         raise ValueError(f"{len(chunk_ids)} chunk ids for {count} chunks")
     if count <= PAGE_ENTRIES:
-        return put(MapRoot(0, chunk_size, size, list(chunk_ids)).encode(), MAP_ROOT)
+        return put(MapRoot(0, chunk_size, size, list(chunk_ids)).encode(), BlobKind.MAP_ROOT)
     pages = [_put_page(put, chunk_ids[i : i + PAGE_ENTRIES]) for i in range(0, count, PAGE_ENTRIES)]
-    return put(MapRoot(1, chunk_size, size, pages).encode(), MAP_ROOT)
+    return put(MapRoot(1, chunk_size, size, pages).encode(), BlobKind.MAP_ROOT)
 
 
 def _put_page(put: Put, ids: Sequence[BlobId]) -> BlobId:
     if all(i == ZERO_ID for i in ids):
         return ZERO_ID
-    return put(encode_page(ids), MAP_PAGE)
+    return put(encode_page(ids), BlobKind.MAP_PAGE)
 
 
 class ChunkMap:
@@ -192,7 +192,7 @@ class ChunkMap:
                 if changed is not None:
                     ids[i] = changed
             pages[p] = _put_page(put, ids)
-        return put(MapRoot(1, cs, new_size, pages).encode(), MAP_ROOT)
+        return put(MapRoot(1, cs, new_size, pages).encode(), BlobKind.MAP_ROOT)
 
 
 class Content:
@@ -240,6 +240,6 @@ def build_content(put: Put, chunk_ids: Sequence[BlobId], size: int, chunk_size: 
     return build_map(put, chunk_ids, size, chunk_size)
 
 
-def content_kind(size: int, chunk_size: int) -> int:
+def content_kind(size: int, chunk_size: int) -> BlobKind:
     """The blob kind a file's content id names."""
-    return MAP_ROOT if size > chunk_size else DATA
+    return BlobKind.MAP_ROOT if size > chunk_size else BlobKind.DATA

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from casfs.errors import Corruption
+from casfs.kinds import BlobKind
 from casfs.snapshots.chunkmap import content_kind
-from casfs.snapshots.kinds import TREE
 from casfs.store.ids import ZERO_ID, BlobId
 
 _HEAD = struct.Struct("<4sBI")
@@ -143,11 +143,11 @@ def dir_entry(name: bytes, mode: int, ino: int, subtree: BlobId) -> Entry:
     return Entry(name, Attrs(mode=stat.S_IFDIR | stat.S_IMODE(mode), ino=ino, nlink=0), subtree)
 
 
-def children(plain: bytes) -> Iterator[tuple[BlobId, int]]:
+def children(plain: bytes) -> Iterator[tuple[BlobId, BlobKind]]:
     t = Tree.decode(plain)
     for e in t.entries:
         if e.is_dir:
-            yield BlobId(e.data), TREE
+            yield BlobId(e.data), BlobKind.TREE
         elif e.is_file and e.data and e.data != ZERO_ID:
             yield BlobId(e.data), content_kind(e.attrs.size, t.chunk_size)
 

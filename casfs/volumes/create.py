@@ -13,13 +13,13 @@ from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, Conflict, NotFound, UsageError
 from casfs.images import ready_image
+from casfs.kinds import BlobKind
 from casfs.lifecycle import pids
 from casfs.lifecycle.faults import fault_point
 from casfs.lifecycle.phases import VolumePhase, give_volume, take_volume
 from casfs.refcount import ledger
 from casfs.repo import Repository
 from casfs.snapshots import chunkmap
-from casfs.snapshots.kinds import TREE
 from casfs.snapshots.tree import Attrs, Tree
 from casfs.store.ids import ZERO_ID
 from casfs.units import check_name, parse_snapshot_ref
@@ -160,7 +160,7 @@ def _create_blank(
         fault_point("create:after-claim")
         with repo.batch() as batch:
             if source.blank_dir:
-                base = batch.put(blank_tree(chunk_size), TREE)
+                base = batch.put(blank_tree(chunk_size), BlobKind.TREE)
             else:
                 holes = [ZERO_ID] * chunkmap.n_chunks(size, chunk_size)
                 base = chunkmap.build_map(batch.put_kind, holes, size, chunk_size)

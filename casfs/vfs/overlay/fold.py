@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 from casfs.catalog import overlay
 from casfs.catalog import volumes as rows
+from casfs.kinds import BlobKind
 from casfs.refcount import ledger
 from casfs.repo import Repository
 from casfs.snapshots import chunkmap
-from casfs.snapshots.kinds import MAP_ROOT, TREE
 from casfs.snapshots.tree import Entry, Tree, dir_entry
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import ROOT_INO
@@ -139,7 +139,7 @@ class _Folder:
         else:
             entries = [self._entry(ino, name, child) for name, (_, child) in node.listing.entries.items()]
             tree = Tree(node.tree_attrs(), self.cs, entries)
-        bid = self.batch.put(tree.encode(), TREE)
+        bid = self.batch.put(tree.encode(), BlobKind.TREE)
         self.job.bases[ino] = bid
         return bid
 
@@ -162,7 +162,7 @@ class _Folder:
         if node.base == ZERO_ID:
             ids = [changes.get(n, ZERO_ID) for n in range(count)]
             return chunkmap.build_content(self.batch.put_kind, ids, node.attrs.size, self.cs)
-        mapped = overlay.blob_kind(self.repo.conn, node.base) == MAP_ROOT
+        mapped = overlay.blob_kind(self.repo.conn, node.base) == BlobKind.MAP_ROOT
         content = chunkmap.Content(self.repo.get_meta, node.base, node.attrs.size, self.cs, mapped)
         # Unchanged content keeps its id, unless a truncate cut it (base_limit): the old
         # id still names the bytes past the cut, which a later grow would bring back.
