@@ -19,3 +19,6 @@ InodeNo = NewType("InodeNo", int)
 ChunkNo = NewType("ChunkNo", int)
 # A volume's snapshot n (VOL@N): numbered from 1 per volume.
 SnapshotNo = NewType("SnapshotNo", int)
+
+# A catalog row's next_ino when only the root (casfs.vfs.api.ROOT_INO, 1) is taken.
+FIRST_FREE_INO = InodeNo(2)

@@ -32,6 +32,8 @@ from casfs.catalog import transaction
 from casfs.catalog import volumes as volume_rows
 from casfs.catalog.images import ImageRow
 from casfs.errors import Busy, CasfsError, Conflict, NotFound, UsageError
+from casfs.ids import FIRST_FREE_INO
+from casfs.kinds import VolumeKind
 from casfs.lifecycle import pids
 from casfs.lifecycle.faults import fault_point, slow_import
 from casfs.lifecycle.phases import IMAGE_IN_PROGRESS, IMAGE_STEPS, ImagePhase, check_step
@@ -185,7 +187,7 @@ def import_image(
         check_tar_name(source)
     if fmt == "dir" and expected:
         raise UsageError("--expect checks a file's bytes; a directory source has none to check")
-    kind = "block" if fmt == "raw" else "dir"
+    kind = VolumeKind.BLOCK if fmt == "raw" else VolumeKind.DIR
     spec = json.dumps(
         {"source": str(source.resolve()), "format": fmt, "expect": expect, "chunk_size": chunk_size},
         sort_keys=True,
@@ -220,7 +222,7 @@ def _fail(repo: Repository, name: str, reason: str) -> None:
 
 
 def _claim(
-    repo: Repository, name: str, kind: str, spec: str, source: str, chunk_size: int
+    repo: Repository, name: str, kind: VolumeKind, spec: str, source: str, chunk_size: int
 ) -> ImageInfo | None:
     """Record the import (phase queued) before starting; or find it already done."""
     conn = repo.conn
@@ -265,7 +267,7 @@ def _do_import(
                     from casfs.importers.raw import import_raw
 
                     root, size = import_raw(batch, _as_binary(reader), chunk_size, progress)
-                    next_ino = 2
+                    next_ino = FIRST_FREE_INO  # a disk has no inodes
                 else:
                     from casfs.importers.tarball import import_tar
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple, TypeVar
 
 from casfs.errors import MissingBlob
-from casfs.kinds import BlobKind
+from casfs.kinds import BlobKind, VolumeKind
 from casfs.store.ids import ZERO_ID, BlobId
 
 # Ids per `IN (...)` query: well under SQLite's limit on bound parameters.
@@ -148,7 +148,7 @@ class Sized(NamedTuple):
     table: str  # 'images', 'volumes' or 'snapshots'
     what: str  # "image debian", "volume vm1", "snapshot vm1@3"
     key: str  # name, or VOL@N
-    kind: str  # 'dir' or 'block'
+    kind: VolumeKind
     root: BlobId
     size: int
 
@@ -175,7 +175,7 @@ _SIZED = {
 def sized(conn: sqlite3.Connection) -> list[Sized]:
     """Every row with a logical size (read inside the caller's read transaction)."""
     return [
-        Sized(table, what, key, kind, BlobId(bytes(root)), size)
+        Sized(table, what, key, VolumeKind(kind), BlobId(bytes(root)), size)
         for table, (query, _) in _SIZED.items()
         for what, key, kind, root, size in conn.execute(query)
     ]

@@ -186,9 +186,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
+    from casfs.ids import SnapshotNo
     from casfs.volumes import rollback
 
-    n = _positive_int(args.n, "snapshot number")
+    n = SnapshotNo(_positive_int(args.n, "snapshot number"))
     with open_store(args) as repo:
         rollback(repo, args.volume, n)
     print(f"rolled volume {args.volume} back to snapshot {n}")

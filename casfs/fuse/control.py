@@ -45,7 +45,7 @@ from casfs.store.ids import BlobId
 from casfs.store.local import syncfs
 from casfs.vfs.api import Piece, View, assemble
 from casfs.vfs.chunks import ChunkCache
-from casfs.vfs.storeview import Subject
+from casfs.vfs.storeview import Shown, Subject
 
 PREFIX = b"user.casfs."
 _DIGEST_STEP = 16 << 20
@@ -155,8 +155,8 @@ class ControlPlane:
     # -- getters -----------------------------------------------------------------
 
     @staticmethod
-    def _subject(t: Target, *kinds: str) -> Subject:
-        if t.subject is None or t.subject.kind not in kinds:
+    def _subject(t: Target, *shown: Shown) -> Subject:
+        if t.subject is None or t.subject.what not in shown:
             raise nodata()
         return t.subject
 
@@ -185,7 +185,7 @@ class ControlPlane:
         """The phase; "mounted by pid N" when another process holds it (this mount's
         own holds read plain "mounted")."""
         s = self._subject(t, "volume", "image")
-        info = self._volume(s.name) if s.kind == "volume" else self._image(s.name)
+        info = self._volume(s.name) if s.what == "volume" else self._image(s.name)
         phase, pid = info.phase, info.owner_pid
         elsewhere = pid is not None and pid != os.getpid() and phase not in ("ready", "failed")
         return f"{phase} by pid {pid}".encode() if elsewhere else str(phase).encode()
@@ -196,13 +196,13 @@ class ControlPlane:
     async def _size(self, t: Target) -> bytes:
         s = self._subject(t, "volume", "image", "snapshot")
         rw = t.view.rw
-        if s.kind == "volume" and rw is not None:
+        if s.what == "volume" and rw is not None:
             # A read/write view knows its current size (the catalog has its base's): for
             # a directory volume its files' bytes, not the root directory's st_size.
             return str(rw.size_bytes).encode()
-        if s.kind == "volume":
+        if s.what == "volume":
             size = self._volume(s.name).size
-        elif s.kind == "image":
+        elif s.what == "image":
             size = self._image(s.name).size
         else:
             size = self._snapshot(s.name, s.n).size
@@ -216,9 +216,9 @@ class ControlPlane:
 
         def work(repo: Repository) -> int:
             conn = repo.conn
-            if s.kind == "volume":
+            if s.what == "volume":
                 roots = u.volume_roots(conn, s.name)
-            elif s.kind == "image":
+            elif s.what == "image":
                 roots = u.image_roots(conn, s.name)
             else:
                 assert s.n is not None
@@ -273,7 +273,7 @@ class ControlPlane:
 
     async def _take_snapshot(self, t: Target, value: bytes) -> None:
         s = t.subject
-        if s is None or s.kind != "volume":
+        if s is None or s.what != "volume":
             raise OSError(errno.EINVAL, "snapshots are taken of volumes")
         label = parse_label(value)
         rw = t.view.rw

@@ -19,10 +19,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, TypedDict, Unpack
 
+from casfs.ids import InodeNo, SnapshotNo
 from casfs.snapshots.tree import Attrs
 from casfs.store.ids import ZERO_ID, BlobId
 
-ROOT_INO = 1
+ROOT_INO = InodeNo(1)
 
 if TYPE_CHECKING:
     from casfs.repo import Repository
@@ -210,7 +211,7 @@ class RwView(View, Protocol):
 
     def abort_fold(self, job: FoldJob) -> None: ...
 
-    def close(self, snapshot: bool = True) -> int | None: ...
+    def close(self, snapshot: bool = True) -> SnapshotNo | None: ...
 
     def unsaved(self) -> list[tuple[str, int]]: ...
 

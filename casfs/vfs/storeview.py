@@ -30,6 +30,7 @@ from casfs.catalog import views
 from casfs.catalog.images import image_row
 from casfs.catalog.volumes import snapshot_row, volume_row
 from casfs.errors import CasfsError
+from casfs.ids import SnapshotNo
 from casfs.lifecycle.phases import ImagePhase, VolumePhase
 from casfs.lifecycle.pids import alive
 from casfs.repo import Repository
@@ -46,13 +47,17 @@ _FIRST_DYNAMIC_INO = 16
 _TOP = ((b"images", IMAGES_INO), (b"volumes", VOLUMES_INO), (b"snapshots", SNAPSHOTS_INO))
 
 
+# What a store mount's entry shows (casfs.fuse.control's getters differ by it).
+Shown = Literal["image", "volume", "snapshot"]
+
+
 @dataclass(frozen=True)
 class Subject:
     """What a view shows, for the control plane: an image, a volume or snapshot n of one."""
 
-    kind: Literal["image", "volume", "snapshot"]
+    what: Shown
     name: str
-    n: int | None = None
+    n: SnapshotNo | None = None
 
     def __str__(self) -> str:
         return f"{self.name}@{self.n}" if self.n is not None else self.name
@@ -140,7 +145,7 @@ class StoreView:
             raise OSError(errno.ENOTDIR, "not a directory")
         if not text.isdigit():
             raise enoent(text)
-        return self._snapshot(volume, int(text)), ROOT_INO
+        return self._snapshot(volume, SnapshotNo(int(text))), ROOT_INO
 
     def entries(self, ino: int, offset: int) -> Iterator[tuple[bytes, View, int, int]]:
         """(name, view, inode, next offset) from `offset` on."""
@@ -302,7 +307,7 @@ class StoreView:
             ),
         )
 
-    def _snapshot(self, volume: str, n: int) -> View:
+    def _snapshot(self, volume: str, n: SnapshotNo) -> View:
         snap = snapshot_row(self.repo.conn, volume, n)
         if snap is None:
             raise enoent(f"{volume}@{n}")

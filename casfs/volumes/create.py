@@ -12,8 +12,9 @@ from dataclasses import asdict
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, Conflict, NotFound, UsageError
+from casfs.ids import FIRST_FREE_INO
 from casfs.images import ready_image
-from casfs.kinds import BlobKind
+from casfs.kinds import BlobKind, VolumeKind
 from casfs.lifecycle import pids
 from casfs.lifecycle.faults import fault_point
 from casfs.lifecycle.phases import VolumePhase, give_volume, take_volume
@@ -133,7 +134,7 @@ def _create_blank(
 ) -> tuple[VolumeInfo, bool]:
     """Record the volume (phase creating) before writing its base, then publish both."""
     chunk_size = DEFAULT_CHUNK_SIZE
-    kind, size = ("dir", 0) if source.blank_dir else ("block", int(source.blank_block or 0))
+    kind, size = (VolumeKind.DIR, 0) if source.blank_dir else (VolumeKind.BLOCK, int(source.blank_block or 0))
     if size > MAX_BLOCK_SIZE:
         raise UsageError(f"a block volume is at most {MAX_BLOCK_SIZE >> 40} TiB")
     conn = repo.conn
@@ -151,7 +152,7 @@ def _create_blank(
             origin="blank",
             size=size,
             chunk_size=chunk_size,
-            next_ino=2,
+            next_ino=FIRST_FREE_INO,
             spec=spec,
             owner_pid=os.getpid(),
             grace_s=grace_s,

@@ -8,6 +8,7 @@ import sqlite3
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, NotFound, UsageError
+from casfs.ids import SnapshotNo
 from casfs.lifecycle.phases import VolumePhase
 from casfs.refcount import ledger
 from casfs.repo import Repository
@@ -18,7 +19,7 @@ from casfs.volumes.info import require_at_rest, volume_row
 from casfs.volumes.settle import settle
 
 
-def rollback(repo: Repository, volume: str, n: int) -> None:
+def rollback(repo: Repository, volume: str, n: SnapshotNo) -> None:
     """Make snapshot n the volume's base again (the volume must not be mounted rw).
     Changes a crashed mount left behind are kept as a snapshot first, never dropped."""
     settle(repo, volume)

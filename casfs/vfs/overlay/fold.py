@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from casfs.catalog import overlay
 from casfs.catalog import volumes as rows
+from casfs.ids import SnapshotNo
 from casfs.kinds import BlobKind
 from casfs.refcount import ledger
 from casfs.repo import Repository
@@ -50,7 +51,7 @@ class FoldJob:
     logical: int
     new_root: BlobId = ZERO_ID
     size: int = 0
-    snapshot: int = 0
+    snapshot: SnapshotNo = SnapshotNo(0)  # set by the fold
     bases: dict[int, BlobId] = field(default_factory=dict)  # ino -> its id in the new root
     parents: dict[int, int] = field(default_factory=dict)  # ino -> a directory naming it there
 

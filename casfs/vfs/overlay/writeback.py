@@ -40,6 +40,7 @@ from casfs.catalog import overlay as rows
 from casfs.catalog import transaction
 from casfs.catalog.volumes import generation, volume_row
 from casfs.errors import CasfsError
+from casfs.ids import SnapshotNo
 from casfs.repo import Repository
 from casfs.snapshots import chunkmap
 from casfs.store.ids import BlobId
@@ -412,12 +413,12 @@ class RwVolume(ABC):
         """Forget what described the old base (a kind adds its own)."""
         self._contents.clear()
 
-    def snapshot_sync(self, label: str | None = None) -> int:
+    def snapshot_sync(self, label: str | None = None) -> SnapshotNo:
         """flush + fold in this thread; the caller holds a job slot (a fold is heavy work)."""
         self.flush_sync()
         return _finish(self.prepare_fold(label), self.run_fold, self.abort_fold, self.apply_fold).snapshot
 
-    def close(self, snapshot: bool = True) -> int | None:
+    def close(self, snapshot: bool = True) -> SnapshotNo | None:
         """Flush; then, if anything changed since the base, take a snapshot. A view that
         never claimed its volume changed nothing and leaves it as it is."""
         if not self.claimed:
