@@ -20,5 +20,6 @@ ChunkNo = NewType("ChunkNo", int)
 # A volume's snapshot n (VOL@N): numbered from 1 per volume.
 SnapshotNo = NewType("SnapshotNo", int)
 
-# A catalog row's next_ino when only the root (casfs.vfs.api.ROOT_INO, 1) is taken.
-FIRST_FREE_INO = InodeNo(2)
+NO_INO = InodeNo(0)  # none: an inode not numbered yet, or the root's parent
+ROOT_INO = InodeNo(1)  # a tree's root directory; a disk's one file
+FIRST_FREE_INO = InodeNo(2)  # a catalog row's next_ino when only the root is taken

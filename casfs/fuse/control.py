@@ -40,6 +40,7 @@ import trio
 from casfs import images, volumes
 from casfs.errors import NotFound, UsageError
 from casfs.fuse import rwsession
+from casfs.ids import InodeNo
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
 from casfs.store.local import syncfs
@@ -64,7 +65,7 @@ class Target:
     """What a control name is asked of."""
 
     view: View
-    ino: int
+    ino: InodeNo
     is_mount_root: bool
     subject: Subject | None  # set when ino is the root of an image, volume or snapshot view
 

@@ -47,6 +47,7 @@ from casfs.fuse.launcher import Config
 from casfs.fuse.launcher import umount_main as umount_main  # the CLI's `casfs umount`
 from casfs.fuse.mountinfo import find_mount
 from casfs.fuse.operations import MountOptions, Operations
+from casfs.ids import FIRST_FREE_INO
 from casfs.kinds import VolumeKind
 from casfs.lifecycle.claims import claim_volume, release_volume
 from casfs.lifecycle.recovery import recover
@@ -237,7 +238,7 @@ def _root_view(
             info.kind,
             BlobId(bytes.fromhex(info.base)),
             info.chunk_size,
-            2,
+            FIRST_FREE_INO,
             info.created,
             "",
             block_mode=0o444 if info.mode == "ro" or cfg.read_only else 0o644,

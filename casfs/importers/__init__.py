@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from casfs.ids import InodeNo
 from casfs.store.ids import BlobId
 
 
@@ -14,4 +15,4 @@ from casfs.store.ids import BlobId
 class Built:
     root: BlobId  # tree id of a directory image, chunk-map root of a block image
     size: int  # logical bytes: regular files' sizes, each hardlinked file once
-    next_ino: int  # first inode number not used by the image
+    next_ino: InodeNo  # first inode number not used by the image

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from casfs.errors import Corruption
+from casfs.ids import ChunkNo
 from casfs.kinds import BlobKind
 from casfs.store.ids import ID_SIZE, ZERO_ID, BlobId
 
@@ -123,7 +124,11 @@ class ChunkMap:
     def chunk_size(self) -> int:
         return self.root.chunk_size
 
-    def chunk(self, n: int) -> BlobId:
+    def chunk(self, n: ChunkNo) -> BlobId:
+        return self._chunk(n)
+
+    def _chunk(self, n: int) -> BlobId:
+        """chunk(), for the arithmetic on indices below."""
         if n < 0 or n >= n_chunks(self.root.size, self.root.chunk_size):
             return ZERO_ID
         if self.root.depth == 0:
@@ -146,29 +151,31 @@ class ChunkMap:
 
     def all_chunks(self) -> list[BlobId]:
         count = n_chunks(self.root.size, self.root.chunk_size)
-        return [self.chunk(n) for n in range(count)]
+        return [self._chunk(n) for n in range(count)]
 
-    def data_chunks(self) -> list[int]:
+    def data_chunks(self) -> list[ChunkNo]:
         """The numbers of the chunks holding data, in order; a page of holes costs
         nothing (a blank 64 GiB disk is its root alone)."""
         count = n_chunks(self.root.size, self.root.chunk_size)
         if self.root.depth == 0:
-            return [n for n, bid in enumerate(self.root.ids[:count]) if bid != ZERO_ID]
-        found: list[int] = []
+            return [ChunkNo(n) for n, bid in enumerate(self.root.ids[:count]) if bid != ZERO_ID]
+        found: list[ChunkNo] = []
         for p, pid in enumerate(self.root.ids):
             if pid != ZERO_ID:
                 base = p * PAGE_ENTRIES
-                found += [base + i for i, bid in enumerate(decode_page(self.get(pid))) if bid != ZERO_ID]
+                found += [
+                    ChunkNo(base + i) for i, bid in enumerate(decode_page(self.get(pid))) if bid != ZERO_ID
+                ]
         return [n for n in found if n < count]
 
-    def rewrite(self, put: Put, changes: Mapping[int, BlobId], new_size: int) -> BlobId:
+    def rewrite(self, put: Put, changes: Mapping[ChunkNo, BlobId], new_size: int) -> BlobId:
         """Store the map with `changes` applied and the size set; only touched pages
         (and the root) are written. Chunks past the new end are dropped."""
         cs = self.root.chunk_size
         old_count = n_chunks(self.root.size, cs)
         new_count = n_chunks(new_size, cs)
         if self.root.depth == 0 or new_count <= PAGE_ENTRIES:
-            ids = [self.chunk(n) if n < old_count else ZERO_ID for n in range(new_count)]
+            ids = [self._chunk(n) if n < old_count else ZERO_ID for n in range(new_count)]
             for n, cid in changes.items():
                 if n < new_count:
                     ids[n] = cid
@@ -186,9 +193,9 @@ class ChunkMap:
                 continue
             start = p * PAGE_ENTRIES
             count = min(PAGE_ENTRIES, new_count - start)
-            ids = [self.chunk(start + i) if start + i < old_count else ZERO_ID for i in range(count)]
+            ids = [self._chunk(start + i) if start + i < old_count else ZERO_ID for i in range(count)]
             for i in range(count):
-                changed = changes.get(start + i)
+                changed = changes.get(ChunkNo(start + i))
                 if changed is not None:
                     ids[i] = changed
             pages[p] = _put_page(put, ids)
@@ -211,17 +218,17 @@ class Content:
             mapped = is_mapped(content_id, size, chunk_size)
         self.map = ChunkMap(get, content_id) if mapped and content_id != ZERO_ID else None
 
-    def chunk(self, n: int) -> BlobId:
+    def chunk(self, n: ChunkNo) -> BlobId:
         if self.map is not None:
             return self.map.chunk(n)
         return self.content_id if n == 0 else ZERO_ID
 
-    def rewrite(self, put: Put, changes: Mapping[int, BlobId], new_size: int) -> BlobId:
+    def rewrite(self, put: Put, changes: Mapping[ChunkNo, BlobId], new_size: int) -> BlobId:
         if new_size <= self.chunk_size:
-            return changes.get(0, self.chunk(0)) if new_size > 0 else ZERO_ID
+            return changes.get(ChunkNo(0), self.chunk(ChunkNo(0))) if new_size > 0 else ZERO_ID
         if self.map is not None:
             return self.map.rewrite(put, changes, new_size)
-        ids = [self.chunk(n) for n in range(n_chunks(new_size, self.chunk_size))]
+        ids = [self.chunk(ChunkNo(n)) for n in range(n_chunks(new_size, self.chunk_size))]
         for n, cid in changes.items():
             if n < len(ids):
                 ids[n] = cid

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from casfs.errors import Corruption
+from casfs.ids import NO_INO, InodeNo
 from casfs.kinds import BlobKind
 from casfs.snapshots.chunkmap import content_kind
 from casfs.store.ids import ZERO_ID, BlobId
@@ -48,7 +49,7 @@ class Attrs:
     atime_ns: int = 0
     mtime_ns: int = 0
     ctime_ns: int = 0
-    ino: int = 0
+    ino: InodeNo = NO_INO
     nlink: int = 1
     xattrs: XAttrs = ()
 
@@ -138,7 +139,7 @@ class Tree:
         return None
 
 
-def dir_entry(name: bytes, mode: int, ino: int, subtree: BlobId) -> Entry:
+def dir_entry(name: bytes, mode: int, ino: InodeNo, subtree: BlobId) -> Entry:
     """A directory's entry in its parent: type bits, ino and subtree only."""
     return Entry(name, Attrs(mode=stat.S_IFDIR | stat.S_IMODE(mode), ino=ino, nlink=0), subtree)
 

@@ -30,7 +30,7 @@ from casfs.catalog import views
 from casfs.catalog.images import image_row
 from casfs.catalog.volumes import snapshot_row, volume_row
 from casfs.errors import CasfsError
-from casfs.ids import SnapshotNo
+from casfs.ids import InodeNo, SnapshotNo
 from casfs.lifecycle.phases import ImagePhase, VolumePhase
 from casfs.lifecycle.pids import alive
 from casfs.repo import Repository
@@ -42,8 +42,8 @@ from casfs.vfs.treeview import TreeView
 log = logging.getLogger(__name__)
 
 LISTING_TTL_S = 1.0
-IMAGES_INO, VOLUMES_INO, SNAPSHOTS_INO = 2, 3, 4
-_FIRST_DYNAMIC_INO = 16
+IMAGES_INO, VOLUMES_INO, SNAPSHOTS_INO = InodeNo(2), InodeNo(3), InodeNo(4)
+_FIRST_DYNAMIC_INO = 16  # a snapshot directory's: this + a serial
 _TOP = ((b"images", IMAGES_INO), (b"volumes", VOLUMES_INO), (b"snapshots", SNAPSHOTS_INO))
 
 
@@ -73,7 +73,7 @@ def static_view(
     kind: str,
     root: BlobId,
     chunk_size: int,
-    next_ino: int,
+    next_ino: InodeNo,
     created: float,
     label: str,
     block_mode: int = 0o444,
@@ -90,7 +90,7 @@ class Root(NamedTuple):
     kind: str
     root: BlobId
     chunk_size: int
-    next_ino: int
+    next_ino: InodeNo
     created: float
 
 
@@ -117,15 +117,15 @@ class StoreView:
         self._subjects: dict[int, Subject] = {}
         # Stable readdir offsets: each name gets the next serial of its directory for
         # the daemon's lifetime, so entries come and go without shifting the others.
-        self._serials: dict[int, dict[str, int]] = {}
-        self._listings: dict[int, tuple[float, list[str]]] = {}
-        self._snapdir_ino: dict[str, int] = {}
-        self._snapdir_name: dict[int, str] = {}
+        self._serials: dict[InodeNo, dict[str, int]] = {}
+        self._listings: dict[InodeNo, tuple[float, list[str]]] = {}
+        self._snapdir_ino: dict[str, InodeNo] = {}
+        self._snapdir_name: dict[InodeNo, str] = {}
         self._rw_generation: dict[str, tuple[BlobId, int]] = {}  # an unclaimed rw view's
 
     # -- junctions: which (view, inode) a name leads to ------------------------------
 
-    def resolve(self, parent: int, name: bytes) -> tuple[View, int]:
+    def resolve(self, parent: InodeNo, name: bytes) -> tuple[View, InodeNo]:
         if parent == ROOT_INO:
             for top, ino in _TOP:
                 if top == name:
@@ -147,7 +147,7 @@ class StoreView:
             raise enoent(text)
         return self._snapshot(volume, SnapshotNo(int(text))), ROOT_INO
 
-    def entries(self, ino: int, offset: int) -> Iterator[tuple[bytes, View, int, int]]:
+    def entries(self, ino: InodeNo, offset: int) -> Iterator[tuple[bytes, View, InodeNo, int]]:
         """(name, view, inode, next offset) from `offset` on."""
         if ino == ROOT_INO:
             for i, (top, child) in enumerate(_TOP):
@@ -177,7 +177,7 @@ class StoreView:
 
     # -- View --------------------------------------------------------------------
 
-    def getattr(self, ino: int) -> Stat:
+    def getattr(self, ino: InodeNo) -> Stat:
         self._dir_check(ino)
         subdirs = 3 if ino == ROOT_INO else self._count_subdirs(ino)
         return Stat(
@@ -191,30 +191,30 @@ class StoreView:
             ctime_ns=self._now,
         )
 
-    def lookup(self, parent: int, name: bytes) -> Stat:
+    def lookup(self, parent: InodeNo, name: bytes) -> Stat:
         view, ino = self.resolve(parent, name)
         return view.getattr(ino)
 
-    def readdir(self, ino: int, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
+    def readdir(self, ino: InodeNo, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
         for name, view, child, nxt in self.entries(ino, offset):
             yield name, view.getattr(child), nxt
 
-    def readlink(self, ino: int) -> bytes:
+    def readlink(self, ino: InodeNo) -> bytes:
         raise OSError(errno.EINVAL, "not a symlink")
 
-    def read_plan(self, ino: int, offset: int, size: int) -> list[Piece]:
+    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
         raise OSError(errno.EISDIR, "a directory")
 
-    def getxattr(self, ino: int, name: bytes) -> bytes:
+    def getxattr(self, ino: InodeNo, name: bytes) -> bytes:
         raise OSError(errno.ENODATA, "no such attribute")
 
-    def listxattr(self, ino: int) -> list[bytes]:
+    def listxattr(self, ino: InodeNo) -> list[bytes]:
         return []
 
-    def forget(self, ino: int) -> None:
+    def forget(self, ino: InodeNo) -> None:
         pass
 
-    def describe(self, ino: int) -> str:
+    def describe(self, ino: InodeNo) -> str:
         if ino in self._snapdir_name:
             return f"/snapshots/{self._snapdir_name[ino]}"
         names = {ROOT_INO: "/", IMAGES_INO: "/images", VOLUMES_INO: "/volumes", SNAPSHOTS_INO: "/snapshots"}
@@ -222,7 +222,7 @@ class StoreView:
 
     # -- the catalog -------------------------------------------------------------
 
-    def _listing(self, ino: int) -> list[str]:
+    def _listing(self, ino: InodeNo) -> list[str]:
         now = time.monotonic()
         cached = self._listings.get(ino)
         if cached is not None and now - cached[0] < LISTING_TTL_S:
@@ -237,7 +237,7 @@ class StoreView:
         self._listings[ino] = (now, names)
         return names
 
-    def _count_subdirs(self, ino: int) -> int:
+    def _count_subdirs(self, ino: InodeNo) -> int:
         if ino == SNAPSHOTS_INO:
             return len(self._listing(ino))
         if ino == IMAGES_INO:
@@ -246,14 +246,14 @@ class StoreView:
             return views.dir_volumes(self.repo.conn)
         return views.dir_snapshots(self.repo.conn, self._snapdir_name[ino])
 
-    def _dir_check(self, ino: int) -> None:
+    def _dir_check(self, ino: InodeNo) -> None:
         if ino not in (ROOT_INO, IMAGES_INO, VOLUMES_INO, SNAPSHOTS_INO) and ino not in self._snapdir_name:
             raise OSError(errno.ESTALE, f"unknown inode {ino}")
 
-    def _snapdir(self, volume: str) -> int:
+    def _snapdir(self, volume: str) -> InodeNo:
         ino = self._snapdir_ino.get(volume)
         if ino is None:
-            ino = self._snapdir_ino[volume] = _FIRST_DYNAMIC_INO + len(self._snapdir_ino)
+            ino = self._snapdir_ino[volume] = InodeNo(_FIRST_DYNAMIC_INO + len(self._snapdir_ino))
             self._snapdir_name[ino] = volume
         return ino
 
@@ -320,7 +320,7 @@ class StoreView:
         )
 
 
-def resolve(view: View, parent: int, name: bytes) -> tuple[View, int, Stat]:
+def resolve(view: View, parent: InodeNo, name: bytes) -> tuple[View, InodeNo, Stat]:
     """Look a name up, following a junction into another view (storeview.StoreView)."""
     if not isinstance(view, StoreView):
         st = view.lookup(parent, name)
@@ -329,7 +329,7 @@ def resolve(view: View, parent: int, name: bytes) -> tuple[View, int, Stat]:
     return child, ino, child.getattr(ino)
 
 
-def entries(view: View, ino: int, offset: int) -> Iterator[tuple[bytes, View, int, Stat, int]]:
+def entries(view: View, ino: InodeNo, offset: int) -> Iterator[tuple[bytes, View, InodeNo, Stat, int]]:
     """(name, view, inode, stat, next offset) from `offset` on, through junctions too."""
     if not isinstance(view, StoreView):
         for name, st, nxt in view.readdir(ino, offset):

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, Conflict, NotFound, UsageError
-from casfs.ids import FIRST_FREE_INO
+from casfs.ids import FIRST_FREE_INO, ROOT_INO
 from casfs.images import ready_image
 from casfs.kinds import BlobKind, VolumeKind
 from casfs.lifecycle import pids
@@ -41,7 +41,7 @@ def blank_tree(chunk_size: int) -> bytes:
         atime_ns=now,
         mtime_ns=now,
         ctime_ns=now,
-        ino=1,
+        ino=ROOT_INO,
         nlink=2,
     )
     return Tree(attrs, chunk_size).encode()

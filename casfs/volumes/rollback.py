@@ -8,7 +8,7 @@ import sqlite3
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, NotFound, UsageError
-from casfs.ids import SnapshotNo
+from casfs.ids import ChunkNo, SnapshotNo
 from casfs.lifecycle.phases import VolumePhase
 from casfs.refcount import ledger
 from casfs.repo import Repository
@@ -58,11 +58,11 @@ def resize(repo: Repository, volume: str, size: int, allow_shrink: bool = False)
     cmap = chunkmap.ChunkMap(repo.get_meta, base)
     cs = cmap.chunk_size
     with repo.batch() as batch:
-        changes: dict[int, BlobId] = {}
+        changes: dict[ChunkNo, BlobId] = {}
         tail = size % cs
         if size < old_size and tail:
             # The cut chunk keeps only the bytes below the new end, so growing back reads zeros.
-            last = size // cs
+            last = ChunkNo(size // cs)
             cid = cmap.chunk(last)
             if cid != ZERO_ID:
                 changes[last] = batch.put(repo.get(cid)[:tail])
