@@ -55,8 +55,8 @@ Progress = Callable[[int], None]
 @dataclass
 class ImageInfo:
     name: str
-    kind: str
-    phase: str
+    kind: VolumeKind
+    phase: ImagePhase
     size: int
     chunk_size: int
     source: str | None
@@ -132,7 +132,7 @@ def _info(row: ImageRow) -> ImageInfo:
     return ImageInfo(
         row.name,
         row.kind,
-        row.phase,
+        ImagePhase(row.phase),
         row.size,
         row.chunk_size,
         row.source,
@@ -334,19 +334,19 @@ def ready_image(conn: sqlite3.Connection, name: str) -> ImageRow:
     return row
 
 
-def image_root(repo: Repository, name: str) -> tuple[BlobId, str, int]:
+def image_root(repo: Repository, name: str) -> tuple[BlobId, VolumeKind, int]:
     row = ready_image(repo.conn, name)
     assert row.root is not None
     return row.root, row.kind, row.chunk_size
 
 
 def export_root(
-    repo: Repository, kind: str, root: BlobId, chunk_size: int, dest: Path, fmt: str = "auto"
+    repo: Repository, kind: VolumeKind, root: BlobId, chunk_size: int, dest: Path, fmt: str = "auto"
 ) -> str:
     """Write content out: a block root as a raw file; a tree as a directory or a tar."""
     from casfs import exporters
 
-    if kind == "block":
+    if kind == VolumeKind.BLOCK:
         if fmt not in ("auto", "raw"):
             raise UsageError("a block image exports only as a raw file")
         exporters.export_raw(repo.get, root, dest)

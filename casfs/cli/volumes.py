@@ -169,13 +169,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from casfs.images import export_root
+    from casfs.lifecycle.phases import VolumePhase
     from casfs.store.ids import BlobId
     from casfs.volumes import get_volume, settle
 
     dest = Path(args.dest)
     with open_store(args) as repo:
         v = get_volume(repo, args.name)
-        if v.phase == "mounted" and v.mode == "rw":
+        if v.phase == VolumePhase.MOUNTED and v.mode == "rw":
             warn(f"volume {v.name} is mounted read/write: exporting its last folded state (its base)")
         elif settle(repo, v.name) is not None:  # a crashed mount's changes: fold, don't drop
             v = get_volume(repo, args.name)

@@ -41,6 +41,7 @@ from casfs import images, volumes
 from casfs.errors import NotFound, UsageError
 from casfs.fuse import rwsession
 from casfs.ids import InodeNo
+from casfs.lifecycle.phases import ImagePhase, VolumePhase
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
 from casfs.store.local import syncfs
@@ -188,7 +189,8 @@ class ControlPlane:
         s = self._subject(t, "volume", "image")
         info = self._volume(s.name) if s.what == "volume" else self._image(s.name)
         phase, pid = info.phase, info.owner_pid
-        elsewhere = pid is not None and pid != os.getpid() and phase not in ("ready", "failed")
+        at_rest = (VolumePhase.READY, ImagePhase.READY, ImagePhase.FAILED)
+        elsewhere = pid is not None and pid != os.getpid() and phase not in at_rest
         return f"{phase} by pid {pid}".encode() if elsewhere else str(phase).encode()
 
     async def _origin(self, t: Target) -> bytes:

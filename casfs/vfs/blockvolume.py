@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from casfs.catalog import overlay as rows
 from casfs.ids import InodeNo
+from casfs.kinds import VolumeKind
 from casfs.snapshots import chunkmap
 from casfs.snapshots.tree import Attrs
 from casfs.vfs.api import ROOT_INO, RwView, Stat, fs_error
@@ -19,7 +20,7 @@ from casfs.vfs.overlay.fold import FoldJob, run_fold_block
 from casfs.vfs.overlay.nodes import Node
 
 
-class BlockVolume(Data, kind="block"):
+class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
     fixed_size = True
 
     @property

@@ -5,7 +5,7 @@ a mount, the FUSE adapter through casfs.vfs.api.RwView."""
 from __future__ import annotations
 
 from casfs.catalog import overlay as rows
-from casfs.kinds import BlobKind
+from casfs.kinds import BlobKind, VolumeKind
 from casfs.snapshots import chunkmap
 from casfs.vfs.api import ROOT_INO, RwView
 from casfs.vfs.overlay.fold import FoldJob, run_fold_dir
@@ -13,7 +13,7 @@ from casfs.vfs.overlay.namespace import Namespace
 from casfs.vfs.overlay.nodes import Node
 
 
-class DirVolume(Namespace, kind="dir"):
+class DirVolume(Namespace, volume_kind=VolumeKind.DIR):
     @property
     def rw(self) -> RwView:
         return self

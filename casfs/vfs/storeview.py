@@ -31,6 +31,7 @@ from casfs.catalog.images import image_row
 from casfs.catalog.volumes import snapshot_row, volume_row
 from casfs.errors import CasfsError
 from casfs.ids import InodeNo, SnapshotNo
+from casfs.kinds import VolumeKind
 from casfs.lifecycle.phases import ImagePhase, VolumePhase
 from casfs.lifecycle.pids import alive
 from casfs.repo import Repository
@@ -70,7 +71,7 @@ OpenRw = Callable[[str], View]
 
 def static_view(
     repo: Repository,
-    kind: str,
+    kind: VolumeKind,
     root: BlobId,
     chunk_size: int,
     next_ino: InodeNo,
@@ -79,7 +80,7 @@ def static_view(
     block_mode: int = 0o444,
 ) -> View:
     """A read-only view of a root: a tree or a disk."""
-    if kind == "dir":
+    if kind == VolumeKind.DIR:
         return TreeView(repo, root, chunk_size, next_ino, label=label)
     return BlockView(repo, root, mode=block_mode, mtime_ns=int(created * 1e9), label=label)
 
@@ -87,7 +88,7 @@ def static_view(
 class Root(NamedTuple):
     """A root served read-only: an image's, a snapshot's, or a volume's base."""
 
-    kind: str
+    kind: VolumeKind
     root: BlobId
     chunk_size: int
     next_ino: InodeNo
@@ -287,7 +288,7 @@ class StoreView:
         if rw is not None and rw.claimed:
             return rw  # ours: its changes are the volume's
         pid = row.owner_pid
-        held_elsewhere = row.phase != "ready" and pid not in (None, os.getpid()) and alive(pid)
+        held_elsewhere = row.phase != VolumePhase.READY and pid not in (None, os.getpid()) and alive(pid)
         open_rw = self.open_rw
         if row.mode == "rw" and open_rw is not None and not held_elsewhere:
             # An unclaimed view caches the catalog: a new one once the volume moved on.

@@ -36,7 +36,7 @@ class VolumeInfo:
     name: str
     kind: VolumeKind
     mode: str
-    phase: str
+    phase: VolumePhase
     origin: str
     size: int
     chunk_size: int
@@ -67,7 +67,7 @@ def _info(conn: sqlite3.Connection, row: VolumeRow) -> VolumeInfo:
         row.name,
         row.kind,
         row.mode,
-        row.phase,
+        VolumePhase(row.phase),
         row.origin,
         row.size,
         row.chunk_size,

@@ -9,6 +9,7 @@ from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, NotFound, UsageError
 from casfs.ids import ChunkNo, SnapshotNo
+from casfs.kinds import VolumeKind
 from casfs.lifecycle.phases import VolumePhase
 from casfs.refcount import ledger
 from casfs.repo import Repository
@@ -43,7 +44,7 @@ def resize(repo: Repository, volume: str, size: int, allow_shrink: bool = False)
     settle(repo, volume)
     with transaction(repo.conn):
         row = volume_row(repo.conn, volume)
-    if row.kind != "block":
+    if row.kind != VolumeKind.BLOCK:
         raise UsageError(f"volume {volume!r} is a directory volume: only block volumes have a size to set")
     require_at_rest(row, name_holder=False)
     if size > MAX_BLOCK_SIZE:

@@ -41,6 +41,7 @@ from casfs.catalog import transaction
 from casfs.catalog.volumes import generation, volume_row
 from casfs.errors import CasfsError
 from casfs.ids import ChunkNo, InodeNo, SnapshotNo
+from casfs.kinds import VolumeKind
 from casfs.repo import Repository
 from casfs.snapshots import chunkmap
 from casfs.store.ids import BlobId
@@ -59,12 +60,12 @@ class RwVolume(ABC):
     read_only = False
     immutable = False
     fixed_size = False
-    kind: ClassVar[str]
+    volume_kind: ClassVar[VolumeKind]  # what the class opens (the volume row's kind)
 
-    def __init_subclass__(cls, kind: str = "", **kwargs: object) -> None:
+    def __init_subclass__(cls, volume_kind: VolumeKind | None = None, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        if kind:
-            cls.kind = kind
+        if volume_kind is not None:
+            cls.volume_kind = volume_kind
 
     def __init__(
         self, repo: Repository, name: str, claim: Callable[[tuple[object, ...]], None] | None = None
@@ -85,7 +86,7 @@ class RwVolume(ABC):
         row = volume_row(self.repo.conn, self.name)
         if row is None:
             raise CasfsError(f"no volume named {self.name!r}")
-        assert row.kind == self.kind, f"a {row.kind} volume opened as {self.kind}"
+        assert row.kind == self.volume_kind, f"a {row.kind} volume opened as {self.volume_kind}"
         self.base = row.base
         self.chunk_size = row.chunk_size
         self.next_ino = row.next_ino
