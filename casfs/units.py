@@ -31,10 +31,13 @@ def parse_size(text: str) -> int:
 
 
 def format_size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n = n / 1024  # type: ignore[assignment]
+    if abs(n) < 1024:
+        return f"{n} B"
+    scaled = n / 1024
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        if abs(scaled) < 1024 or unit == "TiB":
+            return f"{scaled:.1f} {unit}"
+        scaled /= 1024
     raise AssertionError
 
 

@@ -20,6 +20,7 @@ import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from typing import TypedDict, Unpack
 
 from casfs.errors import Corruption
 from casfs.ids import NO_INO, InodeNo
@@ -39,6 +40,22 @@ _VERSION = 1
 XAttrs = tuple[tuple[bytes, bytes], ...]
 
 
+class AttrChanges(TypedDict, total=False):
+    """What Attrs.with_ may change (a name left out stays as it is)."""
+
+    mode: int
+    uid: int
+    gid: int
+    rdev: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    ino: InodeNo
+    nlink: int
+    xattrs: XAttrs
+
+
 @dataclass(frozen=True)
 class Attrs:
     mode: int
@@ -53,8 +70,8 @@ class Attrs:
     nlink: int = 1
     xattrs: XAttrs = ()
 
-    def with_(self, **changes: object) -> Attrs:
-        return replace(self, **changes)  # type: ignore[arg-type]
+    def with_(self, **changes: Unpack[AttrChanges]) -> Attrs:
+        return replace(self, **changes)
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,16 @@ from typing import TYPE_CHECKING, Protocol, TypedDict, Unpack
 
 from casfs.ids import ROOT_INO as ROOT_INO  # (the views name it from here)
 from casfs.ids import InodeNo, SnapshotNo
-from casfs.snapshots.tree import Attrs
+from casfs.snapshots.tree import AttrChanges, Attrs
 from casfs.store.ids import ZERO_ID, BlobId
 
 if TYPE_CHECKING:
     from casfs.repo import Repository
     from casfs.vfs.overlay.fold import FlushJob, FoldJob
+
+
+class StatChanges(AttrChanges, total=False):
+    blocks: int | None
 
 
 @dataclass(frozen=True)
@@ -42,8 +46,8 @@ class Stat(Attrs):
     def of(attrs: Attrs, blocks: int | None = None) -> Stat:
         return Stat(**vars(attrs), blocks=blocks)
 
-    def with_(self, **changes: object) -> Stat:
-        return replace(self, **changes)  # type: ignore[arg-type]
+    def with_(self, **changes: Unpack[StatChanges]) -> Stat:
+        return replace(self, **changes)
 
     @property
     def is_dir(self) -> bool:

@@ -188,7 +188,7 @@ class ChunkCache:
                 return False
             self._cold_run = 0
             self.inline += 1
-            self._lru.put(bid, data)
+            self._lru.put(bid, data, len(data))
         out[bid] = data
         return True
 
@@ -210,7 +210,7 @@ class ChunkCache:
         except BaseException as e:
             fut.set_exception(e)
         else:
-            self._lru.put(bid, data)
+            self._lru.put(bid, data, len(data))
             fut.set_result(data)
         finally:
             with self._lock:

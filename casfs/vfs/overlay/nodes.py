@@ -9,10 +9,10 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any
+from typing import Any, Unpack
 
 from casfs.ids import NO_INO, InodeNo
-from casfs.snapshots.tree import Attrs, Entry, Tree
+from casfs.snapshots.tree import AttrChanges, Attrs, Entry, Tree
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import Stat
 
@@ -121,7 +121,7 @@ class Node:
     def is_file(self) -> bool:
         return stat.S_ISREG(self.attrs.mode)
 
-    def set(self, **changes: int) -> None:
+    def set(self, **changes: Unpack[AttrChanges]) -> None:
         self.attrs = self.attrs.with_(**changes)
 
     def stat(self) -> Stat:
