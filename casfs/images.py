@@ -25,7 +25,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 from casfs.catalog import images as rows
 from casfs.catalog import transaction
@@ -266,12 +266,12 @@ def _do_import(
                 if fmt == "raw":
                     from casfs.importers.raw import import_raw
 
-                    root, size = import_raw(batch, _as_binary(reader), chunk_size, progress)
+                    root, size = import_raw(batch, reader, chunk_size, progress)
                     next_ino = FIRST_FREE_INO  # a disk has no inodes
                 else:
                     from casfs.importers.tarball import import_tar
 
-                    built = import_tar(batch, _as_binary(reader), chunk_size, allow_devices, progress)
+                    built = import_tar(batch, reader, chunk_size, allow_devices, progress)
                     root, size, next_ino = built.root, built.size, built.next_ino
                 reader.drain()
             _set_phase(repo, name, ImagePhase.IMPORTING, ImagePhase.VERIFYING)
@@ -289,10 +289,6 @@ def _do_import(
         batch.staging.publish()
         fault_point("import:after-publish")
         batch.commit({root: 1}, then=finish)
-
-
-def _as_binary(reader: HashingReader) -> BinaryIO:
-    return reader  # type: ignore[return-value]
 
 
 def _set_phase(repo: Repository, name: str, old: ImagePhase, new: ImagePhase) -> None:

@@ -24,7 +24,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from casfs.catalog import views
 from casfs.catalog.images import image_row
@@ -113,7 +113,7 @@ class StoreView:
         self.open_rw = open_rw
         self._now = time.time_ns()
         self._uid, self._gid = os.getuid(), os.getgid()
-        self._views: dict[tuple[Any, ...], View] = {}
+        self._views: dict[tuple[object, ...], View] = {}
         self._rw: dict[str, RwView] = {}  # volume -> its read/write view
         self._subjects: dict[int, Subject] = {}
         # Stable readdir offsets: each name gets the next serial of its directory for
@@ -258,7 +258,7 @@ class StoreView:
             self._snapdir_name[ino] = volume
         return ino
 
-    def _remember(self, key: tuple[Any, ...], subject: Subject, make: Callable[[], View]) -> View:
+    def _remember(self, key: tuple[object, ...], subject: Subject, make: Callable[[], View]) -> View:
         view = self._views.get(key)
         if view is None:
             view = self._views[key] = make()
