@@ -40,7 +40,7 @@ import trio
 from casfs import images, volumes
 from casfs.errors import NotFound, UsageError
 from casfs.fuse import rwsession
-from casfs.ids import InodeNo
+from casfs.ids import InodeNo, SnapshotNo
 from casfs.lifecycle.phases import ImagePhase, VolumePhase
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
@@ -174,7 +174,7 @@ class ControlPlane:
         except NotFound:
             raise nodata() from None
 
-    def _snapshot(self, volume: str, n: int | None) -> volumes.SnapshotInfo:
+    def _snapshot(self, volume: str, n: SnapshotNo | None) -> volumes.SnapshotInfo:
         try:
             found = [snap for snap in volumes.list_snapshots(self.repo, volume) if snap.n == n]
         except NotFound:
