@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, BinaryIO, cast
 import zstandard
 
 from casfs.errors import Corruption, UsageError
+from casfs.ids import ChunkNo
 from casfs.snapshots.chunkmap import ChunkMap, Content
 from casfs.snapshots.tree import Attrs, Entry, Tree
 from casfs.store.ids import ZERO_ID, BlobId
@@ -78,10 +79,10 @@ def _tree(get: Get, tid: BlobId, chunk_size: int) -> Tree:
 Piece = tuple[int, int, bytes | None]  # offset, length, bytes (None for a hole)
 
 
-def _pieces(get: Get, chunk: Callable[[int], BlobId], size: int, chunk_size: int) -> Iterator[Piece]:
+def _pieces(get: Get, chunk: Callable[[ChunkNo], BlobId], size: int, chunk_size: int) -> Iterator[Piece]:
     """Each chunk in order, lengths verified."""
     for off in range(0, size, chunk_size):
-        cid = chunk(off // chunk_size)
+        cid = chunk(ChunkNo(off // chunk_size))
         want = min(chunk_size, size - off)
         if cid == ZERO_ID:
             yield off, want, None

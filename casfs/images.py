@@ -25,13 +25,15 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 from casfs.catalog import images as rows
 from casfs.catalog import transaction
 from casfs.catalog import volumes as volume_rows
 from casfs.catalog.images import ImageRow
 from casfs.errors import Busy, CasfsError, Conflict, NotFound, UsageError
+from casfs.ids import FIRST_FREE_INO
+from casfs.kinds import VolumeKind
 from casfs.lifecycle import pids
 from casfs.lifecycle.faults import fault_point, slow_import
 from casfs.lifecycle.phases import IMAGE_IN_PROGRESS, IMAGE_STEPS, ImagePhase, check_step
@@ -53,8 +55,8 @@ Progress = Callable[[int], None]
 @dataclass
 class ImageInfo:
     name: str
-    kind: str
-    phase: str
+    kind: VolumeKind
+    phase: ImagePhase
     size: int
     chunk_size: int
     source: str | None
@@ -130,7 +132,7 @@ def _info(row: ImageRow) -> ImageInfo:
     return ImageInfo(
         row.name,
         row.kind,
-        row.phase,
+        ImagePhase(row.phase),
         row.size,
         row.chunk_size,
         row.source,
@@ -185,7 +187,7 @@ def import_image(
         check_tar_name(source)
     if fmt == "dir" and expected:
         raise UsageError("--expect checks a file's bytes; a directory source has none to check")
-    kind = "block" if fmt == "raw" else "dir"
+    kind = VolumeKind.BLOCK if fmt == "raw" else VolumeKind.DIR
     spec = json.dumps(
         {"source": str(source.resolve()), "format": fmt, "expect": expect, "chunk_size": chunk_size},
         sort_keys=True,
@@ -220,7 +222,7 @@ def _fail(repo: Repository, name: str, reason: str) -> None:
 
 
 def _claim(
-    repo: Repository, name: str, kind: str, spec: str, source: str, chunk_size: int
+    repo: Repository, name: str, kind: VolumeKind, spec: str, source: str, chunk_size: int
 ) -> ImageInfo | None:
     """Record the import (phase queued) before starting; or find it already done."""
     conn = repo.conn
@@ -264,12 +266,12 @@ def _do_import(
                 if fmt == "raw":
                     from casfs.importers.raw import import_raw
 
-                    root, size = import_raw(batch, _as_binary(reader), chunk_size, progress)
-                    next_ino = 2
+                    root, size = import_raw(batch, reader, chunk_size, progress)
+                    next_ino = FIRST_FREE_INO  # a disk has no inodes
                 else:
                     from casfs.importers.tarball import import_tar
 
-                    built = import_tar(batch, _as_binary(reader), chunk_size, allow_devices, progress)
+                    built = import_tar(batch, reader, chunk_size, allow_devices, progress)
                     root, size, next_ino = built.root, built.size, built.next_ino
                 reader.drain()
             _set_phase(repo, name, ImagePhase.IMPORTING, ImagePhase.VERIFYING)
@@ -287,10 +289,6 @@ def _do_import(
         batch.staging.publish()
         fault_point("import:after-publish")
         batch.commit({root: 1}, then=finish)
-
-
-def _as_binary(reader: HashingReader) -> BinaryIO:
-    return reader  # type: ignore[return-value]
 
 
 def _set_phase(repo: Repository, name: str, old: ImagePhase, new: ImagePhase) -> None:
@@ -332,19 +330,19 @@ def ready_image(conn: sqlite3.Connection, name: str) -> ImageRow:
     return row
 
 
-def image_root(repo: Repository, name: str) -> tuple[BlobId, str, int]:
+def image_root(repo: Repository, name: str) -> tuple[BlobId, VolumeKind, int]:
     row = ready_image(repo.conn, name)
     assert row.root is not None
     return row.root, row.kind, row.chunk_size
 
 
 def export_root(
-    repo: Repository, kind: str, root: BlobId, chunk_size: int, dest: Path, fmt: str = "auto"
+    repo: Repository, kind: VolumeKind, root: BlobId, chunk_size: int, dest: Path, fmt: str = "auto"
 ) -> str:
     """Write content out: a block root as a raw file; a tree as a directory or a tar."""
     from casfs import exporters
 
-    if kind == "block":
+    if kind == VolumeKind.BLOCK:
         if fmt not in ("auto", "raw"):
             raise UsageError("a block image exports only as a raw file")
         exporters.export_raw(repo.get, root, dest)

@@ -138,7 +138,7 @@ class Repository:
                 if self.on_corrupt is not None:
                     self.on_corrupt(bid)
                 raise
-            self.meta_cache.put(bid, plain)
+            self.meta_cache.put(bid, plain, len(plain))
         return plain
 
     def batch(self) -> Batch:

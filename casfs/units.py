@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from casfs.errors import UsageError
+from casfs.ids import SnapshotNo
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SUFFIX = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
@@ -30,19 +31,22 @@ def parse_size(text: str) -> int:
 
 
 def format_size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n = n / 1024  # type: ignore[assignment]
+    if abs(n) < 1024:
+        return f"{n} B"
+    scaled = n / 1024
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        if abs(scaled) < 1024 or unit == "TiB":
+            return f"{scaled:.1f} {unit}"
+        scaled /= 1024
     raise AssertionError
 
 
-def parse_snapshot_ref(text: str) -> tuple[str, int]:
+def parse_snapshot_ref(text: str) -> tuple[str, SnapshotNo]:
     """'VOL@N' -> (VOL, N)."""
     vol, sep, n = text.rpartition("@")
     if not sep or not n.isdigit() or int(n) < 1:
         raise UsageError(f"invalid snapshot {text!r}: expected VOLUME@N with N >= 1")
-    return check_name(vol, "volume"), int(n)
+    return check_name(vol, "volume"), SnapshotNo(int(n))
 
 
 _DURATION = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

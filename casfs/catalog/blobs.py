@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple, TypeVar
 
 from casfs.errors import MissingBlob
+from casfs.kinds import BlobKind, VolumeKind
 from casfs.store.ids import ZERO_ID, BlobId
 
 # Ids per `IN (...)` query: well under SQLite's limit on bound parameters.
@@ -38,13 +39,13 @@ def batches(items: Iterable[T], size: int = IN_BATCH) -> Iterator[list[T]]:
 class BlobRow(NamedTuple):
     """A blob's row. A tuple: fsck holds one per blob in memory."""
 
-    kind: int
+    kind: int  # a BlobKind value; a damaged catalog may hold any (fsck reports it)
     refs: int
     size: int
     stored: int
 
 
-def insert(conn: sqlite3.Connection, bid: BlobId, kind: int, size: int, stored: int) -> bool:
+def insert(conn: sqlite3.Connection, bid: BlobId, kind: BlobKind, size: int, stored: int) -> bool:
     """A new blob row at refs 0; False if the row exists (its children are counted already)."""
     cur = conn.execute(
         "INSERT OR IGNORE INTO blobs (id, kind, refs, size, stored) VALUES (?, ?, 0, ?, ?)",
@@ -147,7 +148,7 @@ class Sized(NamedTuple):
     table: str  # 'images', 'volumes' or 'snapshots'
     what: str  # "image debian", "volume vm1", "snapshot vm1@3"
     key: str  # name, or VOL@N
-    kind: str  # 'dir' or 'block'
+    kind: VolumeKind
     root: BlobId
     size: int
 
@@ -174,7 +175,7 @@ _SIZED = {
 def sized(conn: sqlite3.Connection) -> list[Sized]:
     """Every row with a logical size (read inside the caller's read transaction)."""
     return [
-        Sized(table, what, key, kind, BlobId(bytes(root)), size)
+        Sized(table, what, key, VolumeKind(kind), BlobId(bytes(root)), size)
         for table, (query, _) in _SIZED.items()
         for what, key, kind, root, size in conn.execute(query)
     ]

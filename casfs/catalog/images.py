@@ -7,16 +7,18 @@ import sqlite3
 import time
 from typing import Any, NamedTuple
 
+from casfs.ids import InodeNo
+from casfs.kinds import VolumeKind
 from casfs.store.ids import BlobId
 
 
 class ImageRow(NamedTuple):
     name: str
-    kind: str
+    kind: VolumeKind
     phase: str
     size: int
     chunk_size: int
-    next_ino: int
+    next_ino: InodeNo
     source: str | None
     digest: str | None
     root: BlobId | None
@@ -33,7 +35,19 @@ def _image(row: tuple[Any, ...]) -> ImageRow:
     name, kind, phase, size, chunk_size, next_ino, source, digest, root, created, error, pid, spec = row
     root_id = BlobId(bytes(root)) if root is not None else None
     return ImageRow(
-        name, kind, phase, size, chunk_size, next_ino, source, digest, root_id, created, error, pid, spec
+        name,
+        VolumeKind(kind),
+        phase,
+        size,
+        chunk_size,
+        InodeNo(next_ino),
+        source,
+        digest,
+        root_id,
+        created,
+        error,
+        pid,
+        spec,
     )
 
 
@@ -47,7 +61,13 @@ def image_rows(conn: sqlite3.Connection) -> list[ImageRow]:
 
 
 def insert_queued(
-    conn: sqlite3.Connection, name: str, kind: str, chunk_size: int, source: str, spec: str, owner_pid: int
+    conn: sqlite3.Connection,
+    name: str,
+    kind: VolumeKind,
+    chunk_size: int,
+    source: str,
+    spec: str,
+    owner_pid: int,
 ) -> None:
     """The row of an import about to start: phase queued, owned by `owner_pid`."""
     conn.execute(
@@ -67,7 +87,7 @@ def finish(
     owner_pid: int,
     root: BlobId,
     size: int,
-    next_ino: int,
+    next_ino: InodeNo,
     digest: str | None,
 ) -> bool:
     """Phase ready with its root, if `owner_pid` still owns the import."""

@@ -13,6 +13,7 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from casfs.ids import ChunkNo, InodeNo
 from casfs.store.ids import BlobId
 
 
@@ -20,8 +21,8 @@ class OverlayRows(NamedTuple):
     """A volume's overlay as the last flush left it."""
 
     inodes: list[tuple[Any, ...]]  # overlay_inodes rows, in column order
-    entries: dict[int, dict[bytes, tuple[int, int]]]  # dir -> name -> (cookie, ino)
-    chunks: dict[int, dict[int, BlobId]]  # ino -> n -> chunk id
+    entries: dict[InodeNo, dict[bytes, tuple[int, InodeNo]]]  # dir -> name -> (cookie, ino)
+    chunks: dict[InodeNo, dict[ChunkNo, BlobId]]  # ino -> n -> chunk id
 
 
 def base_time(conn: sqlite3.Connection, name: str, base: BlobId) -> float:
@@ -35,30 +36,30 @@ def base_time(conn: sqlite3.Connection, name: str, base: BlobId) -> float:
 
 
 def blob_kind(conn: sqlite3.Connection, bid: BlobId) -> int | None:
-    """A blob's kind (casfs.snapshots.kinds), None if the catalog has no row for it."""
+    """A blob's kind (a casfs.kinds.BlobKind value), None if the catalog has no row for it."""
     row = conn.execute("SELECT kind FROM blobs WHERE id = ?", (bid,)).fetchone()
     return None if row is None else int(row[0])
 
 
-def orphans(conn: sqlite3.Connection, volume: str) -> list[int]:
+def orphans(conn: sqlite3.Connection, volume: str) -> list[InodeNo]:
     """Unlinked inodes that were still open when a daemon died: nothing names them."""
     query = "SELECT ino FROM overlay_inodes WHERE volume = ? AND nlink = 0"
-    return [i for (i,) in conn.execute(query, (volume,))]
+    return [InodeNo(i) for (i,) in conn.execute(query, (volume,))]
 
 
 def load(conn: sqlite3.Connection, volume: str) -> OverlayRows:
-    entries: dict[int, dict[bytes, tuple[int, int]]] = {}
+    entries: dict[InodeNo, dict[bytes, tuple[int, InodeNo]]] = {}
     query = "SELECT dir, name, cookie, ino FROM overlay_entries WHERE volume = ?"
     for d, name, cookie, ino in conn.execute(query, (volume,)):
-        entries.setdefault(d, {})[bytes(name)] = (cookie, ino)
+        entries.setdefault(InodeNo(d), {})[bytes(name)] = (cookie, InodeNo(ino))
     inodes = [tuple(r) for r in conn.execute("SELECT * FROM overlay_inodes WHERE volume = ?", (volume,))]
-    chunks: dict[int, dict[int, BlobId]] = {}
+    chunks: dict[InodeNo, dict[ChunkNo, BlobId]] = {}
     for ino, n, chunk in conn.execute("SELECT ino, n, chunk FROM overlay_chunks WHERE volume = ?", (volume,)):
-        chunks.setdefault(ino, {})[n] = BlobId(chunk)
+        chunks.setdefault(InodeNo(ino), {})[ChunkNo(n)] = BlobId(chunk)
     return OverlayRows(inodes, entries, chunks)
 
 
-def delete_inode(conn: sqlite3.Connection, volume: str, ino: int, from_chunk: int = 0) -> list[BlobId]:
+def delete_inode(conn: sqlite3.Connection, volume: str, ino: InodeNo, from_chunk: int = 0) -> list[BlobId]:
     """Drop an inode's chunks from `from_chunk` on (and, from 0, its row and entries);
     returns the chunk ids dropped."""
     where = "volume = ? AND ino = ? AND n >= ?"
@@ -81,9 +82,9 @@ def put_inodes(conn: sqlite3.Connection, rows: Iterable[tuple[object, ...]]) -> 
 def put_entries(
     conn: sqlite3.Connection,
     volume: str,
-    whole_dirs: Iterable[int],
-    gone: Iterable[tuple[int, bytes]],
-    entries: Iterable[tuple[int, bytes, int, int]],
+    whole_dirs: Iterable[InodeNo],
+    gone: Iterable[tuple[InodeNo, bytes]],
+    entries: Iterable[tuple[InodeNo, bytes, int, InodeNo]],
 ) -> None:
     """Directory entries: every entry of a `whole_dirs` directory is rewritten, `gone`
     (dir, name) deleted, `entries` (dir, name, cookie, ino) stored."""
@@ -100,7 +101,7 @@ def put_entries(
     )
 
 
-def put_chunk(conn: sqlite3.Connection, volume: str, ino: int, n: int, bid: BlobId) -> BlobId | None:
+def put_chunk(conn: sqlite3.Connection, volume: str, ino: InodeNo, n: ChunkNo, bid: BlobId) -> BlobId | None:
     """Store chunk n of an inode; returns the id it replaced (None: a new chunk)."""
     old = conn.execute(
         "SELECT chunk FROM overlay_chunks WHERE volume = ? AND ino = ? AND n = ?", (volume, ino, n)
@@ -109,13 +110,15 @@ def put_chunk(conn: sqlite3.Connection, volume: str, ino: int, n: int, bid: Blob
     return None if old is None else BlobId(old[0])
 
 
-def flushed(conn: sqlite3.Connection, volume: str, next_ino: int, size: int) -> None:
+def flushed(conn: sqlite3.Connection, volume: str, next_ino: InodeNo, size: int) -> None:
     conn.execute(
         "UPDATE volumes SET next_ino = MAX(next_ino, ?), size = ? WHERE name = ?", (next_ino, size, volume)
     )
 
 
-def fold(conn: sqlite3.Connection, volume: str, new_root: BlobId, size: int, next_ino: int) -> list[BlobId]:
+def fold(
+    conn: sqlite3.Connection, volume: str, new_root: BlobId, size: int, next_ino: InodeNo
+) -> list[BlobId]:
     """Empty the overlay into a new base (the fold's snapshot is already added); returns
     the chunk ids dropped. Inodes unlinked but still open keep their rows and chunks
     until forgotten."""

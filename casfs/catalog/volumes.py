@@ -13,12 +13,14 @@ import sqlite3
 import time
 from typing import Any, NamedTuple
 
+from casfs.ids import InodeNo, SnapshotNo
+from casfs.kinds import VolumeKind
 from casfs.store.ids import ZERO_ID, BlobId
 
 
 def add_snapshot(
-    conn: sqlite3.Connection, volume: str, root: BlobId, size: int, next_ino: int, label: str | None
-) -> int:
+    conn: sqlite3.Connection, volume: str, root: BlobId, size: int, next_ino: InodeNo, label: str | None
+) -> SnapshotNo:
     """Add snapshot n+1 of `volume` with `root`; returns n+1. The caller adds the
     snapshot's reference on `root` (ledger.retain) in the same transaction."""
     (n,) = conn.execute("SELECT next_snapshot FROM volumes WHERE name = ?", (volume,)).fetchone()
@@ -28,7 +30,7 @@ def add_snapshot(
         (volume, n, root, size, next_ino, label, time.time()),
     )
     conn.execute("UPDATE volumes SET next_snapshot = ? WHERE name = ?", (n + 1, volume))
-    return int(n)
+    return SnapshotNo(n)
 
 
 def touch(conn: sqlite3.Connection, name: str) -> None:
@@ -56,15 +58,15 @@ def record_unsaved(conn: sqlite3.Connection, name: str, note: dict[str, Any] | N
 
 class VolumeRow(NamedTuple):
     name: str
-    kind: str
+    kind: VolumeKind
     mode: str
     phase: str
     base: BlobId
     origin: str
     size: int
     chunk_size: int
-    next_ino: int
-    next_snapshot: int
+    next_ino: InodeNo
+    next_snapshot: SnapshotNo
     spec: str | None
     owner_pid: int | None
     created: float
@@ -77,7 +79,7 @@ _VOLUME = "SELECT " + ", ".join(VolumeRow._fields) + " FROM volumes"
 
 
 def _volume(row: tuple[Any, ...]) -> VolumeRow:
-    return VolumeRow(row[0], row[1], row[2], row[3], BlobId(bytes(row[4])), *row[5:])
+    return VolumeRow(row[0], VolumeKind(row[1]), row[2], row[3], BlobId(bytes(row[4])), *row[5:])
 
 
 def volume_row(conn: sqlite3.Connection, name: str) -> VolumeRow | None:
@@ -93,14 +95,14 @@ def insert_volume(
     conn: sqlite3.Connection,
     name: str,
     *,
-    kind: str,
+    kind: VolumeKind,
     mode: str,
     phase: str,
     base: BlobId,
     origin: str,
     size: int,
     chunk_size: int,
-    next_ino: int,
+    next_ino: InodeNo,
     spec: str,
     owner_pid: int | None,
     grace_s: float | None,
@@ -152,7 +154,11 @@ def delete_in_phase(conn: sqlite3.Connection, name: str, phase: str, owner_pid: 
 
 
 def set_base(
-    conn: sqlite3.Connection, name: str, base: BlobId, size: int | None = None, next_ino: int | None = None
+    conn: sqlite3.Connection,
+    name: str,
+    base: BlobId,
+    size: int | None = None,
+    next_ino: InodeNo | None = None,
 ) -> None:
     """A new base (the caller moves the references); `size` and `next_ino` too when
     given (next_ino never goes down: inode numbers once handed out stay taken)."""
@@ -229,13 +235,13 @@ class SnapshotRow(NamedTuple):
     """A snapshot with what it takes from its volume's row (the one snapshot join)."""
 
     volume: str
-    n: int
+    n: SnapshotNo
     root: BlobId
     size: int
-    next_ino: int
+    next_ino: InodeNo
     label: str | None
     created: float
-    kind: str  # the volume's
+    kind: VolumeKind  # the volume's
     chunk_size: int  # the volume's
     phase: str  # the volume's
 
@@ -247,10 +253,22 @@ _SNAPSHOT = (
 
 
 def _snapshot(row: tuple[Any, ...]) -> SnapshotRow:
-    return SnapshotRow(row[0], row[1], BlobId(bytes(row[2])), *row[3:])
+    volume, n, root, size, next_ino, label, created, kind, chunk_size, phase = row
+    return SnapshotRow(
+        volume,
+        SnapshotNo(n),
+        BlobId(bytes(root)),
+        size,
+        InodeNo(next_ino),
+        label,
+        created,
+        VolumeKind(kind),
+        chunk_size,
+        phase,
+    )
 
 
-def snapshot_row(conn: sqlite3.Connection, volume: str, n: int) -> SnapshotRow | None:
+def snapshot_row(conn: sqlite3.Connection, volume: str, n: SnapshotNo) -> SnapshotRow | None:
     row = conn.execute(f"{_SNAPSHOT} WHERE s.volume = ? AND s.n = ?", (volume, n)).fetchone()
     return None if row is None else _snapshot(row)
 
@@ -262,11 +280,14 @@ def snapshot_rows(conn: sqlite3.Connection, volume: str | None = None) -> list[S
     return [_snapshot(r) for r in conn.execute(f"{_SNAPSHOT} WHERE s.volume = ? ORDER BY s.n", (volume,))]
 
 
-def snapshot_numbers(conn: sqlite3.Connection, volume: str) -> list[int]:
-    return [int(n) for (n,) in conn.execute("SELECT n FROM snapshots WHERE volume = ? ORDER BY n", (volume,))]
+def snapshot_numbers(conn: sqlite3.Connection, volume: str) -> list[SnapshotNo]:
+    return [
+        SnapshotNo(n)
+        for (n,) in conn.execute("SELECT n FROM snapshots WHERE volume = ? ORDER BY n", (volume,))
+    ]
 
 
-def delete_snapshot(conn: sqlite3.Connection, volume: str, n: int) -> None:
+def delete_snapshot(conn: sqlite3.Connection, volume: str, n: SnapshotNo) -> None:
     """Delete a snapshot row (the caller released its root)."""
     conn.execute("DELETE FROM snapshots WHERE volume = ? AND n = ?", (volume, n))
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from typing import Any, TextIO
 
 
-def _json_default(o: object) -> Any:
+def _json_default(o: object) -> object:
     import dataclasses
     from pathlib import Path
 

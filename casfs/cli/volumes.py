@@ -169,13 +169,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from casfs.images import export_root
+    from casfs.lifecycle.phases import VolumePhase
     from casfs.store.ids import BlobId
     from casfs.volumes import get_volume, settle
 
     dest = Path(args.dest)
     with open_store(args) as repo:
         v = get_volume(repo, args.name)
-        if v.phase == "mounted" and v.mode == "rw":
+        if v.phase == VolumePhase.MOUNTED and v.mode == "rw":
             warn(f"volume {v.name} is mounted read/write: exporting its last folded state (its base)")
         elif settle(repo, v.name) is not None:  # a crashed mount's changes: fold, don't drop
             v = get_volume(repo, args.name)
@@ -186,9 +187,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
+    from casfs.ids import SnapshotNo
     from casfs.volumes import rollback
 
-    n = _positive_int(args.n, "snapshot number")
+    n = SnapshotNo(_positive_int(args.n, "snapshot number"))
     with open_store(args) as repo:
         rollback(repo, args.volume, n)
     print(f"rolled volume {args.volume} back to snapshot {n}")

@@ -40,12 +40,14 @@ import trio
 from casfs import images, volumes
 from casfs.errors import NotFound, UsageError
 from casfs.fuse import rwsession
+from casfs.ids import InodeNo, SnapshotNo
+from casfs.lifecycle.phases import ImagePhase, VolumePhase
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
 from casfs.store.local import syncfs
 from casfs.vfs.api import Piece, View, assemble
 from casfs.vfs.chunks import ChunkCache
-from casfs.vfs.storeview import Subject
+from casfs.vfs.storeview import Shown, Subject
 
 PREFIX = b"user.casfs."
 _DIGEST_STEP = 16 << 20
@@ -64,7 +66,7 @@ class Target:
     """What a control name is asked of."""
 
     view: View
-    ino: int
+    ino: InodeNo
     is_mount_root: bool
     subject: Subject | None  # set when ino is the root of an image, volume or snapshot view
 
@@ -155,8 +157,8 @@ class ControlPlane:
     # -- getters -----------------------------------------------------------------
 
     @staticmethod
-    def _subject(t: Target, *kinds: str) -> Subject:
-        if t.subject is None or t.subject.kind not in kinds:
+    def _subject(t: Target, *shown: Shown) -> Subject:
+        if t.subject is None or t.subject.what not in shown:
             raise nodata()
         return t.subject
 
@@ -172,7 +174,7 @@ class ControlPlane:
         except NotFound:
             raise nodata() from None
 
-    def _snapshot(self, volume: str, n: int | None) -> volumes.SnapshotInfo:
+    def _snapshot(self, volume: str, n: SnapshotNo | None) -> volumes.SnapshotInfo:
         try:
             found = [snap for snap in volumes.list_snapshots(self.repo, volume) if snap.n == n]
         except NotFound:
@@ -185,9 +187,10 @@ class ControlPlane:
         """The phase; "mounted by pid N" when another process holds it (this mount's
         own holds read plain "mounted")."""
         s = self._subject(t, "volume", "image")
-        info = self._volume(s.name) if s.kind == "volume" else self._image(s.name)
+        info = self._volume(s.name) if s.what == "volume" else self._image(s.name)
         phase, pid = info.phase, info.owner_pid
-        elsewhere = pid is not None and pid != os.getpid() and phase not in ("ready", "failed")
+        at_rest = (VolumePhase.READY, ImagePhase.READY, ImagePhase.FAILED)
+        elsewhere = pid is not None and pid != os.getpid() and phase not in at_rest
         return f"{phase} by pid {pid}".encode() if elsewhere else str(phase).encode()
 
     async def _origin(self, t: Target) -> bytes:
@@ -196,13 +199,13 @@ class ControlPlane:
     async def _size(self, t: Target) -> bytes:
         s = self._subject(t, "volume", "image", "snapshot")
         rw = t.view.rw
-        if s.kind == "volume" and rw is not None:
+        if s.what == "volume" and rw is not None:
             # A read/write view knows its current size (the catalog has its base's): for
             # a directory volume its files' bytes, not the root directory's st_size.
             return str(rw.size_bytes).encode()
-        if s.kind == "volume":
+        if s.what == "volume":
             size = self._volume(s.name).size
-        elif s.kind == "image":
+        elif s.what == "image":
             size = self._image(s.name).size
         else:
             size = self._snapshot(s.name, s.n).size
@@ -216,9 +219,9 @@ class ControlPlane:
 
         def work(repo: Repository) -> int:
             conn = repo.conn
-            if s.kind == "volume":
+            if s.what == "volume":
                 roots = u.volume_roots(conn, s.name)
-            elif s.kind == "image":
+            elif s.what == "image":
                 roots = u.image_roots(conn, s.name)
             else:
                 assert s.n is not None
@@ -273,7 +276,7 @@ class ControlPlane:
 
     async def _take_snapshot(self, t: Target, value: bytes) -> None:
         s = t.subject
-        if s is None or s.kind != "volume":
+        if s is None or s.what != "volume":
             raise OSError(errno.EINVAL, "snapshots are taken of volumes")
         label = parse_label(value)
         rw = t.view.rw

@@ -47,6 +47,8 @@ from casfs.fuse.launcher import Config
 from casfs.fuse.launcher import umount_main as umount_main  # the CLI's `casfs umount`
 from casfs.fuse.mountinfo import find_mount
 from casfs.fuse.operations import MountOptions, Operations
+from casfs.ids import FIRST_FREE_INO
+from casfs.kinds import VolumeKind
 from casfs.lifecycle.claims import claim_volume, release_volume
 from casfs.lifecycle.recovery import recover
 from casfs.repo import Repository
@@ -218,9 +220,9 @@ def _root_view(
         store_view = StoreView(repo, None if cfg.read_only else _rw_opener(repo, mounted, lazy=True))
         return store_view, store_view.subject
     info = volumes.get_volume(repo, cfg.volume)
-    if info.kind == "dir" and not stat.S_ISDIR(mode):
+    if info.kind == VolumeKind.DIR and not stat.S_ISDIR(mode):
         raise UsageError(f"volume {cfg.volume!r} is a directory volume: mount it on a directory")
-    if info.kind == "block" and not stat.S_ISREG(mode):
+    if info.kind == VolumeKind.BLOCK and not stat.S_ISREG(mode):
         raise UsageError(f"volume {cfg.volume!r} is a block volume: mount it on a regular file (touch one)")
     subject = Subject("volume", cfg.volume)
     view: View
@@ -236,7 +238,7 @@ def _root_view(
             info.kind,
             BlobId(bytes.fromhex(info.base)),
             info.chunk_size,
-            2,
+            FIRST_FREE_INO,
             info.created,
             "",
             block_mode=0o444 if info.mode == "ro" or cfg.read_only else 0o644,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 from typing import NewType
 
+from casfs.ids import InodeNo
 from casfs.vfs.api import ROOT_INO, View
 
 VIEW_SHIFT = 40
@@ -35,14 +36,14 @@ class InodeTable:
         self._index: dict[int, int] = {id(root): 0}
         self._lookups: dict[int, int] = {}
 
-    def get(self, fino: int) -> tuple[View, int]:
+    def get(self, fino: int) -> tuple[View, InodeNo]:
         """The (view, view inode) a FUSE inode names."""
         index = fino >> VIEW_SHIFT
         if index >= len(self._views):
             raise OSError(errno.ESTALE, f"unknown inode {fino}")
-        return self._views[index], fino & _INO_MASK
+        return self._views[index], InodeNo(fino & _INO_MASK)
 
-    def fuse_ino(self, view: View, ino: int) -> FuseIno:
+    def fuse_ino(self, view: View, ino: InodeNo) -> FuseIno:
         """The FUSE inode of (view, ino), without taking a reference."""
         if ino > _INO_MASK:
             raise OSError(errno.EOVERFLOW, f"inode number {ino} is too large")
@@ -52,7 +53,7 @@ class InodeTable:
             self._views.append(view)
         return FuseIno(index << VIEW_SHIFT | ino)
 
-    def ref(self, view: View, ino: int) -> FuseIno:
+    def ref(self, view: View, ino: InodeNo) -> FuseIno:
         """Count one lookup of (view, ino): the kernel now holds it."""
         fino = self.fuse_ino(view, ino)
         self._lookups[fino] = self._lookups.get(fino, 0) + 1
@@ -68,7 +69,7 @@ class InodeTable:
             view, ino = self.get(fino)
             view.forget(ino)
 
-    def release_unreferenced(self, view: View, ino: int) -> None:
+    def release_unreferenced(self, view: View, ino: InodeNo) -> None:
         """A view remembered an inode the kernel did not take (readdirplus stopped
         early): let it forget, unless the kernel holds it from elsewhere."""
         fino = self.fuse_ino(view, ino)

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict, cast
+from typing import Literal, TypedDict, cast
 
 from casfs import volumes
 from casfs.errors import Busy, CasfsError, NotFound
@@ -234,7 +234,9 @@ class RunRecord(TypedDict, total=False):
     volume: str | None
     read_only: bool
     time: float
-    state: str  # "mounted", then "exited"
+    # The daemon's, not a catalog phase: a JSON field written and compared as is, hence a
+    # Literal (not an enum to convert on every read).
+    state: Literal["mounted", "exited"]
     clean: bool  # exited having saved every change
     snapshots: list[str]  # "volume@n", taken by the unmount
     unsaved: list[str]  # volumes whose changes could not be saved

@@ -34,6 +34,7 @@ from casfs.errors import CasfsError, Corruption
 from casfs.fuse import control as ctl
 from casfs.fuse import rwsession
 from casfs.fuse.inodes import ROOT, InodeTable
+from casfs.ids import InodeNo
 from casfs.vfs.api import ROOT_INO, Fetched, RwView, Stat, View, assemble
 from casfs.vfs.chunks import ChunkCache
 from casfs.vfs.storeview import Subject, entries, resolve
@@ -92,7 +93,7 @@ class MountOptions:
 @dataclass
 class _Handle:
     view: View
-    ino: int
+    ino: InodeNo
     fino: int
     # Reads through it are accesses (relatime): opened for reading, without O_NOATIME.
     # (A write-only handle is read by the kernel itself, for writeback's partial pages.)
@@ -161,7 +162,7 @@ class Operations(pyfuse3.Operations):
         )
 
     async def _make(
-        self, parent_inode: InodeT, make: Callable[[RwView, int], Stat]
+        self, parent_inode: InodeT, make: Callable[[RwView, InodeNo], Stat]
     ) -> pyfuse3.EntryAttributes:
         """A new entry in a directory: made under the lock, then held by the kernel."""
         view, ino = self.table.get(parent_inode)
@@ -284,7 +285,7 @@ class Operations(pyfuse3.Operations):
 
     # -- files -------------------------------------------------------------------
 
-    def _new_handle(self, view: View, ino: int, fino: int, flags: int) -> pyfuse3.FileInfo:
+    def _new_handle(self, view: View, ino: InodeNo, fino: int, flags: int) -> pyfuse3.FileInfo:
         fh = next(self._fh)
         atime = flags & os.O_ACCMODE != os.O_WRONLY and not flags & os.O_NOATIME
         self._handles[fh] = _Handle(view, ino, fino, atime)
@@ -300,7 +301,7 @@ class Operations(pyfuse3.Operations):
         keep = view.immutable or (fixed and not direct)
         return pyfuse3.FileInfo(fh=FileHandleT(fh), keep_cache=keep, direct_io=direct)
 
-    def _fixed_size(self, view: View, ino: int) -> bool:
+    def _fixed_size(self, view: View, ino: InodeNo) -> bool:
         """A writable block volume's file: writes never change its size."""
         writable = not (self.opts.read_only or view.read_only)
         return writable and ino == ROOT_INO and view.rw is not None and view.rw.fixed_size
@@ -405,7 +406,7 @@ class Operations(pyfuse3.Operations):
 
     # -- extended attributes and the control plane -------------------------------
 
-    def _target(self, inode: int, view: View, ino: int) -> ctl.Target:
+    def _target(self, inode: int, view: View, ino: InodeNo) -> ctl.Target:
         subject = self.subject(view) if ino == ROOT_INO else None
         return ctl.Target(view, ino, inode == ROOT, subject)
 

@@ -19,6 +19,7 @@ from weakref import WeakKeyDictionary
 
 import trio
 
+from casfs.ids import SnapshotNo
 from casfs.lifecycle.queue import acquire_slot
 from casfs.store.ids import BlobId
 from casfs.vfs.api import ROOT_INO, Fetched, NeedChunks, RwView, View
@@ -98,7 +99,7 @@ async def sync(view: View) -> None:
         await flush(view.rw)
 
 
-async def take_snapshot(view: RwView, label: str | None) -> int:
+async def take_snapshot(view: RwView, label: str | None) -> SnapshotNo:
     """flush + fold. Waits for a store job slot first, and only then takes the lock:
     writers are not stalled behind other processes' imports, only behind the fold."""
     slot = await trio.to_thread.run_sync(acquire_slot, view.repo, f"snapshot {view.name}")

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import BinaryIO
 
+from casfs.importers import Readable
 from casfs.refcount.ledger import Batch
 from casfs.snapshots import chunkmap
 from casfs.store.ids import BlobId
@@ -28,7 +28,7 @@ def _put_block(batch: Batch, block: bytes, chunk_size: int) -> list[BlobId]:
     return [batch.put(block[i : i + chunk_size]) for i in range(0, len(block), chunk_size)]
 
 
-def _read_full(source: BinaryIO, n: int) -> bytes:
+def _read_full(source: Readable, n: int) -> bytes:
     """n bytes, or fewer only at the end: blocks must stay chunk-aligned even when the
     source (a pipe, a hashing reader) returns short reads."""
     parts = []
@@ -43,7 +43,7 @@ def _read_full(source: BinaryIO, n: int) -> bytes:
 
 def import_raw(
     batch: Batch,
-    source: BinaryIO,
+    source: Readable,
     chunk_size: int,
     progress: Progress | None = None,
 ) -> tuple[BlobId, int]:

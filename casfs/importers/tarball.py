@@ -37,12 +37,12 @@ import tarfile
 import zlib
 from collections.abc import Callable, Iterator
 from decimal import Decimal
-from typing import BinaryIO, Protocol, cast
+from typing import BinaryIO, cast
 
 import zstandard
 
 from casfs.errors import HostileArchive, UsageError
-from casfs.importers import Built
+from casfs.importers import Built, Readable
 from casfs.importers.treebuilder import Dir, Node, Parts, PathConflict, Piece, TreeBuilder
 from casfs.refcount.ledger import Batch
 from casfs.snapshots.tree import Attrs
@@ -65,13 +65,9 @@ _I64 = 1 << 63
 _MAX_HOPS = 40  # symlinks followed while resolving one target, as the kernel's ELOOP limit
 
 
-class _Readable(Protocol):
-    def read(self, n: int, /) -> bytes: ...
-
-
 def import_tar(
     batch: Batch,
-    stream: BinaryIO,
+    stream: Readable,
     chunk_size: int,
     allow_devices: bool = False,
     progress: Progress | None = None,
@@ -187,7 +183,7 @@ def _ns(text: str) -> int:
         raise UsageError(f"tar archive is corrupt: bad pax time {text!r}") from None
 
 
-def _pieces(f: _Readable, size: int, chunk_size: int) -> Iterator[Piece]:
+def _pieces(f: Readable, size: int, chunk_size: int) -> Iterator[Piece]:
     left = size
     while left:
         want = min(chunk_size, left)
@@ -277,7 +273,7 @@ def _resolves_out(b: TreeBuilder, where: Parts, target: bytes) -> bool:
 class _Source:
     """The caller's stream: counts progress and lets the magic be peeked at."""
 
-    def __init__(self, stream: BinaryIO, progress: Progress | None) -> None:
+    def __init__(self, stream: Readable, progress: Progress | None) -> None:
         self.stream = stream
         self.progress = progress
         self.head = b""
@@ -303,7 +299,7 @@ class _Source:
         return data
 
 
-def _decompressor(src: _Source) -> _Readable:
+def _decompressor(src: _Source) -> Readable:
     magic = src.peek(6)
     if magic.startswith(_GZIP):
         return gzip.GzipFile(fileobj=cast(BinaryIO, src), mode="rb")
@@ -328,7 +324,7 @@ class _Zstd:
 
     FEED = 1024
 
-    def __init__(self, src: _Readable) -> None:
+    def __init__(self, src: Readable) -> None:
         self.src = src
         self.dctx = zstandard.ZstdDecompressor()
         self.obj: zstandard.ZstdDecompressionObj | None = None
@@ -359,7 +355,7 @@ class _Window:
 
     KEEP = 1 << 16  # more than tarfile reads ahead (its 10 KiB record)
 
-    def __init__(self, src: _Readable) -> None:
+    def __init__(self, src: Readable) -> None:
         self.src = src
         self.buf = bytearray()
         self.base = 0  # stream offset of buf[0]
@@ -379,6 +375,6 @@ class _Window:
         return bytes(self.buf[i : i + tarfile.BLOCKSIZE])
 
 
-def _drain(f: _Readable) -> None:
+def _drain(f: Readable) -> None:
     while f.read(_READ):
         pass

@@ -20,10 +20,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from casfs.errors import UsageError
+from casfs.ids import NO_INO, InodeNo
 from casfs.importers import Built
+from casfs.kinds import BlobKind
 from casfs.refcount.ledger import Batch
 from casfs.snapshots import chunkmap, tree
-from casfs.snapshots.kinds import TREE
 from casfs.store.ids import ZERO_ID, BlobId
 
 Parts = tuple[bytes, ...]
@@ -44,7 +45,7 @@ class Node:
 
     attrs: tree.Attrs
     data: bytes = b""  # content id of a file, target of a symlink
-    ino: int = 0
+    ino: InodeNo = NO_INO
     links: int = 0
 
 
@@ -52,7 +53,7 @@ class Node:
 class Dir:
     attrs: tree.Attrs
     entries: dict[bytes, Dir | Node] = field(default_factory=dict)
-    ino: int = 0
+    ino: InodeNo = NO_INO
     tree_id: BlobId | None = None
 
 
@@ -156,16 +157,16 @@ class TreeBuilder:
             subdirs = sum(isinstance(c, Dir) for c in d.entries.values())
             attrs = d.attrs.with_(ino=d.ino, nlink=2 + subdirs, size=0)
             t = tree.Tree(attrs, self.chunk_size, [_entry(name, c) for name, c in d.entries.items()])
-            d.tree_id = self.batch.put(t.encode(), TREE)
+            d.tree_id = self.batch.put(t.encode(), BlobKind.TREE)
         assert self.root.tree_id is not None
         return Built(self.root.tree_id, size, next_ino)
 
-    def _number(self) -> tuple[int, int]:
+    def _number(self) -> tuple[InodeNo, int]:
         """Give inode numbers in depth-first name order and count links; returns the
         next free ino and the logical size."""
         ino = 1
         size = 0
-        self.root.ino = ino
+        self.root.ino = InodeNo(ino)
         stack: list[Iterator[Dir | Node]] = [_children(self.root)]
         while stack:
             child = next(stack[-1], None)
@@ -174,16 +175,16 @@ class TreeBuilder:
                 continue
             if isinstance(child, Dir):
                 ino += 1
-                child.ino = ino
+                child.ino = InodeNo(ino)
                 stack.append(_children(child))
                 continue
             if child.links == 0:  # first link of this inode
                 ino += 1
-                child.ino = ino
+                child.ino = InodeNo(ino)
                 if stat.S_ISREG(child.attrs.mode):
                     size += child.attrs.size
             child.links += 1
-        return ino + 1, size
+        return InodeNo(ino + 1), size
 
 
 def _children(d: Dir) -> Iterator[Dir | Node]:

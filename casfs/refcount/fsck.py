@@ -50,9 +50,9 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 from casfs import catalog
 from casfs.catalog import blobs as blob_rows
 from casfs.errors import Corruption, MissingBlob
+from casfs.kinds import BlobKind
 from casfs.refcount import logical
 from casfs.snapshots.children import children
-from casfs.snapshots.kinds import DATA, KIND_NAMES
 from casfs.store.ids import BlobId
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ class _Read:
     """What one blob read found: its children with their kinds, or an error."""
 
     bid: BlobId
-    kids: list[tuple[BlobId, int]]
+    kids: list[tuple[BlobId, BlobKind]]
     size: int = 0
     stored: int = 0
     error: tuple[Literal["missing", "corrupt"], str] | None = None
@@ -166,7 +166,7 @@ class _Plan:
         self.child_refs: Counter[BlobId] = Counter()
         # How a parent reads each child it names, for the kind check and for dangling
         # references (whose row would say).
-        self.ref_kind: dict[BlobId, int] = {}
+        self.ref_kind: dict[BlobId, BlobKind] = {}
         self.unreadable: dict[BlobId, Problem] = {}
         self.sizes: dict[BlobId, tuple[int, int]] = {}  # verified (size, stored) that differ
         self.kind_problems: dict[BlobId, Problem] = {}
@@ -184,12 +184,17 @@ class _Plan:
             self.child_refs[child] += 1
             self.ref_kind.setdefault(child, kind)
             crow = self.rows.get(child)
-            if crow is not None and kind != DATA and kind != crow.kind and child not in self.kind_problems:
+            if (
+                crow is not None
+                and kind != BlobKind.DATA
+                and kind != crow.kind
+                and child not in self.kind_problems
+            ):
                 self.kind_problems[child] = Problem(
                     "kind",
                     child.hex(),
-                    f"blob {child.hex()} is a {_kind_name(crow.kind)} in the catalog but "
-                    f"{_kind_name(row.kind)} {r.bid.hex()} reads it as a {_kind_name(kind)}",
+                    f"blob {child.hex()} is a {BlobKind.label_of(crow.kind)} in the catalog but "
+                    f"{BlobKind.label_of(row.kind)} {r.bid.hex()} reads it as a {BlobKind.label_of(kind)}",
                 )
 
     def expected(self, bid: BlobId) -> int:
@@ -205,19 +210,19 @@ class _Plan:
         # The children of unreadable referenced metadata are unknown; so, for a dangling
         # reference read as metadata (or from a root, kind unknown), are its own.
         report.incomplete = any(
-            self.rows[b].kind != DATA and self.expected(b) > 0 for b in self.unreadable
-        ) or any(b not in self.rows and self.ref_kind.get(b, -1) != DATA for b in self._referenced())
+            self.rows[b].kind != BlobKind.DATA and self.expected(b) > 0 for b in self.unreadable
+        ) or any(b not in self.rows and self.ref_kind.get(b, -1) != BlobKind.DATA for b in self._referenced())
         for bid, row in self.rows.items():
             want = self.expected(bid)
             if row.refs != want:
-                note = ""
+                note, what = "", BlobKind.label_of(row.kind)
                 if report.incomplete and row.refs > want:
                     note = "; unreadable metadata may hold the difference"
                 problems.append(
                     Problem(
                         "miscounted",
                         bid.hex(),
-                        f"{_kind_name(row.kind)} blob {bid.hex()} has refs {row.refs}, expected {want}{note}",
+                        f"{what} blob {bid.hex()} has refs {row.refs}, expected {want}{note}",
                         stored=row.refs,
                         expected=want,
                     )
@@ -258,11 +263,11 @@ def _walk(repo: Repository, plan: _Plan, report: FsckReport, sample: float, work
     todo: list[tuple[BlobId, int]] = []
     for bid, row in plan.rows.items():
         if bid not in plan.files:
-            what = _kind_name(row.kind)
+            what = BlobKind.label_of(row.kind)
             plan.unreadable[bid] = Problem(
                 "missing", bid.hex(), f"{what} blob {bid.hex()} has a row but no file"
             )
-        elif row.kind != DATA or sample >= 1.0 or random.random() < sample:
+        elif row.kind != BlobKind.DATA or sample >= 1.0 or random.random() < sample:
             todo.append((bid, row.kind))
         else:
             report.data_skipped += 1
@@ -278,7 +283,7 @@ def _walk(repo: Repository, plan: _Plan, report: FsckReport, sample: float, work
 def _read(repo: Repository, bid: BlobId, kind: int) -> _Read:
     """Runs in a worker thread: blob reads need no catalog connection."""
     try:
-        plain = repo.blobs.get(bid, "data" if kind == DATA else "meta")
+        plain = repo.blobs.get(bid, "data" if kind == BlobKind.DATA else "meta")
         stored = repo.blobs.stored_size(bid)
     except MissingBlob as e:
         return _Read(bid, [], error=("missing", str(e)))
@@ -288,7 +293,9 @@ def _read(repo: Repository, bid: BlobId, kind: int) -> _Read:
         kids = list(children(kind, plain))
     except (Corruption, ValueError) as e:
         repo.blobs.mark_damaged(bid)  # (its hash is right: the bytes stored were wrong)
-        return _Read(bid, [], error=("corrupt", f"{_kind_name(kind)} blob {bid.hex()} is malformed: {e}"))
+        return _Read(
+            bid, [], error=("corrupt", f"{BlobKind.label_of(kind)} blob {bid.hex()} is malformed: {e}")
+        )
     return _Read(bid, kids, len(plain), stored)
 
 
@@ -356,7 +363,3 @@ def _repair(repo: Repository, conn: sqlite3.Connection, plan: _Plan, report: Fsc
     for bid in plan.orphans():
         repo.blobs.delete(bid)
         by_blob[("orphan", bid.hex())].repaired = True
-
-
-def _kind_name(kind: int) -> str:
-    return KIND_NAMES.get(kind, f"kind-{kind}")

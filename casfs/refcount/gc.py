@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING
 from casfs.catalog import blobs as blob_rows
 from casfs.catalog import transaction
 from casfs.errors import Corruption, MissingBlob
+from casfs.kinds import BlobKind
 from casfs.lifecycle import pids
 from casfs.snapshots.children import children
-from casfs.snapshots.kinds import DATA, KIND_NAMES
 from casfs.store.ids import ZERO_ID, BlobId
 
 if TYPE_CHECKING:
@@ -120,8 +120,8 @@ def gc(repo: Repository, timeout: float = 30.0, lock_slice: float = LOCK_SLICE_S
                     break
                 # Read before the transaction, not in it: blobs are immutable, and the
                 # DELETE re-checks refs = 0 under the catalog's write lock.
-                meta = {g.bid: pool.submit(_children, repo, g) for g in rows if g.kind != DATA}
-                kids = [meta[g.bid].result() if g.kind != DATA else Counter[BlobId]() for g in rows]
+                meta = {g.bid: pool.submit(_children, repo, g) for g in rows if g.kind != BlobKind.DATA}
+                kids = [meta[g.bid].result() if g.kind != BlobKind.DATA else Counter[BlobId]() for g in rows]
                 for part in _parts(rows, kids):
                     _free(repo, conn, pool, part, report)
                 lock.checkpoint()
@@ -137,7 +137,7 @@ def _children(repo: Repository, g: _Garbage) -> Counter[BlobId] | str:
     try:
         return Counter(c for c, _ in children(g.kind, repo.blobs.get(g.bid, "meta")))
     except (Corruption, ValueError) as e:  # MissingBlob is a Corruption; ValueError: unknown kind
-        what = KIND_NAMES.get(g.kind, f"kind-{g.kind}")
+        what = BlobKind.label_of(g.kind)
         return f"{what} blob {g.bid.hex()} is unreadable ({e}): row deleted without decrementing its children"
 
 

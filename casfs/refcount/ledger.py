@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 from casfs.catalog import blobs as blob_rows
 from casfs.catalog import transaction
+from casfs.kinds import BlobKind
 from casfs.snapshots.children import children
-from casfs.snapshots.kinds import DATA
 from casfs.store.ids import ZERO_ID, BlobId, blob_id, is_zero, meta_id
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class Batch:
             raise
         self._mutex = threading.Lock()
         # id -> (kind, plaintext size, stored size, children with multiplicity)
-        self.new: dict[BlobId, tuple[int, int, int, Counter[BlobId]]] = {}
+        self.new: dict[BlobId, tuple[BlobKind, int, int, Counter[BlobId]]] = {}
         self.stored_bytes = 0
         self.reused = 0
         self.closed = False
@@ -51,12 +51,12 @@ class Batch:
         self.damaged = repo.blobs.damaged()
         self.healed: set[BlobId] = set()
 
-    def put(self, plain: bytes | memoryview, kind: int = DATA) -> BlobId:
+    def put(self, plain: bytes | memoryview, kind: BlobKind = BlobKind.DATA) -> BlobId:
         """Stage a blob unless the store already holds it live; returns its id.
         All-zero data is a hole: ZERO_ID, nothing stored."""
-        if kind == DATA and is_zero(plain):
+        if kind == BlobKind.DATA and is_zero(plain):
             return ZERO_ID
-        bid = blob_id(plain) if kind == DATA else meta_id(plain)
+        bid = blob_id(plain) if kind == BlobKind.DATA else meta_id(plain)
         with self._mutex:
             if bid in self.new:
                 return bid
@@ -69,7 +69,7 @@ class Batch:
                 self.reused += 1
             return bid
         kids: Counter[BlobId] = (
-            Counter(c for c, _ in children(kind, bytes(plain))) if kind != DATA else Counter()
+            Counter(c for c, _ in children(kind, bytes(plain))) if kind != BlobKind.DATA else Counter()
         )
         stored = self.staging.add(bid, plain)
         with self._mutex:
@@ -78,7 +78,7 @@ class Batch:
                 self.stored_bytes += stored
         return bid
 
-    def put_kind(self, plain: bytes, kind: int) -> BlobId:
+    def put_kind(self, plain: bytes, kind: BlobKind) -> BlobId:
         """put() with the (plain, kind) order chunkmap.Put expects."""
         return self.put(plain, kind)
 

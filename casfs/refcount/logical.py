@@ -18,6 +18,7 @@ from typing import NamedTuple
 from casfs.catalog import blobs as blob_rows
 from casfs.catalog import read_transaction
 from casfs.errors import Corruption, MissingBlob
+from casfs.kinds import VolumeKind
 from casfs.snapshots import chunkmap
 from casfs.snapshots.tree import Tree
 from casfs.store.ids import ZERO_ID, BlobId
@@ -51,8 +52,8 @@ def mismatches(conn: sqlite3.Connection, get_meta: GetMeta) -> list[Mismatch]:
     return found
 
 
-def root_size(get_meta: GetMeta, kind: str, root: BlobId) -> int:
-    if kind == "block":
+def root_size(get_meta: GetMeta, kind: VolumeKind, root: BlobId) -> int:
+    if kind == VolumeKind.BLOCK:
         return chunkmap.MapRoot.decode(get_meta(root)).size if root != ZERO_ID else 0
     seen: set[int] = set()
     total = 0

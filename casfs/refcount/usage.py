@@ -25,9 +25,10 @@ from casfs.catalog import blobs as blob_rows
 from casfs.catalog import images as image_rows
 from casfs.catalog import volumes as volume_rows
 from casfs.errors import Corruption
+from casfs.ids import SnapshotNo
+from casfs.kinds import BlobKind
 from casfs.repo import Repository
 from casfs.snapshots.children import children
-from casfs.snapshots.kinds import DATA
 from casfs.store.ids import ZERO_ID, BlobId
 
 
@@ -78,7 +79,7 @@ def usage(repo: Repository, roots: Iterable[Root]) -> Usage:
         rows.update(found)
         nxt: list[BlobId] = []
         for bid, row in found.items():
-            if row.kind == DATA:
+            if row.kind == BlobKind.DATA:
                 continue
             try:
                 kids: Counter[BlobId] = Counter(c for c, _ in children(row.kind, repo.get_meta(bid)))
@@ -124,7 +125,7 @@ def volume_roots(conn: sqlite3.Connection, name: str) -> list[Root]:
     return out
 
 
-def snapshot_roots(conn: sqlite3.Connection, volume: str, n: int) -> list[Root]:
+def snapshot_roots(conn: sqlite3.Connection, volume: str, n: SnapshotNo) -> list[Root]:
     row = volume_rows.snapshot_row(conn, volume, n)
     return [Root(row.root, row.size)] if row is not None else []
 
@@ -156,5 +157,5 @@ def volume_usage(repo: Repository, name: str) -> Usage:
     return usage(repo, volume_roots(repo.conn, name))
 
 
-def snapshot_usage(repo: Repository, volume: str, n: int) -> Usage:
+def snapshot_usage(repo: Repository, volume: str, n: SnapshotNo) -> Usage:
     return usage(repo, snapshot_roots(repo.conn, volume, n))

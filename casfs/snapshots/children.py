@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from casfs.kinds import BlobKind
 from casfs.snapshots import chunkmap, tree
-from casfs.snapshots.kinds import DATA, MAP_PAGE, MAP_ROOT, TREE
 from casfs.store.ids import BlobId
 
 
-def children(kind: int, plain: bytes) -> Iterator[tuple[BlobId, int]]:
-    """(child id, child kind) for every reference in a blob, holes left out."""
-    if kind == DATA:
+def children(kind: int, plain: bytes) -> Iterator[tuple[BlobId, BlobKind]]:
+    """(child id, child kind) for every reference in a blob, holes left out. `kind` is
+    a catalog row's value, which a damaged catalog may hold out of range (ValueError)."""
+    if kind == BlobKind.DATA:
         return iter(())
-    if kind in (MAP_ROOT, MAP_PAGE):
-        return chunkmap.children(kind, plain)
-    if kind == TREE:
+    if kind in (BlobKind.MAP_ROOT, BlobKind.MAP_PAGE):
+        return chunkmap.children(BlobKind(kind), plain)
+    if kind == BlobKind.TREE:
         return tree.children(plain)
     raise ValueError(f"unknown blob kind {kind}")

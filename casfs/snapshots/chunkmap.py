@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from casfs.errors import Corruption
-from casfs.snapshots.kinds import DATA, MAP_PAGE, MAP_ROOT
+from casfs.ids import ChunkNo
+from casfs.kinds import BlobKind
 from casfs.store.ids import ID_SIZE, ZERO_ID, BlobId
 
 PAGE_ENTRIES = 1024
@@ -30,7 +31,7 @@ _PAGE_MAGIC = b"CPAG"
 _VERSION = 1
 
 Get = Callable[[BlobId], bytes]
-Put = Callable[[bytes, int], BlobId]
+Put = Callable[[bytes, BlobKind], BlobId]
 
 
 def n_chunks(size: int, chunk_size: int) -> int:
@@ -81,12 +82,12 @@ def decode_page(plain: bytes) -> list[BlobId]:
     return _unpack_ids(plain[_PAGE.size :], count, "chunk-map page")
 
 
-def children(kind: int, plain: bytes) -> Iterator[tuple[BlobId, int]]:
-    if kind == MAP_ROOT:
+def children(kind: BlobKind, plain: bytes) -> Iterator[tuple[BlobId, BlobKind]]:
+    if kind == BlobKind.MAP_ROOT:
         root = MapRoot.decode(plain)
-        child_kind = MAP_PAGE if root.depth else DATA
+        child_kind = BlobKind.MAP_PAGE if root.depth else BlobKind.DATA
         return ((i, child_kind) for i in root.ids if i != ZERO_ID)
-    return ((i, DATA) for i in decode_page(plain) if i != ZERO_ID)
+    return ((i, BlobKind.DATA) for i in decode_page(plain) if i != ZERO_ID)
 
 
 def build_map(put: Put, chunk_ids: Sequence[BlobId], size: int, chunk_size: int) -> BlobId:
@@ -95,15 +96,15 @@ def build_map(put: Put, chunk_ids: Sequence[BlobId], size: int, chunk_size: int)
     if len(chunk_ids) != count:
         raise ValueError(f"{len(chunk_ids)} chunk ids for {count} chunks")
     if count <= PAGE_ENTRIES:
-        return put(MapRoot(0, chunk_size, size, list(chunk_ids)).encode(), MAP_ROOT)
+        return put(MapRoot(0, chunk_size, size, list(chunk_ids)).encode(), BlobKind.MAP_ROOT)
     pages = [_put_page(put, chunk_ids[i : i + PAGE_ENTRIES]) for i in range(0, count, PAGE_ENTRIES)]
-    return put(MapRoot(1, chunk_size, size, pages).encode(), MAP_ROOT)
+    return put(MapRoot(1, chunk_size, size, pages).encode(), BlobKind.MAP_ROOT)
 
 
 def _put_page(put: Put, ids: Sequence[BlobId]) -> BlobId:
     if all(i == ZERO_ID for i in ids):
         return ZERO_ID
-    return put(encode_page(ids), MAP_PAGE)
+    return put(encode_page(ids), BlobKind.MAP_PAGE)
 
 
 class ChunkMap:
@@ -123,7 +124,11 @@ class ChunkMap:
     def chunk_size(self) -> int:
         return self.root.chunk_size
 
-    def chunk(self, n: int) -> BlobId:
+    def chunk(self, n: ChunkNo) -> BlobId:
+        return self._chunk(n)
+
+    def _chunk(self, n: int) -> BlobId:
+        """chunk(), for the arithmetic on indices below."""
         if n < 0 or n >= n_chunks(self.root.size, self.root.chunk_size):
             return ZERO_ID
         if self.root.depth == 0:
@@ -146,29 +151,31 @@ class ChunkMap:
 
     def all_chunks(self) -> list[BlobId]:
         count = n_chunks(self.root.size, self.root.chunk_size)
-        return [self.chunk(n) for n in range(count)]
+        return [self._chunk(n) for n in range(count)]
 
-    def data_chunks(self) -> list[int]:
+    def data_chunks(self) -> list[ChunkNo]:
         """The numbers of the chunks holding data, in order; a page of holes costs
         nothing (a blank 64 GiB disk is its root alone)."""
         count = n_chunks(self.root.size, self.root.chunk_size)
         if self.root.depth == 0:
-            return [n for n, bid in enumerate(self.root.ids[:count]) if bid != ZERO_ID]
-        found: list[int] = []
+            return [ChunkNo(n) for n, bid in enumerate(self.root.ids[:count]) if bid != ZERO_ID]
+        found: list[ChunkNo] = []
         for p, pid in enumerate(self.root.ids):
             if pid != ZERO_ID:
                 base = p * PAGE_ENTRIES
-                found += [base + i for i, bid in enumerate(decode_page(self.get(pid))) if bid != ZERO_ID]
+                found += [
+                    ChunkNo(base + i) for i, bid in enumerate(decode_page(self.get(pid))) if bid != ZERO_ID
+                ]
         return [n for n in found if n < count]
 
-    def rewrite(self, put: Put, changes: Mapping[int, BlobId], new_size: int) -> BlobId:
+    def rewrite(self, put: Put, changes: Mapping[ChunkNo, BlobId], new_size: int) -> BlobId:
         """Store the map with `changes` applied and the size set; only touched pages
         (and the root) are written. Chunks past the new end are dropped."""
         cs = self.root.chunk_size
         old_count = n_chunks(self.root.size, cs)
         new_count = n_chunks(new_size, cs)
         if self.root.depth == 0 or new_count <= PAGE_ENTRIES:
-            ids = [self.chunk(n) if n < old_count else ZERO_ID for n in range(new_count)]
+            ids = [self._chunk(n) if n < old_count else ZERO_ID for n in range(new_count)]
             for n, cid in changes.items():
                 if n < new_count:
                     ids[n] = cid
@@ -186,13 +193,13 @@ class ChunkMap:
                 continue
             start = p * PAGE_ENTRIES
             count = min(PAGE_ENTRIES, new_count - start)
-            ids = [self.chunk(start + i) if start + i < old_count else ZERO_ID for i in range(count)]
+            ids = [self._chunk(start + i) if start + i < old_count else ZERO_ID for i in range(count)]
             for i in range(count):
-                changed = changes.get(start + i)
+                changed = changes.get(ChunkNo(start + i))
                 if changed is not None:
                     ids[i] = changed
             pages[p] = _put_page(put, ids)
-        return put(MapRoot(1, cs, new_size, pages).encode(), MAP_ROOT)
+        return put(MapRoot(1, cs, new_size, pages).encode(), BlobKind.MAP_ROOT)
 
 
 class Content:
@@ -211,17 +218,17 @@ class Content:
             mapped = is_mapped(content_id, size, chunk_size)
         self.map = ChunkMap(get, content_id) if mapped and content_id != ZERO_ID else None
 
-    def chunk(self, n: int) -> BlobId:
+    def chunk(self, n: ChunkNo) -> BlobId:
         if self.map is not None:
             return self.map.chunk(n)
         return self.content_id if n == 0 else ZERO_ID
 
-    def rewrite(self, put: Put, changes: Mapping[int, BlobId], new_size: int) -> BlobId:
+    def rewrite(self, put: Put, changes: Mapping[ChunkNo, BlobId], new_size: int) -> BlobId:
         if new_size <= self.chunk_size:
-            return changes.get(0, self.chunk(0)) if new_size > 0 else ZERO_ID
+            return changes.get(ChunkNo(0), self.chunk(ChunkNo(0))) if new_size > 0 else ZERO_ID
         if self.map is not None:
             return self.map.rewrite(put, changes, new_size)
-        ids = [self.chunk(n) for n in range(n_chunks(new_size, self.chunk_size))]
+        ids = [self.chunk(ChunkNo(n)) for n in range(n_chunks(new_size, self.chunk_size))]
         for n, cid in changes.items():
             if n < len(ids):
                 ids[n] = cid
@@ -240,6 +247,6 @@ def build_content(put: Put, chunk_ids: Sequence[BlobId], size: int, chunk_size: 
     return build_map(put, chunk_ids, size, chunk_size)
 
 
-def content_kind(size: int, chunk_size: int) -> int:
+def content_kind(size: int, chunk_size: int) -> BlobKind:
     """The blob kind a file's content id names."""
-    return MAP_ROOT if size > chunk_size else DATA
+    return BlobKind.MAP_ROOT if size > chunk_size else BlobKind.DATA

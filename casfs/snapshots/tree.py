@@ -20,10 +20,12 @@ import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from typing import TypedDict, Unpack
 
 from casfs.errors import Corruption
+from casfs.ids import NO_INO, InodeNo
+from casfs.kinds import BlobKind
 from casfs.snapshots.chunkmap import content_kind
-from casfs.snapshots.kinds import TREE
 from casfs.store.ids import ZERO_ID, BlobId
 
 _HEAD = struct.Struct("<4sBI")
@@ -38,6 +40,22 @@ _VERSION = 1
 XAttrs = tuple[tuple[bytes, bytes], ...]
 
 
+class AttrChanges(TypedDict, total=False):
+    """What Attrs.with_ may change (a name left out stays as it is)."""
+
+    mode: int
+    uid: int
+    gid: int
+    rdev: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    ino: InodeNo
+    nlink: int
+    xattrs: XAttrs
+
+
 @dataclass(frozen=True)
 class Attrs:
     mode: int
@@ -48,12 +66,12 @@ class Attrs:
     atime_ns: int = 0
     mtime_ns: int = 0
     ctime_ns: int = 0
-    ino: int = 0
+    ino: InodeNo = NO_INO
     nlink: int = 1
     xattrs: XAttrs = ()
 
-    def with_(self, **changes: object) -> Attrs:
-        return replace(self, **changes)  # type: ignore[arg-type]
+    def with_(self, **changes: Unpack[AttrChanges]) -> Attrs:
+        return replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -138,16 +156,16 @@ class Tree:
         return None
 
 
-def dir_entry(name: bytes, mode: int, ino: int, subtree: BlobId) -> Entry:
+def dir_entry(name: bytes, mode: int, ino: InodeNo, subtree: BlobId) -> Entry:
     """A directory's entry in its parent: type bits, ino and subtree only."""
     return Entry(name, Attrs(mode=stat.S_IFDIR | stat.S_IMODE(mode), ino=ino, nlink=0), subtree)
 
 
-def children(plain: bytes) -> Iterator[tuple[BlobId, int]]:
+def children(plain: bytes) -> Iterator[tuple[BlobId, BlobKind]]:
     t = Tree.decode(plain)
     for e in t.entries:
         if e.is_dir:
-            yield BlobId(e.data), TREE
+            yield BlobId(e.data), BlobKind.TREE
         elif e.is_file and e.data and e.data != ZERO_ID:
             yield BlobId(e.data), content_kind(e.attrs.size, t.chunk_size)
 

@@ -11,9 +11,8 @@ V = TypeVar("V")
 
 
 class LRU(Generic[K, V]):
-    def __init__(self, max_bytes: int, sizeof: object = len) -> None:
+    def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._sizeof = sizeof
         self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -36,16 +35,16 @@ class LRU(Generic[K, V]):
             item = self._items.get(key)
             return None if item is None else item[0]
 
-    def put(self, key: K, value: V, size: int | None = None) -> None:
-        n = size if size is not None else self._sizeof(value)  # type: ignore[operator]
-        if n > self.max_bytes:
+    def put(self, key: K, value: V, size: int) -> None:
+        """Keep `value`, which costs `size` bytes (a decoded tree: its blob's)."""
+        if size > self.max_bytes:
             return
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
                 self._bytes -= old[1]
-            self._items[key] = (value, n)
-            self._bytes += n
+            self._items[key] = (value, size)
+            self._bytes += size
             while self._bytes > self.max_bytes:
                 _, (_, m) = self._items.popitem(last=False)
                 self._bytes -= m

@@ -17,7 +17,7 @@ import functools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from casfs.errors import Corruption, MissingBlob
 from casfs.store import BlobStore, Domain, Staging, codec
@@ -25,6 +25,7 @@ from casfs.store.ids import ID_SIZE, BlobId
 from casfs.store.verified import verified
 
 if TYPE_CHECKING:
+    import ctypes
     import logging
 
 
@@ -40,7 +41,7 @@ _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 8)  # Linux 4.14; Python exposes it on L
 
 
 @functools.cache
-def _libc() -> Any:
+def _libc() -> ctypes.CDLL:
     # Loaded at the first sync, not at import: ctypes and find_library (which runs
     # ldconfig) cost a CLI command that stores nothing more than its own work.
     import ctypes

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import blake3
 
@@ -39,13 +39,7 @@ class HashingReader:
         self._feed(data)
         return data
 
-    def readinto(self, buf: Any) -> int:
-        n = self.raw.readinto(buf)  # type: ignore[attr-defined]
-        if n:
-            self._feed(memoryview(buf)[:n])
-        return int(n or 0)
-
-    def _feed(self, data: bytes | memoryview) -> None:
+    def _feed(self, data: bytes) -> None:
         if data:
             self.b3.update(data)
             if self.sha is not None:

@@ -10,6 +10,7 @@ import errno
 import stat
 from collections.abc import Iterator
 
+from casfs.ids import InodeNo
 from casfs.repo import Repository
 from casfs.snapshots.chunkmap import ChunkMap
 from casfs.store.ids import ZERO_ID, BlobId
@@ -48,7 +49,7 @@ class BlockView:
             ctime_ns=mtime_ns,
         )
 
-    def getattr(self, ino: int) -> Stat:
+    def getattr(self, ino: InodeNo) -> Stat:
         self._check(ino)
         if self._stat.blocks is None:
             self._stat = self._stat.with_(blocks=self._allocated_blocks())
@@ -65,39 +66,39 @@ class BlockView:
             used -= -(-self.size // self.chunk_size) * self.chunk_size - self.size  # a short last chunk
         return (used + 511) // 512
 
-    def lookup(self, parent: int, name: bytes) -> Stat:
+    def lookup(self, parent: InodeNo, name: bytes) -> Stat:
         self._check(parent)
         raise OSError(errno.ENOTDIR, "a block view is one file")
 
-    def readdir(self, ino: int, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
+    def readdir(self, ino: InodeNo, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
         self._check(ino)
         raise OSError(errno.ENOTDIR, "a block view is one file")
 
-    def readlink(self, ino: int) -> bytes:
+    def readlink(self, ino: InodeNo) -> bytes:
         self._check(ino)
         raise OSError(errno.EINVAL, "not a symlink")
 
-    def read_plan(self, ino: int, offset: int, size: int) -> list[Piece]:
+    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
         self._check(ino)
         if self.map is None:
             return []
         return plan_pieces(self.map.chunk, self.size, self.chunk_size, offset, size)
 
-    def getxattr(self, ino: int, name: bytes) -> bytes:
+    def getxattr(self, ino: InodeNo, name: bytes) -> bytes:
         self._check(ino)
         raise OSError(errno.ENODATA, "no such attribute")
 
-    def listxattr(self, ino: int) -> list[bytes]:
+    def listxattr(self, ino: InodeNo) -> list[bytes]:
         self._check(ino)
         return []
 
-    def forget(self, ino: int) -> None:
+    def forget(self, ino: InodeNo) -> None:
         pass
 
-    def describe(self, ino: int) -> str:
+    def describe(self, ino: InodeNo) -> str:
         return self.label or "/"
 
     @staticmethod
-    def _check(ino: int) -> None:
+    def _check(ino: InodeNo) -> None:
         if ino != ROOT_INO:
             raise OSError(errno.ESTALE, f"unknown inode {ino}")

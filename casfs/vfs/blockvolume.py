@@ -10,6 +10,8 @@ import stat
 from collections.abc import Iterator
 
 from casfs.catalog import overlay as rows
+from casfs.ids import InodeNo
+from casfs.kinds import VolumeKind
 from casfs.snapshots import chunkmap
 from casfs.snapshots.tree import Attrs
 from casfs.vfs.api import ROOT_INO, RwView, Stat, fs_error
@@ -18,7 +20,7 @@ from casfs.vfs.overlay.fold import FoldJob, run_fold_block
 from casfs.vfs.overlay.nodes import Node
 
 
-class BlockVolume(Data, kind="block"):
+class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
     fixed_size = True
 
     @property
@@ -58,41 +60,41 @@ class BlockVolume(Data, kind="block"):
 
     # -- no names: what a regular file answers --------------------------------------
 
-    def lookup(self, parent: int, name: bytes) -> Stat:
+    def lookup(self, parent: InodeNo, name: bytes) -> Stat:
         self.node(parent)
         raise fs_error(errno.ENOTDIR)
 
-    def readdir(self, ino: int, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
+    def readdir(self, ino: InodeNo, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
         self.node(ino)
         raise fs_error(errno.ENOTDIR)
 
-    def readlink(self, ino: int) -> bytes:
+    def readlink(self, ino: InodeNo) -> bytes:
         self.node(ino)
         raise fs_error(errno.EINVAL)
 
-    def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Stat:
+    def mknod(self, parent: InodeNo, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Stat:
         raise fs_error(errno.EPERM)
 
-    def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Stat:
+    def mkdir(self, parent: InodeNo, name: bytes, mode: int, uid: int, gid: int) -> Stat:
         raise fs_error(errno.EPERM)
 
-    def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Stat:
+    def symlink(self, parent: InodeNo, name: bytes, target: bytes, uid: int, gid: int) -> Stat:
         raise fs_error(errno.EPERM)
 
-    def link(self, ino: int, new_parent: int, new_name: bytes) -> Stat:
+    def link(self, ino: InodeNo, new_parent: InodeNo, new_name: bytes) -> Stat:
         self.node(new_parent)
         raise fs_error(errno.ENOTDIR)
 
-    def unlink(self, parent: int, name: bytes) -> None:
+    def unlink(self, parent: InodeNo, name: bytes) -> None:
         self.node(parent)
         raise fs_error(errno.ENOTDIR)
 
-    def rmdir(self, parent: int, name: bytes) -> None:
+    def rmdir(self, parent: InodeNo, name: bytes) -> None:
         self.node(parent)
         raise fs_error(errno.ENOTDIR)
 
     def rename(
-        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int = 0
+        self, old_parent: InodeNo, old_name: bytes, new_parent: InodeNo, new_name: bytes, flags: int = 0
     ) -> None:
         self.node(old_parent)
         raise fs_error(errno.ENOTDIR)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import trio
 
 from casfs.errors import Corruption
+from casfs.ids import ChunkNo
 from casfs.store.cache import LRU
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import Piece
@@ -187,7 +188,7 @@ class ChunkCache:
                 return False
             self._cold_run = 0
             self.inline += 1
-            self._lru.put(bid, data)
+            self._lru.put(bid, data, len(data))
         out[bid] = data
         return True
 
@@ -209,7 +210,7 @@ class ChunkCache:
         except BaseException as e:
             fut.set_exception(e)
         else:
-            self._lru.put(bid, data)
+            self._lru.put(bid, data, len(data))
             fut.set_result(data)
         finally:
             with self._lock:
@@ -295,7 +296,7 @@ async def _wait_future(fut: Future[bytes]) -> None:
 
 
 def plan_pieces(
-    chunk: Callable[[int], BlobId], size: int, chunk_size: int, offset: int, length: int
+    chunk: Callable[[ChunkNo], BlobId], size: int, chunk_size: int, offset: int, length: int
 ) -> list[Piece]:
     """The pieces of a read of [offset, offset+length) of content `size` bytes long whose
     chunk n is `chunk(n)`; cut at the end of the content."""
@@ -303,7 +304,7 @@ def plan_pieces(
     pieces: list[Piece] = []
     pos = offset
     while pos < end:
-        n = pos // chunk_size
+        n = ChunkNo(pos // chunk_size)
         base = n * chunk_size
         stop = min(end, base + chunk_size)
         pieces.append(Piece(pos - base, stop - base, chunk(n)))

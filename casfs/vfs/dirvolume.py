@@ -5,15 +5,15 @@ a mount, the FUSE adapter through casfs.vfs.api.RwView."""
 from __future__ import annotations
 
 from casfs.catalog import overlay as rows
+from casfs.kinds import BlobKind, VolumeKind
 from casfs.snapshots import chunkmap
-from casfs.snapshots.kinds import MAP_ROOT
 from casfs.vfs.api import ROOT_INO, RwView
 from casfs.vfs.overlay.fold import FoldJob, run_fold_dir
 from casfs.vfs.overlay.namespace import Namespace
 from casfs.vfs.overlay.nodes import Node
 
 
-class DirVolume(Namespace, kind="dir"):
+class DirVolume(Namespace, volume_kind=VolumeKind.DIR):
     @property
     def rw(self) -> RwView:
         return self
@@ -24,7 +24,7 @@ class DirVolume(Namespace, kind="dir"):
     def _content(self, node: Node) -> chunkmap.Content | chunkmap.ChunkMap:
         content = self._contents.get(node.ino)
         if content is None:
-            mapped = rows.blob_kind(self.repo.conn, node.base) == MAP_ROOT
+            mapped = rows.blob_kind(self.repo.conn, node.base) == BlobKind.MAP_ROOT
             content = chunkmap.Content(
                 self.repo.get_meta, node.base, node.attrs.size, self.chunk_size, mapped
             )

@@ -24,12 +24,14 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from casfs.catalog import views
 from casfs.catalog.images import image_row
 from casfs.catalog.volumes import snapshot_row, volume_row
 from casfs.errors import CasfsError
+from casfs.ids import InodeNo, SnapshotNo
+from casfs.kinds import VolumeKind
 from casfs.lifecycle.phases import ImagePhase, VolumePhase
 from casfs.lifecycle.pids import alive
 from casfs.repo import Repository
@@ -41,18 +43,22 @@ from casfs.vfs.treeview import TreeView
 log = logging.getLogger(__name__)
 
 LISTING_TTL_S = 1.0
-IMAGES_INO, VOLUMES_INO, SNAPSHOTS_INO = 2, 3, 4
-_FIRST_DYNAMIC_INO = 16
+IMAGES_INO, VOLUMES_INO, SNAPSHOTS_INO = InodeNo(2), InodeNo(3), InodeNo(4)
+_FIRST_DYNAMIC_INO = 16  # a snapshot directory's: this + a serial
 _TOP = ((b"images", IMAGES_INO), (b"volumes", VOLUMES_INO), (b"snapshots", SNAPSHOTS_INO))
+
+
+# What a store mount's entry shows (casfs.fuse.control's getters differ by it).
+Shown = Literal["image", "volume", "snapshot"]
 
 
 @dataclass(frozen=True)
 class Subject:
     """What a view shows, for the control plane: an image, a volume or snapshot n of one."""
 
-    kind: Literal["image", "volume", "snapshot"]
+    what: Shown
     name: str
-    n: int | None = None
+    n: SnapshotNo | None = None
 
     def __str__(self) -> str:
         return f"{self.name}@{self.n}" if self.n is not None else self.name
@@ -65,16 +71,16 @@ OpenRw = Callable[[str], View]
 
 def static_view(
     repo: Repository,
-    kind: str,
+    kind: VolumeKind,
     root: BlobId,
     chunk_size: int,
-    next_ino: int,
+    next_ino: InodeNo,
     created: float,
     label: str,
     block_mode: int = 0o444,
 ) -> View:
     """A read-only view of a root: a tree or a disk."""
-    if kind == "dir":
+    if kind == VolumeKind.DIR:
         return TreeView(repo, root, chunk_size, next_ino, label=label)
     return BlockView(repo, root, mode=block_mode, mtime_ns=int(created * 1e9), label=label)
 
@@ -82,10 +88,10 @@ def static_view(
 class Root(NamedTuple):
     """A root served read-only: an image's, a snapshot's, or a volume's base."""
 
-    kind: str
+    kind: VolumeKind
     root: BlobId
     chunk_size: int
-    next_ino: int
+    next_ino: InodeNo
     created: float
 
 
@@ -107,20 +113,20 @@ class StoreView:
         self.open_rw = open_rw
         self._now = time.time_ns()
         self._uid, self._gid = os.getuid(), os.getgid()
-        self._views: dict[tuple[Any, ...], View] = {}
+        self._views: dict[tuple[object, ...], View] = {}
         self._rw: dict[str, RwView] = {}  # volume -> its read/write view
         self._subjects: dict[int, Subject] = {}
         # Stable readdir offsets: each name gets the next serial of its directory for
         # the daemon's lifetime, so entries come and go without shifting the others.
-        self._serials: dict[int, dict[str, int]] = {}
-        self._listings: dict[int, tuple[float, list[str]]] = {}
-        self._snapdir_ino: dict[str, int] = {}
-        self._snapdir_name: dict[int, str] = {}
+        self._serials: dict[InodeNo, dict[str, int]] = {}
+        self._listings: dict[InodeNo, tuple[float, list[str]]] = {}
+        self._snapdir_ino: dict[str, InodeNo] = {}
+        self._snapdir_name: dict[InodeNo, str] = {}
         self._rw_generation: dict[str, tuple[BlobId, int]] = {}  # an unclaimed rw view's
 
     # -- junctions: which (view, inode) a name leads to ------------------------------
 
-    def resolve(self, parent: int, name: bytes) -> tuple[View, int]:
+    def resolve(self, parent: InodeNo, name: bytes) -> tuple[View, InodeNo]:
         if parent == ROOT_INO:
             for top, ino in _TOP:
                 if top == name:
@@ -140,9 +146,9 @@ class StoreView:
             raise OSError(errno.ENOTDIR, "not a directory")
         if not text.isdigit():
             raise enoent(text)
-        return self._snapshot(volume, int(text)), ROOT_INO
+        return self._snapshot(volume, SnapshotNo(int(text))), ROOT_INO
 
-    def entries(self, ino: int, offset: int) -> Iterator[tuple[bytes, View, int, int]]:
+    def entries(self, ino: InodeNo, offset: int) -> Iterator[tuple[bytes, View, InodeNo, int]]:
         """(name, view, inode, next offset) from `offset` on."""
         if ino == ROOT_INO:
             for i, (top, child) in enumerate(_TOP):
@@ -172,7 +178,7 @@ class StoreView:
 
     # -- View --------------------------------------------------------------------
 
-    def getattr(self, ino: int) -> Stat:
+    def getattr(self, ino: InodeNo) -> Stat:
         self._dir_check(ino)
         subdirs = 3 if ino == ROOT_INO else self._count_subdirs(ino)
         return Stat(
@@ -186,30 +192,30 @@ class StoreView:
             ctime_ns=self._now,
         )
 
-    def lookup(self, parent: int, name: bytes) -> Stat:
+    def lookup(self, parent: InodeNo, name: bytes) -> Stat:
         view, ino = self.resolve(parent, name)
         return view.getattr(ino)
 
-    def readdir(self, ino: int, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
+    def readdir(self, ino: InodeNo, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
         for name, view, child, nxt in self.entries(ino, offset):
             yield name, view.getattr(child), nxt
 
-    def readlink(self, ino: int) -> bytes:
+    def readlink(self, ino: InodeNo) -> bytes:
         raise OSError(errno.EINVAL, "not a symlink")
 
-    def read_plan(self, ino: int, offset: int, size: int) -> list[Piece]:
+    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
         raise OSError(errno.EISDIR, "a directory")
 
-    def getxattr(self, ino: int, name: bytes) -> bytes:
+    def getxattr(self, ino: InodeNo, name: bytes) -> bytes:
         raise OSError(errno.ENODATA, "no such attribute")
 
-    def listxattr(self, ino: int) -> list[bytes]:
+    def listxattr(self, ino: InodeNo) -> list[bytes]:
         return []
 
-    def forget(self, ino: int) -> None:
+    def forget(self, ino: InodeNo) -> None:
         pass
 
-    def describe(self, ino: int) -> str:
+    def describe(self, ino: InodeNo) -> str:
         if ino in self._snapdir_name:
             return f"/snapshots/{self._snapdir_name[ino]}"
         names = {ROOT_INO: "/", IMAGES_INO: "/images", VOLUMES_INO: "/volumes", SNAPSHOTS_INO: "/snapshots"}
@@ -217,7 +223,7 @@ class StoreView:
 
     # -- the catalog -------------------------------------------------------------
 
-    def _listing(self, ino: int) -> list[str]:
+    def _listing(self, ino: InodeNo) -> list[str]:
         now = time.monotonic()
         cached = self._listings.get(ino)
         if cached is not None and now - cached[0] < LISTING_TTL_S:
@@ -232,7 +238,7 @@ class StoreView:
         self._listings[ino] = (now, names)
         return names
 
-    def _count_subdirs(self, ino: int) -> int:
+    def _count_subdirs(self, ino: InodeNo) -> int:
         if ino == SNAPSHOTS_INO:
             return len(self._listing(ino))
         if ino == IMAGES_INO:
@@ -241,18 +247,18 @@ class StoreView:
             return views.dir_volumes(self.repo.conn)
         return views.dir_snapshots(self.repo.conn, self._snapdir_name[ino])
 
-    def _dir_check(self, ino: int) -> None:
+    def _dir_check(self, ino: InodeNo) -> None:
         if ino not in (ROOT_INO, IMAGES_INO, VOLUMES_INO, SNAPSHOTS_INO) and ino not in self._snapdir_name:
             raise OSError(errno.ESTALE, f"unknown inode {ino}")
 
-    def _snapdir(self, volume: str) -> int:
+    def _snapdir(self, volume: str) -> InodeNo:
         ino = self._snapdir_ino.get(volume)
         if ino is None:
-            ino = self._snapdir_ino[volume] = _FIRST_DYNAMIC_INO + len(self._snapdir_ino)
+            ino = self._snapdir_ino[volume] = InodeNo(_FIRST_DYNAMIC_INO + len(self._snapdir_ino))
             self._snapdir_name[ino] = volume
         return ino
 
-    def _remember(self, key: tuple[Any, ...], subject: Subject, make: Callable[[], View]) -> View:
+    def _remember(self, key: tuple[object, ...], subject: Subject, make: Callable[[], View]) -> View:
         view = self._views.get(key)
         if view is None:
             view = self._views[key] = make()
@@ -282,7 +288,7 @@ class StoreView:
         if rw is not None and rw.claimed:
             return rw  # ours: its changes are the volume's
         pid = row.owner_pid
-        held_elsewhere = row.phase != "ready" and pid not in (None, os.getpid()) and alive(pid)
+        held_elsewhere = row.phase != VolumePhase.READY and pid not in (None, os.getpid()) and alive(pid)
         open_rw = self.open_rw
         if row.mode == "rw" and open_rw is not None and not held_elsewhere:
             # An unclaimed view caches the catalog: a new one once the volume moved on.
@@ -302,7 +308,7 @@ class StoreView:
             ),
         )
 
-    def _snapshot(self, volume: str, n: int) -> View:
+    def _snapshot(self, volume: str, n: SnapshotNo) -> View:
         snap = snapshot_row(self.repo.conn, volume, n)
         if snap is None:
             raise enoent(f"{volume}@{n}")
@@ -315,7 +321,7 @@ class StoreView:
         )
 
 
-def resolve(view: View, parent: int, name: bytes) -> tuple[View, int, Stat]:
+def resolve(view: View, parent: InodeNo, name: bytes) -> tuple[View, InodeNo, Stat]:
     """Look a name up, following a junction into another view (storeview.StoreView)."""
     if not isinstance(view, StoreView):
         st = view.lookup(parent, name)
@@ -324,7 +330,7 @@ def resolve(view: View, parent: int, name: bytes) -> tuple[View, int, Stat]:
     return child, ino, child.getattr(ino)
 
 
-def entries(view: View, ino: int, offset: int) -> Iterator[tuple[bytes, View, int, Stat, int]]:
+def entries(view: View, ino: InodeNo, offset: int) -> Iterator[tuple[bytes, View, InodeNo, Stat, int]]:
     """(name, view, inode, stat, next offset) from `offset` on, through junctions too."""
     if not isinstance(view, StoreView):
         for name, st, nxt in view.readdir(ino, offset):

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from casfs.errors import Corruption
+from casfs.ids import InodeNo
 from casfs.repo import Repository
 from casfs.snapshots.chunkmap import Content
 from casfs.snapshots.tree import Attrs, Entry, Tree
@@ -35,7 +36,7 @@ _CONTENT_CACHE = 512
 class _Node:
     attrs: Attrs  # a directory's own attributes (from its tree blob), else the entry's
     data: bytes  # subtree id, content id or symlink target (tree.Entry.data)
-    parent: int
+    parent: InodeNo
     name: bytes
 
 
@@ -45,7 +46,7 @@ class TreeView:
     rw = None  # not a read/write volume
 
     def __init__(
-        self, repo: Repository, root: BlobId, chunk_size: int, next_ino: int, label: str = ""
+        self, repo: Repository, root: BlobId, chunk_size: int, next_ino: InodeNo, label: str = ""
     ) -> None:
         self._get_meta = repo.get_meta
         self.root = root
@@ -53,54 +54,56 @@ class TreeView:
         self.next_ino = next_ino
         self.label = label
         self._trees: LRU[BlobId, Tree] = LRU(_TREE_CACHE_BYTES)
-        self._contents: OrderedDict[int, Content] = OrderedDict()
+        self._contents: OrderedDict[InodeNo, Content] = OrderedDict()
         top = self._tree(root)
-        self._nodes: dict[int, _Node] = {ROOT_INO: _Node(self._dir_attrs(top, ROOT_INO), root, ROOT_INO, b"")}
+        self._nodes: dict[InodeNo, _Node] = {
+            ROOT_INO: _Node(self._dir_attrs(top, ROOT_INO), root, ROOT_INO, b"")
+        }
 
     # -- View --------------------------------------------------------------------
 
-    def getattr(self, ino: int) -> Stat:
+    def getattr(self, ino: InodeNo) -> Stat:
         return Stat.of(self._node(ino).attrs)
 
-    def lookup(self, parent: int, name: bytes) -> Stat:
+    def lookup(self, parent: InodeNo, name: bytes) -> Stat:
         entry = self._dir(parent).find(name)
         if entry is None:
             raise enoent(name.decode(errors="replace"))
         return self._remember(entry, parent)
 
-    def readdir(self, ino: int, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
+    def readdir(self, ino: InodeNo, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
         entries = self._dir(ino).entries
         for i in range(offset, len(entries)):
             entry = entries[i]
             yield entry.name, self._remember(entry, ino), i + 1
 
-    def readlink(self, ino: int) -> bytes:
+    def readlink(self, ino: InodeNo) -> bytes:
         node = self._node(ino)
         if not stat.S_ISLNK(node.attrs.mode):
             raise OSError(errno.EINVAL, "not a symlink")
         return node.data
 
-    def read_plan(self, ino: int, offset: int, size: int) -> list[Piece]:
+    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
         content = self._content(ino)
         return plan_pieces(content.chunk, content.size, self.chunk_size, offset, size)
 
-    def getxattr(self, ino: int, name: bytes) -> bytes:
+    def getxattr(self, ino: InodeNo, name: bytes) -> bytes:
         for key, value in self._node(ino).attrs.xattrs:
             if key == name:
                 return value
         raise OSError(errno.ENODATA, "no such attribute")
 
-    def listxattr(self, ino: int) -> list[bytes]:
+    def listxattr(self, ino: InodeNo) -> list[bytes]:
         return [key for key, _ in self._node(ino).attrs.xattrs]
 
-    def forget(self, ino: int) -> None:
+    def forget(self, ino: InodeNo) -> None:
         if ino != ROOT_INO:
             self._nodes.pop(ino, None)
             self._contents.pop(ino, None)
 
     # -- for the adapter's logs and the control plane ----------------------------
 
-    def describe(self, ino: int) -> str:
+    def describe(self, ino: InodeNo) -> str:
         """The path of an inode the kernel knows about (its first name, for hardlinks)."""
         parts: list[bytes] = []
         node = self._nodes.get(ino)
@@ -113,7 +116,7 @@ class TreeView:
 
     # -- inside ------------------------------------------------------------------
 
-    def _node(self, ino: int) -> _Node:
+    def _node(self, ino: InodeNo) -> _Node:
         node = self._nodes.get(ino)
         if node is None:
             # The kernel only asks about inodes it looked up and has not forgotten.
@@ -128,18 +131,18 @@ class TreeView:
             self._trees.put(bid, t, len(plain))
         return t
 
-    def _dir(self, ino: int) -> Tree:
+    def _dir(self, ino: InodeNo) -> Tree:
         node = self._node(ino)
         if not stat.S_ISDIR(node.attrs.mode):
             raise OSError(errno.ENOTDIR, "not a directory")
         return self._tree(BlobId(node.data))
 
     @staticmethod
-    def _dir_attrs(t: Tree, ino: int) -> Attrs:
+    def _dir_attrs(t: Tree, ino: InodeNo) -> Attrs:
         subdirs = sum(1 for e in t.entries if e.is_dir)
         return t.attrs.with_(ino=ino, nlink=2 + subdirs)
 
-    def _remember(self, entry: Entry, parent: int) -> Stat:
+    def _remember(self, entry: Entry, parent: InodeNo) -> Stat:
         ino = entry.attrs.ino
         node = self._nodes.get(ino)
         if node is None:
@@ -147,7 +150,7 @@ class TreeView:
             node = self._nodes[ino] = _Node(attrs, entry.data, parent, entry.name)
         return Stat.of(node.attrs)
 
-    def _content(self, ino: int) -> Content:
+    def _content(self, ino: InodeNo) -> Content:
         content = self._contents.get(ino)
         if content is not None:
             self._contents.move_to_end(ino)

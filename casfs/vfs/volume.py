@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from casfs.catalog.volumes import volume_row
 from casfs.errors import CasfsError
+from casfs.kinds import VolumeKind
 from casfs.repo import Repository
 from casfs.vfs.api import NeedChunks
 from casfs.vfs.blockvolume import BlockVolume
@@ -26,6 +27,6 @@ def open_volume(
     row = volume_row(repo.conn, name)
     if row is None:
         raise CasfsError(f"no volume named {name!r}")
-    if row.kind == "block":
+    if row.kind == VolumeKind.BLOCK:
         return BlockVolume(repo, name, claim)
     return DirVolume(repo, name, claim)

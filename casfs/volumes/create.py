@@ -12,14 +12,15 @@ from dataclasses import asdict
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, Conflict, NotFound, UsageError
+from casfs.ids import FIRST_FREE_INO, ROOT_INO
 from casfs.images import ready_image
+from casfs.kinds import BlobKind, VolumeKind
 from casfs.lifecycle import pids
 from casfs.lifecycle.faults import fault_point
 from casfs.lifecycle.phases import VolumePhase, give_volume, take_volume
 from casfs.refcount import ledger
 from casfs.repo import Repository
 from casfs.snapshots import chunkmap
-from casfs.snapshots.kinds import TREE
 from casfs.snapshots.tree import Attrs, Tree
 from casfs.store.ids import ZERO_ID
 from casfs.units import check_name, parse_snapshot_ref
@@ -40,7 +41,7 @@ def blank_tree(chunk_size: int) -> bytes:
         atime_ns=now,
         mtime_ns=now,
         ctime_ns=now,
-        ino=1,
+        ino=ROOT_INO,
         nlink=2,
     )
     return Tree(attrs, chunk_size).encode()
@@ -133,7 +134,7 @@ def _create_blank(
 ) -> tuple[VolumeInfo, bool]:
     """Record the volume (phase creating) before writing its base, then publish both."""
     chunk_size = DEFAULT_CHUNK_SIZE
-    kind, size = ("dir", 0) if source.blank_dir else ("block", int(source.blank_block or 0))
+    kind, size = (VolumeKind.DIR, 0) if source.blank_dir else (VolumeKind.BLOCK, int(source.blank_block or 0))
     if size > MAX_BLOCK_SIZE:
         raise UsageError(f"a block volume is at most {MAX_BLOCK_SIZE >> 40} TiB")
     conn = repo.conn
@@ -151,7 +152,7 @@ def _create_blank(
             origin="blank",
             size=size,
             chunk_size=chunk_size,
-            next_ino=2,
+            next_ino=FIRST_FREE_INO,
             spec=spec,
             owner_pid=os.getpid(),
             grace_s=grace_s,
@@ -160,7 +161,7 @@ def _create_blank(
         fault_point("create:after-claim")
         with repo.batch() as batch:
             if source.blank_dir:
-                base = batch.put(blank_tree(chunk_size), TREE)
+                base = batch.put(blank_tree(chunk_size), BlobKind.TREE)
             else:
                 holes = [ZERO_ID] * chunkmap.n_chunks(size, chunk_size)
                 base = chunkmap.build_map(batch.put_kind, holes, size, chunk_size)

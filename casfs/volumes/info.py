@@ -12,6 +12,8 @@ from typing import Any
 from casfs.catalog import volumes as rows
 from casfs.catalog.volumes import VolumeRow
 from casfs.errors import Busy, NotFound
+from casfs.ids import SnapshotNo
+from casfs.kinds import VolumeKind
 from casfs.lifecycle.phases import VolumePhase
 from casfs.repo import Repository
 
@@ -19,7 +21,7 @@ from casfs.repo import Repository
 @dataclass
 class SnapshotInfo:
     volume: str
-    n: int
+    n: SnapshotNo
     root: str
     size: int
     label: str | None
@@ -32,15 +34,15 @@ class SnapshotInfo:
 @dataclass
 class VolumeInfo:
     name: str
-    kind: str
+    kind: VolumeKind
     mode: str
-    phase: str
+    phase: VolumePhase
     origin: str
     size: int
     chunk_size: int
     base: str
     created: float
-    snapshots: list[int] = field(default_factory=list)
+    snapshots: list[SnapshotNo] = field(default_factory=list)
     owner_pid: int | None = None  # the process holding the phase (the daemon, when mounted)
     grace_s: float | None = None  # ephemeral: gc removes it once unused for this long
     last_used: float | None = None  # created, or last mounted or unmounted
@@ -65,7 +67,7 @@ def _info(conn: sqlite3.Connection, row: VolumeRow) -> VolumeInfo:
         row.name,
         row.kind,
         row.mode,
-        row.phase,
+        VolumePhase(row.phase),
         row.origin,
         row.size,
         row.chunk_size,

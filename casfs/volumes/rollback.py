@@ -8,6 +8,8 @@ import sqlite3
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, NotFound, UsageError
+from casfs.ids import ChunkNo, SnapshotNo
+from casfs.kinds import VolumeKind
 from casfs.lifecycle.phases import VolumePhase
 from casfs.refcount import ledger
 from casfs.repo import Repository
@@ -18,7 +20,7 @@ from casfs.volumes.info import require_at_rest, volume_row
 from casfs.volumes.settle import settle
 
 
-def rollback(repo: Repository, volume: str, n: int) -> None:
+def rollback(repo: Repository, volume: str, n: SnapshotNo) -> None:
     """Make snapshot n the volume's base again (the volume must not be mounted rw).
     Changes a crashed mount left behind are kept as a snapshot first, never dropped."""
     settle(repo, volume)
@@ -42,7 +44,7 @@ def resize(repo: Repository, volume: str, size: int, allow_shrink: bool = False)
     settle(repo, volume)
     with transaction(repo.conn):
         row = volume_row(repo.conn, volume)
-    if row.kind != "block":
+    if row.kind != VolumeKind.BLOCK:
         raise UsageError(f"volume {volume!r} is a directory volume: only block volumes have a size to set")
     require_at_rest(row, name_holder=False)
     if size > MAX_BLOCK_SIZE:
@@ -57,11 +59,11 @@ def resize(repo: Repository, volume: str, size: int, allow_shrink: bool = False)
     cmap = chunkmap.ChunkMap(repo.get_meta, base)
     cs = cmap.chunk_size
     with repo.batch() as batch:
-        changes: dict[int, BlobId] = {}
+        changes: dict[ChunkNo, BlobId] = {}
         tail = size % cs
         if size < old_size and tail:
             # The cut chunk keeps only the bytes below the new end, so growing back reads zeros.
-            last = size // cs
+            last = ChunkNo(size // cs)
             cid = cmap.chunk(last)
             if cid != ZERO_ID:
                 changes[last] = batch.put(repo.get(cid)[:tail])

@@ -10,6 +10,7 @@ import sqlite3
 
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
+from casfs.ids import SnapshotNo
 from casfs.lifecycle.faults import fault_point
 from casfs.lifecycle.phases import VolumePhase, give_volume, take_volume
 from casfs.lifecycle.queue import job_slot
@@ -21,7 +22,7 @@ def has_overlay(conn: sqlite3.Connection, volume: str) -> bool:
     return rows.has_overlay(conn, volume)
 
 
-def settle(repo: Repository, volume: str, label: str | None = None) -> int | None:
+def settle(repo: Repository, volume: str, label: str | None = None) -> SnapshotNo | None:
     """Fold what a crashed mount left in a volume's overlay into a snapshot, as its
     unmount would have; returns the snapshot number, or None if there was nothing.
     Phase snapshotting while it works, in a job slot (a fold is heavy work)."""

@@ -9,6 +9,7 @@ import sqlite3
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, NotFound
+from casfs.ids import InodeNo, SnapshotNo
 from casfs.lifecycle.phases import VolumePhase
 from casfs.refcount import ledger
 from casfs.repo import Repository
@@ -19,15 +20,15 @@ from casfs.volumes.settle import settle
 
 
 def record_snapshot(
-    conn: sqlite3.Connection, volume: str, root: BlobId, size: int, next_ino: int, label: str | None
-) -> int:
+    conn: sqlite3.Connection, volume: str, root: BlobId, size: int, next_ino: InodeNo, label: str | None
+) -> SnapshotNo:
     """Add snapshot n+1 of `volume` with `root` (inside the caller's transaction): one
     reference on the root, whatever the volume's size."""
     ledger.retain(conn, [root])
     return rows.add_snapshot(conn, volume, root, size, next_ino, label)
 
 
-def create_snapshot(repo: Repository, volume: str, label: str | None = None) -> int:
+def create_snapshot(repo: Repository, volume: str, label: str | None = None) -> SnapshotNo:
     """Snapshot a volume at rest: its base (with any overlay a crash left) becomes snapshot n+1."""
     settled = settle(repo, volume, label)
     if settled is not None:
@@ -64,7 +65,7 @@ def remove_snapshot(repo: Repository, ref: str, if_exists: bool = False) -> bool
     return True
 
 
-def snapshot_at_rest(repo: Repository, volume: str, label: str | None, held: bool) -> int:
+def snapshot_at_rest(repo: Repository, volume: str, label: str | None, held: bool) -> SnapshotNo:
     """Snapshot a volume that has no read/write view here: its base. A volume this
     daemon holds (phase mounted) is at rest all the same: nothing writes it."""
     if not held:

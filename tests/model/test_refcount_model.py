@@ -25,13 +25,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from casfs import catalog
+from casfs.kinds import BlobKind
 from casfs.refcount import ledger, logical
 from casfs.refcount.fsck import fsck
 from casfs.refcount.gc import gc
 from casfs.refcount.ledger import Batch
 from casfs.repo import Repository
 from casfs.snapshots import chunkmap, tree
-from casfs.snapshots.kinds import MAP_ROOT, TREE
 from casfs.store.ids import ZERO_ID, BlobId
 
 CS = 512
@@ -70,7 +70,7 @@ class RefcountModel(RuleBasedStateMachine):
         size = len(ids) * CS
         if all(i == ZERO_ID for i in ids):
             return ZERO_ID, size
-        return self._put(b, chunkmap.MapRoot(0, CS, size, ids).encode(), MAP_ROOT, ids), size
+        return self._put(b, chunkmap.MapRoot(0, CS, size, ids).encode(), BlobKind.MAP_ROOT, ids), size
 
     def _tree(self, b: Batch, files: list[list[int]], sub: BlobId | None, ino: int) -> BlobId:
         entries = []
@@ -81,7 +81,7 @@ class RefcountModel(RuleBasedStateMachine):
         if sub is not None:
             entries.append(tree.dir_entry(b"sub", 0o755, 99, sub))
         t = tree.Tree(tree.Attrs(mode=stat.S_IFDIR | 0o755, ino=ino), CS, entries)
-        return self._put(b, t.encode(), TREE, [e.blob for e in t.entries])
+        return self._put(b, t.encode(), BlobKind.TREE, [e.blob for e in t.entries])
 
     def _needs(self, root: BlobId) -> frozenset[BlobId]:
         seen: set[BlobId] = set()
@@ -115,7 +115,7 @@ class RefcountModel(RuleBasedStateMachine):
         with self.repo.batch() as b:
             ids = [self._chunk(b, p) for p in picks]
             size = len(ids) * CS
-            root = self._put(b, chunkmap.MapRoot(0, CS, size, ids).encode(), MAP_ROOT, ids)
+            root = self._put(b, chunkmap.MapRoot(0, CS, size, ids).encode(), BlobKind.MAP_ROOT, ids)
             self._commit(b, "block", root)
 
     @rule(top=st.lists(chunk_picks, max_size=3), nested=st.lists(chunk_picks, max_size=2))

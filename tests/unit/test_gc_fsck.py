@@ -14,13 +14,13 @@ import pytest
 
 from casfs import catalog
 from casfs.errors import Busy
+from casfs.kinds import BlobKind
 from casfs.refcount import ledger
 from casfs.refcount.fsck import FsckReport, fsck
 from casfs.refcount.gc import gc
 from casfs.repo import Repository
 from casfs.snapshots import chunkmap, tree
 from casfs.snapshots.children import children
-from casfs.snapshots.kinds import DATA, MAP_ROOT, TREE
 from casfs.store.ids import ZERO_ID, BlobId, blob_id, meta_id
 from tests.helpers.fsck import file_store
 
@@ -63,11 +63,13 @@ def dir_image(repo: Repository, name: str, files: dict[bytes, Sequence[bytes]]) 
             attrs = tree.Attrs(mode=stat.S_IFREG | 0o644, size=size, ino=ino)
             entries.append(tree.Entry(fname, attrs, content))
             total += size
-        sub = b.put(tree.Tree(tree.Attrs(mode=stat.S_IFDIR | 0o755, ino=2), CS, entries).encode(), TREE)
+        sub = b.put(
+            tree.Tree(tree.Attrs(mode=stat.S_IFDIR | 0o755, ino=2), CS, entries).encode(), BlobKind.TREE
+        )
         top = tree.Tree(
             tree.Attrs(mode=stat.S_IFDIR | 0o755, ino=1), CS, [tree.dir_entry(b"sub", 0o755, 2, sub)]
         )
-        root = b.put(top.encode(), TREE)
+        root = b.put(top.encode(), BlobKind.TREE)
         b.commit({root: 1}, then=_add_image_row(name, "dir", root, total))
     return root
 
@@ -98,7 +100,7 @@ def reachable(repo: Repository, root: BlobId, kind: int) -> set[BlobId]:
         if bid == ZERO_ID or bid in seen:
             continue
         seen.add(bid)
-        if k != DATA:
+        if k != BlobKind.DATA:
             todo.extend(children(k, repo.get(bid)))
     return seen
 
@@ -302,7 +304,7 @@ def test_two_roots_sharing_blobs(repo: Repository) -> None:
     assert report.blobs_freed == 7 + 1
     assert report.problems == []
 
-    need = reachable(repo, root_a, MAP_ROOT)
+    need = reachable(repo, root_a, BlobKind.MAP_ROOT)
     after = files_on_disk(repo)
     assert set(after) == {b.hex() for b in need}
     assert report.bytes_freed == sum(before.values()) - sum(after.values())
@@ -333,7 +335,7 @@ def test_gc_frees_directory_trees(repo: Repository) -> None:
     report = gc(repo)
     assert report.blobs_freed == 2 + 1 + 2  # two trees, a map, two chunks; "f" is shared
     (root,) = repo.conn.execute("SELECT root FROM images").fetchone()
-    assert set(files_on_disk(repo)) == {b.hex() for b in reachable(repo, BlobId(root), TREE)}
+    assert set(files_on_disk(repo)) == {b.hex() for b in reachable(repo, BlobId(root), BlobKind.TREE)}
     assert fsck(repo).clean
 
 
@@ -412,8 +414,8 @@ def test_data_equal_to_a_map_root_is_not_confused_with_it(repo: Repository) -> N
     block_image(repo, "disk", [as_map])
     dir_image(repo, "tree", {b"f": [target, bytes(1000)]})
     kind_of = "SELECT kind FROM blobs WHERE id = ?"
-    assert repo.conn.execute(kind_of, (blob_id(as_map),)).fetchone()[0] == DATA
-    assert repo.conn.execute(kind_of, (meta_id(as_map),)).fetchone()[0] == MAP_ROOT
+    assert repo.conn.execute(kind_of, (blob_id(as_map),)).fetchone()[0] == BlobKind.DATA
+    assert repo.conn.execute(kind_of, (meta_id(as_map),)).fetchone()[0] == BlobKind.MAP_ROOT
     assert fsck(repo).clean
 
 
@@ -486,6 +488,6 @@ def test_gc_lets_writers_in_between_rounds(repo: Repository) -> None:
     gc(repo)
     need: set[BlobId] = set()
     for (root,) in repo.conn.execute("SELECT root FROM images"):
-        need |= reachable(repo, BlobId(root), MAP_ROOT)
+        need |= reachable(repo, BlobId(root), BlobKind.MAP_ROOT)
     assert set(repo.blobs.list()) == need and len(need) == 3 * len(commits)
     assert fsck(repo).clean

@@ -2,9 +2,10 @@
 inside a function; `if TYPE_CHECKING:` blocks aside, as they never run) must point down.
 
     no cycles among casfs's modules
+    casfs.ids, casfs.kinds  (the numbers and kinds every layer names) import nothing of casfs
     casfs.store      imports only casfs.errors and casfs.store
-    casfs.snapshots  imports only casfs.errors, casfs.store and casfs.snapshots
-    casfs.catalog    imports only casfs.errors, casfs.store (ids) and casfs.catalog
+    casfs.snapshots  imports only casfs.errors, casfs.ids, casfs.kinds, casfs.store and casfs.snapshots
+    casfs.catalog    imports only casfs.errors, casfs.ids, casfs.kinds, casfs.store (ids) and casfs.catalog
     casfs.vfs        never imports casfs.fuse, casfs.volumes, casfs.images or casfs.cli
     only casfs.fuse imports pyfuse3; trio only casfs.fuse and casfs.vfs
     commands that do not mount import neither trio nor pyfuse3 (checked by running them)
@@ -121,9 +122,11 @@ def test_the_cycle_check_finds_a_cycle() -> None:
 @pytest.mark.parametrize(
     ("package", "allowed"),
     [
+        ("casfs.ids", ()),
+        ("casfs.kinds", ()),
         ("casfs.store", ("casfs.errors", "casfs.store")),
-        ("casfs.snapshots", ("casfs.errors", "casfs.store", "casfs.snapshots")),
-        ("casfs.catalog", ("casfs.errors", "casfs.store.ids", "casfs.catalog")),
+        ("casfs.snapshots", ("casfs.errors", "casfs.ids", "casfs.kinds", "casfs.store", "casfs.snapshots")),
+        ("casfs.catalog", ("casfs.errors", "casfs.ids", "casfs.kinds", "casfs.store.ids", "casfs.catalog")),
     ],
 )
 def test_low_layers_import_only_below(package: str, allowed: tuple[str, ...]) -> None:

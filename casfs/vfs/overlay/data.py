@@ -9,6 +9,7 @@ import errno
 import stat
 from typing import Unpack
 
+from casfs.ids import ChunkNo, InodeNo
 from casfs.snapshots import chunkmap
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import Changes, Fetched, NeedChunks, Piece, Stat, fs_error
@@ -22,7 +23,7 @@ _XATTR_NAMESPACES = (b"user.", b"trusted.", b"security.")
 
 class Data(RwVolume):
     # Base content id -> its data chunks (for st_blocks), shared by every inode of it.
-    _allocated: dict[BlobId, list[int]]
+    _allocated: dict[BlobId, list[ChunkNo]]
 
     def _load(self) -> None:
         self._allocated = {}
@@ -30,7 +31,7 @@ class Data(RwVolume):
 
     # -- reading -----------------------------------------------------------------
 
-    def getattr(self, ino: int) -> Stat:
+    def getattr(self, ino: InodeNo) -> Stat:
         return self._stat(self.node(ino))
 
     def _stat(self, node: Node) -> Stat:
@@ -54,14 +55,14 @@ class Data(RwVolume):
             if n < count:
                 chunks += self._holds_data(node, n) - (n < limit and _contains(base, n))
         used = chunks * cs
-        if count and self._holds_data(node, count - 1):
+        if count and self._holds_data(node, ChunkNo(count - 1)):
             used -= count * cs - node.attrs.size  # the last chunk ends at the end of the file
         return (used + 511) // 512
 
-    def _holds_data(self, node: Node, n: int) -> bool:
+    def _holds_data(self, node: Node, n: ChunkNo) -> bool:
         return n in self._buffered.get(node.ino, ()) or self._chunk_ref(node, n) != ZERO_ID
 
-    def _base_allocation(self, node: Node) -> list[int]:
+    def _base_allocation(self, node: Node) -> list[ChunkNo]:
         if node.base == ZERO_ID or node.base_limit == 0:
             return []
         found = self._allocated.get(node.base)
@@ -72,24 +73,24 @@ class Data(RwVolume):
             elif content.map is not None:
                 found = content.map.data_chunks()
             else:
-                found = [0] if content.chunk(0) != ZERO_ID else []
+                found = [ChunkNo(0)] if content.chunk(ChunkNo(0)) != ZERO_ID else []
             if len(self._allocated) > 4096:
                 self._allocated.clear()
             self._allocated[node.base] = found
         return found
 
-    def _base_chunk(self, node: Node, n: int) -> BlobId:
+    def _base_chunk(self, node: Node, n: ChunkNo) -> BlobId:
         if node.base == ZERO_ID or n >= node.base_limit:
             return ZERO_ID
         return self._content(node).chunk(n)
 
-    def _chunk_ref(self, node: Node, n: int) -> BlobId:
+    def _chunk_ref(self, node: Node, n: ChunkNo) -> BlobId:
         flushed = self.chunk_ids.get(node.ino)
         if flushed is not None and n in flushed:
             return flushed[n]
         return self._base_chunk(node, n)
 
-    def read_plan(self, ino: int, offset: int, size: int) -> list[Piece]:
+    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
         node = self.node(ino)
         if not node.is_file:
             raise fs_error(errno.EISDIR if node.is_dir else errno.EINVAL)
@@ -98,7 +99,8 @@ class Data(RwVolume):
         pieces = []
         pos = offset
         while pos < end:
-            n, start = divmod(pos, cs)
+            q, start = divmod(pos, cs)
+            n = ChunkNo(q)
             stop = min(cs, end - n * cs)
             buf = self.buffers.get((ino, n))
             if buf is not None:
@@ -108,18 +110,18 @@ class Data(RwVolume):
             pos = n * cs + stop
         return pieces
 
-    def getxattr(self, ino: int, name: bytes) -> bytes:
+    def getxattr(self, ino: InodeNo, name: bytes) -> bytes:
         value = self.node(ino).xattrs.get(name)
         if value is None:
             raise fs_error(errno.ENODATA)
         return value
 
-    def listxattr(self, ino: int) -> list[bytes]:
+    def listxattr(self, ino: InodeNo) -> list[bytes]:
         return sorted(self.node(ino).xattrs)
 
     # -- attributes ------------------------------------------------------------------
 
-    def setattr(self, ino: int, *, fetched: Fetched | None = None, **changes: Unpack[Changes]) -> Stat:
+    def setattr(self, ino: InodeNo, *, fetched: Fetched | None = None, **changes: Unpack[Changes]) -> Stat:
         mode, uid, gid = changes.get("mode"), changes.get("uid"), changes.get("gid")
         size, atime_ns, mtime_ns = changes.get("size"), changes.get("atime_ns"), changes.get("mtime_ns")
         node = self.node(ino)
@@ -154,12 +156,12 @@ class Data(RwVolume):
 
     def _truncate(self, node: Node, size: int, fetched: Fetched) -> None:
         cs = self.chunk_size
-        keep = chunkmap.n_chunks(size, cs)
+        keep = ChunkNo(chunkmap.n_chunks(size, cs))  # the first chunk past the end
         tail = size % cs
-        last = (node.ino, keep - 1)
+        last = (node.ino, ChunkNo(keep - 1))
         ref = ZERO_ID
         if size < node.attrs.size and tail and last not in self.buffers:
-            ref = self._chunk_ref(node, keep - 1)
+            ref = self._chunk_ref(node, last[1])
             if ref != ZERO_ID and ref not in fetched:
                 raise NeedChunks([ref])  # before any change: the retry starts from scratch
         if node.attrs.nlink:
@@ -183,7 +185,7 @@ class Data(RwVolume):
         node.set(size=size)
         self._touch(node.ino)
 
-    def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
+    def setxattr(self, ino: InodeNo, name: bytes, value: bytes, flags: int = 0) -> None:
         if name.startswith(b"system.posix_acl_"):
             # ACLs are not enforced here (default_permissions checks mode bits only), so
             # refuse them: cp -a and tar then fall back to chmod instead of storing an
@@ -202,7 +204,7 @@ class Data(RwVolume):
         node.xattrs[name] = value
         node.set(ctime_ns=now_ns())
 
-    def removexattr(self, ino: int, name: bytes) -> None:
+    def removexattr(self, ino: InodeNo, name: bytes) -> None:
         node = self.node(ino)
         if name not in node.xattrs:
             raise fs_error(errno.ENODATA)
@@ -212,7 +214,7 @@ class Data(RwVolume):
 
     # -- writing data ------------------------------------------------------------------
 
-    def write(self, ino: int, offset: int, data: bytes, fetched: Fetched | None = None) -> int:
+    def write(self, ino: InodeNo, offset: int, data: bytes, fetched: Fetched | None = None) -> int:
         """Buffer a write. Raises NeedChunks when a partly written chunk's current
         bytes are neither buffered nor in `fetched`: fetch them and call again."""
         node = self.node(ino)
@@ -223,7 +225,7 @@ class Data(RwVolume):
         cs = self.chunk_size
         end = offset + len(data)
         missing = []
-        for n in range(offset // cs, -(-end // cs)):
+        for n in map(ChunkNo, range(offset // cs, -(-end // cs))):
             lo, hi = max(offset, n * cs) - n * cs, min(end, (n + 1) * cs) - n * cs
             if (ino, n) in self.buffers or (lo == 0 and (hi == cs or n * cs + hi >= node.attrs.size)):
                 continue
@@ -232,7 +234,7 @@ class Data(RwVolume):
                 missing.append(ref)
         if missing:
             raise NeedChunks(missing)
-        for n in range(offset // cs, -(-end // cs)):
+        for n in map(ChunkNo, range(offset // cs, -(-end // cs))):
             key = (ino, n)
             lo, hi = max(offset, n * cs) - n * cs, min(end, (n + 1) * cs) - n * cs
             buf = self.buffers.get(key)
@@ -262,7 +264,7 @@ class Data(RwVolume):
         """What of a write the kind takes (a file grows; a disk does not)."""
         return data
 
-    def write_sync(self, ino: int, offset: int, data: bytes) -> int:
+    def write_sync(self, ino: InodeNo, offset: int, data: bytes) -> int:
         """write(), fetching needed chunks in this thread (tests, offline tools)."""
         fetched: Fetched = {}
         while True:
@@ -271,7 +273,7 @@ class Data(RwVolume):
             except NeedChunks as e:
                 fetched.update((i, self.repo.get(i)) for i in e.ids)
 
-    def truncate_sync(self, ino: int, size: int) -> Stat:
+    def truncate_sync(self, ino: InodeNo, size: int) -> Stat:
         fetched: Fetched = {}
         while True:
             try:
@@ -280,6 +282,6 @@ class Data(RwVolume):
                 fetched.update((i, self.repo.get(i)) for i in e.ids)
 
 
-def _contains(ordered: list[int], n: int) -> bool:
+def _contains(ordered: list[ChunkNo], n: ChunkNo) -> bool:
     i = bisect.bisect_left(ordered, n)
     return i < len(ordered) and ordered[i] == n

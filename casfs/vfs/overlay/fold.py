@@ -15,47 +15,50 @@ from dataclasses import dataclass, field
 
 from casfs.catalog import overlay
 from casfs.catalog import volumes as rows
+from casfs.ids import ChunkNo, InodeNo, SnapshotNo
+from casfs.kinds import BlobKind
 from casfs.refcount import ledger
 from casfs.repo import Repository
 from casfs.snapshots import chunkmap
-from casfs.snapshots.kinds import MAP_ROOT, TREE
 from casfs.snapshots.tree import Entry, Tree, dir_entry
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import ROOT_INO
 from casfs.vfs.overlay.nodes import NO_LIMIT, Node
 
+_NOT_YET = SnapshotNo(0)
+
 
 @dataclass
 class FlushJob:
-    chunks: list[tuple[int, int, bytes, int]]  # ino, n, data, buffer version
+    chunks: list[tuple[InodeNo, ChunkNo, bytes, int]]  # ino, n, data, buffer version
     rows: list[tuple[object, ...]]
-    deleted: list[int]
-    cuts: dict[int, int]
-    next_ino: int
+    deleted: list[InodeNo]
+    cuts: dict[InodeNo, ChunkNo]
+    next_ino: InodeNo
     logical: int
-    ids: dict[tuple[int, int], BlobId] = field(default_factory=dict)
-    inos: set[int] = field(default_factory=set)  # the dirty inodes it carries (rows, or gone)
+    ids: dict[tuple[InodeNo, ChunkNo], BlobId] = field(default_factory=dict)
+    inos: set[InodeNo] = field(default_factory=set)  # the dirty inodes it carries (rows, or gone)
     # Directory entries: only the changed ones, or every entry of a `whole_dirs` listing.
-    listings: list[int] = field(default_factory=list)  # directories whose entries it writes
-    whole_dirs: list[int] = field(default_factory=list)
-    entries: list[tuple[int, bytes, int, int]] = field(default_factory=list)  # dir, name, cookie, ino
-    gone: list[tuple[int, bytes]] = field(default_factory=list)  # dir, name
+    listings: list[InodeNo] = field(default_factory=list)  # directories whose entries it writes
+    whole_dirs: list[InodeNo] = field(default_factory=list)
+    entries: list[tuple[InodeNo, bytes, int, InodeNo]] = field(default_factory=list)  # dir, name, cookie, ino
+    gone: list[tuple[InodeNo, bytes]] = field(default_factory=list)  # dir, name
 
 
 @dataclass
 class FoldJob:
-    rows: dict[int, Node]
-    chunk_ids: dict[int, dict[int, BlobId]]
+    rows: dict[InodeNo, Node]
+    chunk_ids: dict[InodeNo, dict[ChunkNo, BlobId]]
     label: str | None
     logical: int
     new_root: BlobId = ZERO_ID
     size: int = 0
-    snapshot: int = 0
-    bases: dict[int, BlobId] = field(default_factory=dict)  # ino -> its id in the new root
-    parents: dict[int, int] = field(default_factory=dict)  # ino -> a directory naming it there
+    snapshot: SnapshotNo = _NOT_YET  # set by the fold
+    bases: dict[InodeNo, BlobId] = field(default_factory=dict)  # ino -> its id in the new root
+    parents: dict[InodeNo, InodeNo] = field(default_factory=dict)  # ino -> a directory naming it there
 
 
-def delete_inode_rows(conn: sqlite3.Connection, volume: str, ino: int, from_chunk: int = 0) -> None:
+def delete_inode_rows(conn: sqlite3.Connection, volume: str, ino: InodeNo, from_chunk: int = 0) -> None:
     """Drop an inode's overlay rows (its chunks from `from_chunk` on), releasing its chunks."""
     ledger.release(conn, overlay.delete_inode(conn, volume, ino, from_chunk))
 
@@ -84,7 +87,7 @@ def run_flush(repo: Repository, volume: str, job: FlushJob) -> None:
         batch.commit(then=write_rows)
 
 
-def _publish(batch: ledger.Batch, volume: str, base: BlobId, next_ino: int, job: FoldJob) -> None:
+def _publish(batch: ledger.Batch, volume: str, base: BlobId, next_ino: InodeNo, job: FoldJob) -> None:
     """In one transaction make the fold's root snapshot n+1 and the new base, and
     empty the overlay."""
 
@@ -98,7 +101,7 @@ def _publish(batch: ledger.Batch, volume: str, base: BlobId, next_ino: int, job:
 
 
 def run_fold_dir(
-    repo: Repository, volume: str, base: BlobId, chunk_size: int, next_ino: int, job: FoldJob
+    repo: Repository, volume: str, base: BlobId, chunk_size: int, next_ino: InodeNo, job: FoldJob
 ) -> None:
     """Fold a directory volume's overlay into new tree and map blobs (the materialized
     directories, bottom-up)."""
@@ -109,7 +112,7 @@ def run_fold_dir(
         _publish(batch, volume, base, next_ino, job)
 
 
-def run_fold_block(repo: Repository, volume: str, base: BlobId, next_ino: int, job: FoldJob) -> None:
+def run_fold_block(repo: Repository, volume: str, base: BlobId, next_ino: InodeNo, job: FoldJob) -> None:
     """Fold a block volume's changed chunks into a new chunk map."""
     with repo.batch() as batch:
         root = job.rows.get(ROOT_INO)
@@ -130,7 +133,7 @@ class _Folder:
         self.cs = chunk_size
         self.job = job
 
-    def fold_dir(self, ino: int) -> BlobId:
+    def fold_dir(self, ino: InodeNo) -> BlobId:
         node = self.job.rows[ino]
         if node.listing is None:
             # Copied up with its parent, never entered: same entries, maybe new attrs.
@@ -139,11 +142,11 @@ class _Folder:
         else:
             entries = [self._entry(ino, name, child) for name, (_, child) in node.listing.entries.items()]
             tree = Tree(node.tree_attrs(), self.cs, entries)
-        bid = self.batch.put(tree.encode(), TREE)
+        bid = self.batch.put(tree.encode(), BlobKind.TREE)
         self.job.bases[ino] = bid
         return bid
 
-    def _entry(self, parent: int, name: bytes, ino: int) -> Entry:
+    def _entry(self, parent: InodeNo, name: bytes, ino: InodeNo) -> Entry:
         node = self.job.rows[ino]
         self.job.parents[ino] = parent
         if node.is_dir:
@@ -157,12 +160,12 @@ class _Folder:
     def _content(self, node: Node) -> BlobId:
         changes = dict(self.job.chunk_ids.get(node.ino, {}))
         count = chunkmap.n_chunks(node.attrs.size, self.cs)
-        for n in range(min(node.base_limit, count), count):
+        for n in map(ChunkNo, range(min(node.base_limit, count), count)):
             changes.setdefault(n, ZERO_ID)
         if node.base == ZERO_ID:
-            ids = [changes.get(n, ZERO_ID) for n in range(count)]
+            ids = [changes.get(ChunkNo(n), ZERO_ID) for n in range(count)]
             return chunkmap.build_content(self.batch.put_kind, ids, node.attrs.size, self.cs)
-        mapped = overlay.blob_kind(self.repo.conn, node.base) == MAP_ROOT
+        mapped = overlay.blob_kind(self.repo.conn, node.base) == BlobKind.MAP_ROOT
         content = chunkmap.Content(self.repo.get_meta, node.base, node.attrs.size, self.cs, mapped)
         # Unchanged content keeps its id, unless a truncate cut it (base_limit): the old
         # id still names the bytes past the cut, which a later grow would bring back.

@@ -14,6 +14,7 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from casfs.ids import InodeNo
 from casfs.snapshots.tree import Attrs, Entry, Tree
 from casfs.store.cache import LRU
 from casfs.store.ids import ZERO_ID, BlobId
@@ -33,10 +34,10 @@ class Namespace(Data):
     def _load(self) -> None:
         self._trees: LRU[BlobId, Tree] = LRU(_TREE_CACHE_BYTES)
         self._links: _BaseLinks | None = None  # the base's hardlinks, found when first needed
-        self._linked: set[int] = set()  # hardlinked inodes whose every directory is materialized
+        self._linked: set[InodeNo] = set()  # hardlinked inodes whose every directory is materialized
         super()._load()
 
-    def _copy_up(self, ino: int) -> None:
+    def _copy_up(self, ino: InodeNo) -> None:
         if ino not in self.overlay:
             node = self.node(ino)
             if ino != ROOT_INO:
@@ -66,7 +67,7 @@ class Namespace(Data):
     def _base_entries(self, node: Node) -> list[Entry]:
         return self._tree(node.base).entries if node.base != ZERO_ID else []
 
-    def _child_node(self, entry: Entry, parent: int) -> Node:
+    def _child_node(self, entry: Entry, parent: InodeNo) -> Node:
         """The node for a base entry: the overlay's when it has one (hardlinks!)."""
         known = self.nodes.get(entry.attrs.ino)
         if known is not None:
@@ -78,7 +79,7 @@ class Namespace(Data):
         self.nodes[node.ino] = node
         return node
 
-    def _dir(self, ino: int) -> Node:
+    def _dir(self, ino: InodeNo) -> Node:
         node = self.node(ino)
         if not node.is_dir:
             raise fs_error(errno.ENOTDIR)
@@ -86,7 +87,7 @@ class Namespace(Data):
 
     # -- copy-up -----------------------------------------------------------------
 
-    def _materialize(self, dir_ino: int) -> Listing:
+    def _materialize(self, dir_ino: InodeNo) -> Listing:
         node = self._dir(dir_ino)
         if node.listing is not None:
             return node.listing
@@ -102,7 +103,7 @@ class Namespace(Data):
         self._touch(dir_ino)
         return listing
 
-    def _materialize_links(self, ino: int) -> None:
+    def _materialize_links(self, ino: InodeNo) -> None:
         """A hardlinked base inode changes: materialize every directory that holds one
         of its names, so that the fold rewrites each entry (an unmaterialized directory
         is reused as it was, and would keep the old attributes and content under its
@@ -115,7 +116,7 @@ class Namespace(Data):
             if self._load_base_dir(d):
                 self._materialize(d)
 
-    def _load_base_dir(self, d: int) -> bool:
+    def _load_base_dir(self, d: InodeNo) -> bool:
         """The node of base directory `d`, loaded through its base parents; False if it
         is gone (removed, or moved out of a parent that has changed since)."""
         if d in self.nodes:
@@ -136,10 +137,10 @@ class Namespace(Data):
 
     # -- names ---------------------------------------------------------------------
 
-    def lookup(self, parent: int, name: bytes) -> Stat:
+    def lookup(self, parent: InodeNo, name: bytes) -> Stat:
         return self._stat(self._lookup_node(parent, name))
 
-    def _lookup_node(self, parent: int, name: bytes) -> Node:
+    def _lookup_node(self, parent: InodeNo, name: bytes) -> Node:
         pnode = self._dir(parent)
         if len(name) > NAME_MAX:
             raise fs_error(errno.ENAMETOOLONG)
@@ -153,7 +154,7 @@ class Namespace(Data):
             raise fs_error(errno.ENOENT)
         return self._child_node(entry, parent)
 
-    def readdir(self, ino: int, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
+    def readdir(self, ino: InodeNo, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
         node = self._dir(ino)
         if node.listing is not None:
             for cookie, name, child in node.listing.after(offset):
@@ -164,13 +165,13 @@ class Namespace(Data):
             entry = entries[index]
             yield entry.name, self._stat(self._child_node(entry, ino)), index + 1
 
-    def readlink(self, ino: int) -> bytes:
+    def readlink(self, ino: InodeNo) -> bytes:
         node = self.node(ino)
         if not stat.S_ISLNK(node.attrs.mode):
             raise fs_error(errno.EINVAL)
         return node.target
 
-    def path_of(self, ino: int) -> str:
+    def path_of(self, ino: InodeNo) -> str:
         """A path naming the inode now, or <inode N> if it has none (unlinked)."""
         parts: list[bytes] = []
         at = ino
@@ -183,7 +184,7 @@ class Namespace(Data):
             at = node.parent
         return "/" + b"/".join(reversed(parts)).decode(errors="replace")
 
-    def _name_in(self, parent: int, ino: int) -> bytes | None:
+    def _name_in(self, parent: InodeNo, ino: InodeNo) -> bytes | None:
         pnode = self.nodes.get(parent)
         if pnode is None or not pnode.is_dir:
             return None
@@ -193,7 +194,7 @@ class Namespace(Data):
 
     # -- creating and removing names -----------------------------------------------
 
-    def _check_new_name(self, parent: int, name: bytes) -> Listing:
+    def _check_new_name(self, parent: InodeNo, name: bytes) -> Listing:
         if len(name) > NAME_MAX:
             raise fs_error(errno.ENAMETOOLONG)
         if name in (b"", b".", b"..") or b"/" in name:
@@ -204,7 +205,7 @@ class Namespace(Data):
         return listing
 
     def _new_node(
-        self, parent: int, name: bytes, mode: int, uid: int, gid: int, rdev: int = 0, target: bytes = b""
+        self, parent: InodeNo, name: bytes, mode: int, uid: int, gid: int, rdev: int = 0, target: bytes = b""
     ) -> Node:
         listing = self._check_new_name(parent, name)
         pnode = self.node(parent)
@@ -214,7 +215,7 @@ class Namespace(Data):
                 mode |= stat.S_ISGID
         now = now_ns()
         ino = self.next_ino
-        self.next_ino += 1
+        self.next_ino = InodeNo(ino + 1)
         nlink = 2 if stat.S_ISDIR(mode) else 1
         attrs = Attrs(mode, uid, gid, rdev, len(target), now, now, now, ino, nlink)
         node = Node(attrs, {}, ZERO_ID, NO_LIMIT, target, parent, Listing() if stat.S_ISDIR(mode) else None)
@@ -227,22 +228,22 @@ class Namespace(Data):
         self._touch(parent)
         return node
 
-    def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Stat:
+    def mknod(self, parent: InodeNo, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Stat:
         if stat.S_IFMT(mode) == 0:
             mode |= stat.S_IFREG
         if stat.S_ISDIR(mode) or stat.S_ISLNK(mode):
             raise fs_error(errno.EINVAL)
         return self._stat(self._new_node(parent, name, mode, uid, gid, rdev))
 
-    def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Stat:
+    def mkdir(self, parent: InodeNo, name: bytes, mode: int, uid: int, gid: int) -> Stat:
         return self._new_node(parent, name, stat.S_IFDIR | stat.S_IMODE(mode), uid, gid).stat()
 
-    def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Stat:
+    def symlink(self, parent: InodeNo, name: bytes, target: bytes, uid: int, gid: int) -> Stat:
         if len(target) > 4095:
             raise fs_error(errno.ENAMETOOLONG)
         return self._new_node(parent, name, stat.S_IFLNK | 0o777, uid, gid, target=target).stat()
 
-    def link(self, ino: int, new_parent: int, new_name: bytes) -> Stat:
+    def link(self, ino: InodeNo, new_parent: InodeNo, new_name: bytes) -> Stat:
         node = self.node(ino)
         if node.is_dir:
             raise fs_error(errno.EPERM)
@@ -257,13 +258,13 @@ class Namespace(Data):
         self._touch(new_parent)
         return self._stat(node)
 
-    def unlink(self, parent: int, name: bytes) -> None:
+    def unlink(self, parent: InodeNo, name: bytes) -> None:
         child = self._lookup_node(parent, name)
         if child.is_dir:
             raise fs_error(errno.EISDIR)
         self._remove_name(parent, name, child)
 
-    def rmdir(self, parent: int, name: bytes) -> None:
+    def rmdir(self, parent: InodeNo, name: bytes) -> None:
         child = self._lookup_node(parent, name)
         if not child.is_dir:
             raise fs_error(errno.ENOTDIR)
@@ -276,7 +277,7 @@ class Namespace(Data):
             return bool(node.listing.entries)
         return bool(self._base_entries(node))
 
-    def _remove_name(self, parent: int, name: bytes, child: Node) -> None:
+    def _remove_name(self, parent: InodeNo, name: bytes, child: Node) -> None:
         listing = self._materialize(parent)
         self._touch(child.ino)  # while nlink still counts this name (see _materialize_links)
         listing.remove(name)
@@ -295,7 +296,7 @@ class Namespace(Data):
         self._touch(child.ino)
 
     def rename(
-        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int = 0
+        self, old_parent: InodeNo, old_name: bytes, new_parent: InodeNo, new_name: bytes, flags: int = 0
     ) -> None:
         if len(new_name) > NAME_MAX:
             raise fs_error(errno.ENAMETOOLONG)
@@ -339,7 +340,7 @@ class Namespace(Data):
         new_listing.add(new_name, src.ino)
         self._moved(src, old_parent, new_parent)
 
-    def _exchange(self, op: int, on: bytes, src: Node, np: int, nn: bytes, dst: Node) -> None:
+    def _exchange(self, op: InodeNo, on: bytes, src: Node, np: InodeNo, nn: bytes, dst: Node) -> None:
         old_listing = self._materialize(op)
         new_listing = self._materialize(np)
         self._touch(src.ino)
@@ -349,7 +350,7 @@ class Namespace(Data):
         self._moved(src, op, np)
         self._moved(dst, np, op)
 
-    def _moved(self, node: Node, old_parent: int, new_parent: int) -> None:
+    def _moved(self, node: Node, old_parent: InodeNo, new_parent: InodeNo) -> None:
         now = now_ns()
         node.set(ctime_ns=now)
         for p in {old_parent, new_parent}:
@@ -361,7 +362,7 @@ class Namespace(Data):
             self.node(old_parent).set(nlink=self.node(old_parent).attrs.nlink - 1)
             self.node(new_parent).set(nlink=self.node(new_parent).attrs.nlink + 1)
 
-    def _is_ancestor(self, ancestor: int, ino: int) -> bool:
+    def _is_ancestor(self, ancestor: InodeNo, ino: InodeNo) -> bool:
         while True:
             if ino == ancestor:
                 return True
@@ -375,8 +376,8 @@ class _BaseLinks:
     """Where a base tree's hardlinked files are: ino -> the directories holding their
     names, and each directory's parent and name (to load it without a path)."""
 
-    dirs: dict[int, list[int]]
-    parents: dict[int, tuple[int, bytes]]
+    dirs: dict[InodeNo, list[InodeNo]]
+    parents: dict[InodeNo, tuple[InodeNo, bytes]]
 
     @staticmethod
     def scan(tree_of: Callable[[BlobId], Tree], root: BlobId) -> _BaseLinks:

@@ -9,9 +9,10 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any
+from typing import Any, Unpack
 
-from casfs.snapshots.tree import Attrs, Entry, Tree
+from casfs.ids import NO_INO, InodeNo
+from casfs.snapshots.tree import AttrChanges, Attrs, Entry, Tree
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import Stat
 
@@ -26,7 +27,7 @@ class Listing:
     """A directory's entries with stable readdir cookies: an entry keeps its cookie
     while others come and go, so a reader that resumes at a cookie skips nothing."""
 
-    entries: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # name -> (cookie, ino)
+    entries: dict[bytes, tuple[int, InodeNo]] = field(default_factory=dict)  # name -> (cookie, ino)
     next_cookie: int = 1
     # What the catalog lacks (overlay_entries rows): every entry (`whole`, a listing just
     # copied up), or the names added, removed or re-pointed since the last flush.
@@ -37,7 +38,7 @@ class Listing:
         default=None, compare=False, repr=False
     )
 
-    def add(self, name: bytes, ino: int) -> None:
+    def add(self, name: bytes, ino: InodeNo) -> None:
         self.entries[name] = (self.next_cookie, ino)
         self.next_cookie += 1
         self.changed.add(name)
@@ -49,11 +50,11 @@ class Listing:
     def copy(self) -> Listing:
         return Listing(dict(self.entries), self.next_cookie)
 
-    def ino(self, name: bytes) -> int | None:
+    def ino(self, name: bytes) -> InodeNo | None:
         item = self.entries.get(name)
         return item[1] if item else None
 
-    def after(self, offset: int) -> Iterator[tuple[int, bytes, int]]:
+    def after(self, offset: int) -> Iterator[tuple[int, bytes, InodeNo]]:
         """(cookie, name, ino) of the entries whose cookie is above `offset`, in cookie
         order. The order is cached between readdir calls (a big directory is read in
         many): add() always takes a new, higher cookie and a removal shrinks the dict,
@@ -66,12 +67,12 @@ class Listing:
             cookie, name = order[i]
             yield cookie, name, self.entries[name][1]
 
-    def replace(self, name: bytes, ino: int) -> None:
+    def replace(self, name: bytes, ino: InodeNo) -> None:
         cookie, _ = self.entries[name]
         self.entries[name] = (cookie, ino)
         self.changed.add(name)
 
-    def pending(self) -> tuple[bool, list[tuple[bytes, int, int]], list[bytes]]:
+    def pending(self) -> tuple[bool, list[tuple[bytes, int, InodeNo]], list[bytes]]:
         """What a flush writes: (whole, (name, cookie, ino) to store, names to delete)."""
         if self.whole:
             return True, [(n, c, i) for n, (c, i) in self.entries.items()], []
@@ -87,7 +88,7 @@ class Listing:
         return struct.pack("<Q", self.next_cookie)
 
     @staticmethod
-    def from_header(raw: bytes, entries: dict[bytes, tuple[int, int]]) -> Listing:
+    def from_header(raw: bytes, entries: dict[bytes, tuple[int, InodeNo]]) -> Listing:
         (next_cookie,) = struct.unpack_from("<Q", raw)
         listing = Listing(entries, max(next_cookie, max((c for c, _ in entries.values()), default=0) + 1))
         listing.whole = False
@@ -105,11 +106,11 @@ class Node:
     base: BlobId = ZERO_ID  # file: base content id; dir: base subtree id
     base_limit: int = NO_LIMIT
     target: bytes = b""
-    parent: int = 0
+    parent: InodeNo = NO_INO
     listing: Listing | None = None  # directories whose entries changed
 
     @property
-    def ino(self) -> int:
+    def ino(self) -> InodeNo:
         return self.attrs.ino
 
     @property
@@ -120,7 +121,7 @@ class Node:
     def is_file(self) -> bool:
         return stat.S_ISREG(self.attrs.mode)
 
-    def set(self, **changes: int) -> None:
+    def set(self, **changes: Unpack[AttrChanges]) -> None:
         self.attrs = self.attrs.with_(**changes)
 
     def stat(self) -> Stat:
@@ -143,12 +144,12 @@ class Node:
         )  # fmt: skip
 
     @staticmethod
-    def from_row(row: tuple[Any, ...], entries: dict[bytes, tuple[int, int]] | None = None) -> Node:
+    def from_row(row: tuple[Any, ...], entries: dict[bytes, tuple[int, InodeNo]] | None = None) -> Node:
         """A node from its overlay row; a directory's `entries` come from overlay_entries."""
         _, ino, mode, uid, gid, rdev, size, at, mt, ct, nlink, xattrs, base, limit, target, parent, lst = row
         listing = Listing.from_header(lst, entries or {}) if lst is not None else None
-        attrs = Attrs(mode, uid, gid, rdev, size, at, mt, ct, ino, nlink)
-        return Node(attrs, decode_xattrs(xattrs), BlobId(base), limit, target, parent, listing)
+        attrs = Attrs(mode, uid, gid, rdev, size, at, mt, ct, InodeNo(ino), nlink)
+        return Node(attrs, decode_xattrs(xattrs), BlobId(base), limit, target, InodeNo(parent), listing)
 
     def copy(self) -> Node:
         """A copy the fold can read while this one changes (listing and xattrs too)."""
@@ -157,14 +158,14 @@ class Node:
         )
 
     @staticmethod
-    def from_entry(entry: Entry, parent: int) -> Node:
+    def from_entry(entry: Entry, parent: InodeNo) -> Node:
         """A base entry copied up (a directory's own attrs come from its tree)."""
         a = entry.attrs
         target = entry.data if entry.is_symlink else b""
         return Node(a.with_(xattrs=()), dict(a.xattrs), entry.blob, NO_LIMIT, target, parent)
 
     @staticmethod
-    def from_tree(tree: Tree, subtree: BlobId, parent: int) -> Node:
+    def from_tree(tree: Tree, subtree: BlobId, parent: InodeNo) -> Node:
         a = tree.attrs
         subdirs = sum(1 for e in tree.entries if e.is_dir)
         attrs = a.with_(size=0, nlink=2 + subdirs, xattrs=())

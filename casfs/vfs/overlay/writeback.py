@@ -40,6 +40,8 @@ from casfs.catalog import overlay as rows
 from casfs.catalog import transaction
 from casfs.catalog.volumes import generation, volume_row
 from casfs.errors import CasfsError
+from casfs.ids import ChunkNo, InodeNo, SnapshotNo
+from casfs.kinds import VolumeKind
 from casfs.repo import Repository
 from casfs.snapshots import chunkmap
 from casfs.store.ids import BlobId
@@ -58,12 +60,12 @@ class RwVolume(ABC):
     read_only = False
     immutable = False
     fixed_size = False
-    kind: ClassVar[str]
+    volume_kind: ClassVar[VolumeKind]  # what the class opens (the volume row's kind)
 
-    def __init_subclass__(cls, kind: str = "", **kwargs: object) -> None:
+    def __init_subclass__(cls, volume_kind: VolumeKind | None = None, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        if kind:
-            cls.kind = kind
+        if volume_kind is not None:
+            cls.volume_kind = volume_kind
 
     def __init__(
         self, repo: Repository, name: str, claim: Callable[[tuple[object, ...]], None] | None = None
@@ -84,26 +86,26 @@ class RwVolume(ABC):
         row = volume_row(self.repo.conn, self.name)
         if row is None:
             raise CasfsError(f"no volume named {self.name!r}")
-        assert row.kind == self.kind, f"a {row.kind} volume opened as {self.kind}"
+        assert row.kind == self.volume_kind, f"a {row.kind} volume opened as {self.volume_kind}"
         self.base = row.base
         self.chunk_size = row.chunk_size
         self.next_ino = row.next_ino
         self.logical = row.size  # bytes in regular files now (volumes.size as of the last flush)
-        self.nodes: dict[int, Node] = {}
-        self.overlay: set[int] = set()
-        self.dirty_nodes: set[int] = set()
-        self.deleted: set[int] = set()
-        self.cuts: dict[int, int] = {}
-        self.buffers: dict[tuple[int, int], bytearray] = {}
-        self.versions: dict[tuple[int, int], int] = {}
+        self.nodes: dict[InodeNo, Node] = {}
+        self.overlay: set[InodeNo] = set()
+        self.dirty_nodes: set[InodeNo] = set()
+        self.deleted: set[InodeNo] = set()
+        self.cuts: dict[InodeNo, ChunkNo] = {}
+        self.buffers: dict[tuple[InodeNo, ChunkNo], bytearray] = {}
+        self.versions: dict[tuple[InodeNo, ChunkNo], int] = {}
         self.dirty_bytes = 0
         self.dirty_since: float | None = None
-        self.chunk_ids: dict[int, dict[int, BlobId]] = {}
-        self._contents: dict[int, chunkmap.Content | chunkmap.ChunkMap] = {}
-        self._buffered: dict[int, set[int]] = {}  # ino -> chunk numbers in buffers
+        self.chunk_ids: dict[InodeNo, dict[ChunkNo, BlobId]] = {}
+        self._contents: dict[InodeNo, chunkmap.Content | chunkmap.ChunkMap] = {}
+        self._buffered: dict[InodeNo, set[ChunkNo]] = {}  # ino -> chunk numbers in buffers
         self._frozen = False  # a flush or fold is between its prepare and its apply/abort
-        self._deferred_atime: set[int] = set()  # reads while frozen (relatime, applied at thaw)
-        self._deferred_forget: set[int] = set()  # forgets while frozen
+        self._deferred_atime: set[InodeNo] = set()  # reads while frozen (relatime, applied at thaw)
+        self._deferred_forget: set[InodeNo] = set()  # forgets while frozen
         self._load_overlay()
         if ROOT_INO not in self.nodes:
             self.nodes[ROOT_INO] = self._base_root(row.size)
@@ -156,24 +158,24 @@ class RwVolume(ABC):
     def size_bytes(self) -> int:
         """The volume's logical size now: the disk's, or its regular files' bytes."""
 
-    def _copy_up(self, ino: int) -> None:
+    def _copy_up(self, ino: InodeNo) -> None:
         """Give a changing inode an overlay row (a directory volume copies its parents up)."""
         self.node(ino)
         self.overlay.add(ino)
 
-    def path_of(self, ino: int) -> str:
+    def path_of(self, ino: InodeNo) -> str:
         """A path naming the inode now, or <inode N> if it has none (unlinked)."""
         return "/" if ino == ROOT_INO else f"<inode {ino}>"
 
     # -- state -------------------------------------------------------------------------
 
-    def node(self, ino: int) -> Node:
+    def node(self, ino: InodeNo) -> Node:
         node = self.nodes.get(ino)
         if node is None:
             raise fs_error(errno.ENOENT, f"inode {ino} is not known")
         return node
 
-    def _touch(self, ino: int) -> None:
+    def _touch(self, ino: InodeNo) -> None:
         """Mark an inode changed: it (and its parent's listing) go to the overlay. Every
         mutation passes here, so the protocol's checks are here."""
         self._check_mutation()
@@ -191,7 +193,7 @@ class RwVolume(ABC):
             self._owner = me
         assert self._owner == me, "view state changed from a thread that does not own it"
 
-    def forget(self, ino: int) -> None:
+    def forget(self, ino: InodeNo) -> None:
         if self._frozen:
             self._deferred_forget.add(ino)  # the running job may hold this inode's rows
             return
@@ -204,7 +206,7 @@ class RwVolume(ABC):
         elif node.attrs.nlink == 0:
             self._drop_inode(ino)
 
-    def _drop_inode(self, ino: int) -> None:
+    def _drop_inode(self, ino: InodeNo) -> None:
         self.nodes.pop(ino, None)
         self.overlay.discard(ino)
         self.dirty_nodes.discard(ino)
@@ -215,7 +217,7 @@ class RwVolume(ABC):
         for key in [k for k in self.buffers if k[0] == ino]:
             self._drop_buffer(key)
 
-    def accessed(self, ino: int) -> None:
+    def accessed(self, ino: InodeNo) -> None:
         """A program read the file (the adapter calls this for reads through a handle
         opened for reading without O_NOATIME; read_plan alone is no access: the digest
         control, read-ahead and the kernel's read-modify-write of a page plan reads too)."""
@@ -244,7 +246,7 @@ class RwVolume(ABC):
 
     # -- buffers -----------------------------------------------------------------------
 
-    def _set_buffer(self, key: tuple[int, int], buf: bytearray) -> None:
+    def _set_buffer(self, key: tuple[InodeNo, ChunkNo], buf: bytearray) -> None:
         self.buffers[key] = buf
         self._buffered.setdefault(key[0], set()).add(key[1])
         self.dirty_bytes += len(buf)
@@ -252,7 +254,7 @@ class RwVolume(ABC):
         if self.dirty_since is None:
             self.dirty_since = time.monotonic()
 
-    def _drop_buffer(self, key: tuple[int, int]) -> None:
+    def _drop_buffer(self, key: tuple[InodeNo, ChunkNo]) -> None:
         buf = self.buffers.pop(key, None)
         if buf is not None:
             self.dirty_bytes -= len(buf)
@@ -265,13 +267,13 @@ class RwVolume(ABC):
 
     # -- describing (logs, and what a failed unmount could not save) -------------------
 
-    def describe(self, ino: int) -> str:
+    def describe(self, ino: InodeNo) -> str:
         return f"volume {self.name}: {self.path_of(ino)}"
 
     def unsaved(self) -> list[tuple[str, int]]:
         """What is not yet committed: (path, buffered bytes) per changed file, symlink
         or device (a directory's own change is its entries', which these name)."""
-        held: dict[int, int] = {}
+        held: dict[InodeNo, int] = {}
         for (ino, _), buf in self.buffers.items():
             held[ino] = held.get(ino, 0) + len(buf)
         for ino in self.dirty_nodes | self.deleted:
@@ -312,7 +314,7 @@ class RwVolume(ABC):
         self._frozen = True
         return job
 
-    def _chunk_bytes(self, ino: int, n: int, buf: bytearray) -> bytes:
+    def _chunk_bytes(self, ino: InodeNo, n: ChunkNo, buf: bytearray) -> bytes:
         """A chunk's bytes in canonical form, as an import would store them: the full
         chunk, or up to the end of the file for the last one (so equal data dedups)."""
         node = self.nodes.get(ino)
@@ -412,12 +414,12 @@ class RwVolume(ABC):
         """Forget what described the old base (a kind adds its own)."""
         self._contents.clear()
 
-    def snapshot_sync(self, label: str | None = None) -> int:
+    def snapshot_sync(self, label: str | None = None) -> SnapshotNo:
         """flush + fold in this thread; the caller holds a job slot (a fold is heavy work)."""
         self.flush_sync()
         return _finish(self.prepare_fold(label), self.run_fold, self.abort_fold, self.apply_fold).snapshot
 
-    def close(self, snapshot: bool = True) -> int | None:
+    def close(self, snapshot: bool = True) -> SnapshotNo | None:
         """Flush; then, if anything changed since the base, take a snapshot. A view that
         never claimed its volume changed nothing and leaves it as it is."""
         if not self.claimed:

@@ -1,0 +1,42 @@
+"""What a blob is and what a volume or image holds: the kinds every layer names (the
+catalog stores their values, so the values never change).
+
+A leaf module (it imports nothing of casfs), so that the store, the snapshot formats
+and the catalog may all name these types.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum, StrEnum
+
+
+class BlobKind(IntEnum):
+    """A blob's format (casfs.snapshots.children says what each kind's blob references);
+    the blobs table's `kind` column holds the value."""
+
+    DATA = 0  # file or disk bytes: no children
+    MAP_ROOT = 1  # chunk-map root: chunk ids or page ids
+    MAP_PAGE = 2  # chunk-map page: chunk ids
+    TREE = 3  # directory: subtrees, files' chunk ids or map roots
+
+    @property
+    def label(self) -> str:
+        """The name reports use ("map-root")."""
+        return self.name.lower().replace("_", "-")
+
+    @staticmethod
+    def label_of(value: int) -> str:
+        """The label of a kind column's value, which a damaged catalog may hold out of range."""
+        try:
+            return BlobKind(value).label
+        except ValueError:
+            return f"kind-{value}"
+
+
+class VolumeKind(StrEnum):
+    """What an image or a volume holds: a directory tree or one disk. A StrEnum (not a
+    Literal) so that a row read from the catalog is checked when converted, and the
+    value prints and serialises as the plain string the catalog, the CLI and --json use."""
+
+    DIR = "dir"
+    BLOCK = "block"
