@@ -24,10 +24,7 @@ def _doc(repo: Repository, info: ImageInfo) -> dict[str, Any]:
     u = image_usage(repo, info.name)
     return {
         **info.to_json(),
-        "logical": u.logical,
-        "stored": u.stored,
-        "unique": u.unique,
-        "ratio": round(u.ratio, 3),
+        **u.to_json(),
         "volumes": image_users(repo.conn, info.name),
         "unreadable_blobs": u.unreadable,
     }

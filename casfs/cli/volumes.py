@@ -24,10 +24,7 @@ def _doc(repo: Repository, info: VolumeInfo) -> dict[str, Any]:
     u = volume_usage(repo, info.name)
     return {
         **info.to_json(),
-        "logical": u.logical,
-        "stored": u.stored,
-        "unique": u.unique,
-        "ratio": round(u.ratio, 3),
+        **u.to_json(),
         "unreadable_blobs": u.unreadable,
     }
 

@@ -50,6 +50,15 @@ class Usage:
         """Logical bytes per stored byte (holes, compression and dedup together)."""
         return self.logical / self.stored if self.stored else 0.0
 
+    def to_json(self) -> dict[str, int | float]:
+        """The figures as `ls --json` and `info --json` show them (unreadable_blobs apart)."""
+        return {
+            "logical": self.logical,
+            "stored": self.stored,
+            "unique": self.unique,
+            "ratio": round(self.ratio, 3),
+        }
+
 
 @dataclass(frozen=True)
 class StoreUsage:

@@ -74,11 +74,10 @@ class Attrs:
         return replace(self, **changes)
 
 
-@dataclass(frozen=True)
-class Entry:
-    name: bytes
+class Typed:
+    """The file type of anything that carries `attrs` (an entry here, an overlay node)."""
+
     attrs: Attrs
-    data: bytes = b""
 
     @property
     def is_dir(self) -> bool:
@@ -91,6 +90,13 @@ class Entry:
     @property
     def is_symlink(self) -> bool:
         return stat.S_ISLNK(self.attrs.mode)
+
+
+@dataclass(frozen=True)
+class Entry(Typed):
+    name: bytes
+    attrs: Attrs
+    data: bytes = b""
 
     @property
     def blob(self) -> BlobId:

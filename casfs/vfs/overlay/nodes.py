@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -12,7 +11,7 @@ from operator import itemgetter
 from typing import Any, Unpack
 
 from casfs.ids import NO_INO, InodeNo
-from casfs.snapshots.tree import AttrChanges, Attrs, Entry, Tree
+from casfs.snapshots.tree import AttrChanges, Attrs, Entry, Tree, Typed
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import Stat
 
@@ -96,7 +95,7 @@ class Listing:
 
 
 @dataclass
-class Node:
+class Node(Typed):
     """An inode of a read/write volume, in memory. Its attributes are the tree's record
     (Attrs, replaced on change: `set`), but for the extended ones, which a mutable dict
     holds until a fold or a flush encodes them."""
@@ -112,14 +111,6 @@ class Node:
     @property
     def ino(self) -> InodeNo:
         return self.attrs.ino
-
-    @property
-    def is_dir(self) -> bool:
-        return stat.S_ISDIR(self.attrs.mode)
-
-    @property
-    def is_file(self) -> bool:
-        return stat.S_ISREG(self.attrs.mode)
 
     def set(self, **changes: Unpack[AttrChanges]) -> None:
         self.attrs = self.attrs.with_(**changes)
