@@ -13,7 +13,6 @@ from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, Conflict, NotFound, UsageError
 from casfs.ids import FIRST_FREE_INO, ROOT_INO
-from casfs.images import ready_image
 from casfs.kinds import BlobKind, VolumeKind
 from casfs.lifecycle import pids
 from casfs.lifecycle.faults import fault_point
@@ -78,6 +77,8 @@ def create_volume(
         if _existing(conn, name, spec):
             return get_volume(repo, name), False
         if source.image is not None:
+            from casfs.images import ready_image  # (here: casfs.images is half a snapshot's start-up)
+
             image = ready_image(conn, source.image)
             assert image.root is not None
             base, kind, chunk_size = image.root, image.kind, image.chunk_size
