@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from casfs import images, volumes
+from casfs.ids import ChunkNo, InodeNo
 from casfs.refcount.fsck import fsck
 from casfs.repo import Repository
 from casfs.snapshots.chunkmap import ChunkMap
@@ -39,7 +40,7 @@ def store_refuses_writes(repo: Repository) -> Iterator[None]:
         subprocess.run(["chattr", "-i", tmp], check=True)
 
 
-def read(v: Volume, ino: int) -> bytes:
+def read(v: Volume, ino: InodeNo) -> bytes:
     return assemble(v.read_plan(ino, 0, v.getattr(ino).size), v.repo.get)
 
 
@@ -198,7 +199,7 @@ def test_importing_the_same_content_again_heals_a_damaged_blob(repo: Repository,
     src.write_bytes(os.urandom(5 * CHUNK))
     images.import_image(repo, "one", src)
     victim = images.get_image(repo, "one")
-    chunk = ChunkMap(repo.get_meta, BlobId(bytes.fromhex(victim.root or ""))).chunk(2)
+    chunk = ChunkMap(repo.get_meta, BlobId(bytes.fromhex(victim.root or ""))).chunk(ChunkNo(2))
     path = file_store(repo).path(chunk)
     path.chmod(0o644)
     data = bytearray(path.read_bytes())

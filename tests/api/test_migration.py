@@ -20,6 +20,7 @@ import pytest
 from casfs import catalog
 from casfs.catalog import schema
 from casfs.errors import UnsupportedFormat
+from casfs.ids import ROOT_INO
 from casfs.lifecycle.phases import ImagePhase, VolumePhase
 from casfs.lifecycle.pids import alive
 from casfs.repo import Repository
@@ -178,12 +179,12 @@ def test_a_killed_mounts_listing_keeps_its_cookies_through_the_upgrade_to_entry_
     repo = Repository.open(store)
     try:
         view = open_volume(repo, "vdir")
-        assert {name: cookie for name, _, cookie in view.readdir(1, 0)} == old
-        view.mknod(1, b"c", 0o100644, 0, 0, 0)
-        listing = view.nodes[1].listing
+        assert {name: cookie for name, _, cookie in view.readdir(ROOT_INO, 0)} == old
+        view.mknod(ROOT_INO, b"c", 0o100644, 0, 0, 0)
+        listing = view.nodes[ROOT_INO].listing
         assert listing is not None and listing.entries[b"c"][0] == struct.unpack_from("<Q", raw)[0]
         view.flush_sync()
-        assert b"c" in {name for name, _, _ in open_volume(repo, "vdir").readdir(1, 0)}
+        assert b"c" in {name for name, _, _ in open_volume(repo, "vdir").readdir(ROOT_INO, 0)}
     finally:
         repo.close()
     ok(store, "snapshot", "create", "vdir")

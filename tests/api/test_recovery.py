@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from casfs.ids import ROOT_INO
 from casfs.repo import Repository
 from casfs.vfs.volume import open_volume
 from tests.helpers.cli import casfs, js, killed_at, ok, recovered
@@ -60,7 +61,7 @@ def test_killed_snapshot_keeps_the_overlay_and_is_redone(store: Path, tmp_path: 
     repo = Repository.open(store)
     try:
         view = open_volume(repo, "v")
-        ino = view.mknod(1, b"f", 0o100644, 0, 0, 0).ino
+        ino = view.mknod(ROOT_INO, b"f", 0o100644, 0, 0, 0).ino
         view.write_sync(ino, 0, b"data")
         view.flush_sync()
     finally:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from casfs import images, volumes
+from casfs.ids import InodeNo
 from casfs.repo import Repository
 from casfs.vfs.api import ROOT_INO, assemble
 from casfs.vfs.overlay.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE
@@ -19,7 +20,7 @@ from casfs.vfs.volume import Volume, open_volume
 CHUNK = 64 << 10
 
 
-def read(v: Volume, ino: int, offset: int = 0, size: int | None = None) -> bytes:
+def read(v: Volume, ino: InodeNo, offset: int = 0, size: int | None = None) -> bytes:
     if size is None:
         size = v.getattr(ino).size - offset
     return assemble(v.read_plan(ino, offset, size), v.repo.get)

@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from casfs import catalog
-from casfs.kinds import BlobKind
+from casfs.ids import FIRST_FREE_INO, ROOT_INO, InodeNo
+from casfs.kinds import BlobKind, VolumeKind
 from casfs.refcount import ledger, logical
 from casfs.refcount.fsck import fsck
 from casfs.refcount.gc import gc
@@ -55,13 +56,13 @@ class RefcountModel(RuleBasedStateMachine):
 
     # -- building, with the model's own account of what was built ------------------
 
-    def _put(self, b: Batch, plain: bytes, kind: int, kids: list[BlobId]) -> BlobId:
+    def _put(self, b: Batch, plain: bytes, kind: BlobKind, kids: list[BlobId]) -> BlobId:
         bid = b.put(plain, kind)
         self.kids[bid] = Counter(k for k in kids if k != ZERO_ID)
         return bid
 
     def _chunk(self, b: Batch, pick: int) -> BlobId:
-        return self._put(b, bytes(CS) if pick == HOLE else POOL[pick], 0, [])
+        return self._put(b, bytes(CS) if pick == HOLE else POOL[pick], BlobKind.DATA, [])
 
     def _content(self, b: Batch, picks: list[int]) -> tuple[BlobId, int]:
         ids = [self._chunk(b, p) for p in picks]
@@ -72,14 +73,14 @@ class RefcountModel(RuleBasedStateMachine):
             return ZERO_ID, size
         return self._put(b, chunkmap.MapRoot(0, CS, size, ids).encode(), BlobKind.MAP_ROOT, ids), size
 
-    def _tree(self, b: Batch, files: list[list[int]], sub: BlobId | None, ino: int) -> BlobId:
+    def _tree(self, b: Batch, files: list[list[int]], sub: BlobId | None, ino: InodeNo) -> BlobId:
         entries = []
         for i, picks in enumerate(files):
             content, size = self._content(b, picks)
-            attrs = tree.Attrs(mode=stat.S_IFREG | 0o644, size=size, ino=100 + i)
+            attrs = tree.Attrs(mode=stat.S_IFREG | 0o644, size=size, ino=InodeNo(100 + i))
             entries.append(tree.Entry(f"f{i}".encode(), attrs, content))
         if sub is not None:
-            entries.append(tree.dir_entry(b"sub", 0o755, 99, sub))
+            entries.append(tree.dir_entry(b"sub", 0o755, InodeNo(99), sub))
         t = tree.Tree(tree.Attrs(mode=stat.S_IFDIR | 0o755, ino=ino), CS, entries)
         return self._put(b, t.encode(), BlobKind.TREE, [e.blob for e in t.entries])
 
@@ -93,7 +94,7 @@ class RefcountModel(RuleBasedStateMachine):
                 todo.extend(self.kids[bid])
         return frozenset(seen)
 
-    def _commit(self, b: Batch, kind: str, root: BlobId) -> None:
+    def _commit(self, b: Batch, kind: VolumeKind, root: BlobId) -> None:
         name = f"img{self.n}"
         self.n += 1
 
@@ -116,13 +117,13 @@ class RefcountModel(RuleBasedStateMachine):
             ids = [self._chunk(b, p) for p in picks]
             size = len(ids) * CS
             root = self._put(b, chunkmap.MapRoot(0, CS, size, ids).encode(), BlobKind.MAP_ROOT, ids)
-            self._commit(b, "block", root)
+            self._commit(b, VolumeKind.BLOCK, root)
 
     @rule(top=st.lists(chunk_picks, max_size=3), nested=st.lists(chunk_picks, max_size=2))
     def create_dir(self, top: list[list[int]], nested: list[list[int]]) -> None:
         with self.repo.batch() as b:
-            sub = self._tree(b, nested, None, 2) if nested else None
-            self._commit(b, "dir", self._tree(b, top, sub, 1))
+            sub = self._tree(b, nested, None, FIRST_FREE_INO) if nested else None
+            self._commit(b, VolumeKind.DIR, self._tree(b, top, sub, ROOT_INO))
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())

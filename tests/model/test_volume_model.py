@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from casfs import volumes
+from casfs.ids import InodeNo
 from casfs.refcount.fsck import fsck
 from casfs.refcount.gc import gc
 from casfs.repo import Repository
@@ -79,7 +80,7 @@ def tree_of_dir(root: Path) -> dict[bytes, tuple[object, ...]]:
 def tree_of_view(v: Volume, repo: Repository) -> dict[bytes, tuple[object, ...]]:
     out: dict[bytes, tuple[object, ...]] = {}
 
-    def walk(ino: int, prefix: bytes) -> None:
+    def walk(ino: InodeNo, prefix: bytes) -> None:
         for name, s, _ in list(v.readdir(ino, 0)):
             rel = prefix + name
             if stat.S_ISREG(s.mode):
@@ -144,7 +145,7 @@ class VolumeModel(RuleBasedStateMachine):
     def _files(self) -> list[bytes]:
         return sorted(rel for rel, info in tree_of_dir(self.model).items() if info[0] == stat.S_IFREG)
 
-    def _ino(self, rel: bytes) -> int:
+    def _ino(self, rel: bytes) -> InodeNo:
         ino = ROOT_INO
         for part in [p for p in rel.split(b"/") if p]:
             ino = self.view.lookup(ino, part).ino

@@ -16,6 +16,7 @@ import blake3
 import pytest
 
 from casfs import images, volumes
+from casfs.ids import ChunkNo
 from casfs.repo import Repository
 from casfs.snapshots.chunkmap import Content
 from casfs.snapshots.tree import Tree
@@ -348,7 +349,7 @@ def test_a_corrupt_blob_fails_that_read_only(populated: Populated, tmp_path: Pat
     assert sub is not None
     big = Tree.decode(repo.get(sub.blob)).find(b"big.bin")
     assert big is not None
-    victim = Content(repo.get, big.blob, big.attrs.size, CHUNK).chunk(2)
+    victim = Content(repo.get, big.blob, big.attrs.size, CHUNK).chunk(ChunkNo(2))
     assert victim != ZERO_ID
     path = file_store(repo).path(victim)
     os.chmod(path, 0o644)

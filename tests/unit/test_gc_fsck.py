@@ -14,6 +14,7 @@ import pytest
 
 from casfs import catalog
 from casfs.errors import Busy
+from casfs.ids import FIRST_FREE_INO, ROOT_INO, InodeNo
 from casfs.kinds import BlobKind
 from casfs.refcount import ledger
 from casfs.refcount.fsck import FsckReport, fsck
@@ -60,14 +61,17 @@ def dir_image(repo: Repository, name: str, files: dict[bytes, Sequence[bytes]]) 
             ids = [b.put(c) for c in chunks]
             size = len(chunks[0]) if len(chunks) == 1 else len(chunks) * CS
             content = chunkmap.build_content(b.put_kind, ids, size, CS)
-            attrs = tree.Attrs(mode=stat.S_IFREG | 0o644, size=size, ino=ino)
+            attrs = tree.Attrs(mode=stat.S_IFREG | 0o644, size=size, ino=InodeNo(ino))
             entries.append(tree.Entry(fname, attrs, content))
             total += size
         sub = b.put(
-            tree.Tree(tree.Attrs(mode=stat.S_IFDIR | 0o755, ino=2), CS, entries).encode(), BlobKind.TREE
+            tree.Tree(tree.Attrs(mode=stat.S_IFDIR | 0o755, ino=FIRST_FREE_INO), CS, entries).encode(),
+            BlobKind.TREE,
         )
         top = tree.Tree(
-            tree.Attrs(mode=stat.S_IFDIR | 0o755, ino=1), CS, [tree.dir_entry(b"sub", 0o755, 2, sub)]
+            tree.Attrs(mode=stat.S_IFDIR | 0o755, ino=ROOT_INO),
+            CS,
+            [tree.dir_entry(b"sub", 0o755, FIRST_FREE_INO, sub)],
         )
         root = b.put(top.encode(), BlobKind.TREE)
         b.commit({root: 1}, then=_add_image_row(name, "dir", root, total))
