@@ -7,7 +7,8 @@ from __future__ import annotations
 import sqlite3
 
 # Volumes being made or removed are not shown.
-_VISIBLE = "phase NOT IN ('creating', 'deleting')"
+HIDDEN_PHASES = ("creating", "deleting")
+_VISIBLE = "phase NOT IN (" + ", ".join(f"'{p}'" for p in HIDDEN_PHASES) + ")"
 
 
 def image_names(conn: sqlite3.Connection) -> list[str]:

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from casfs.cli.output import error
 from casfs.errors import CasfsError
 
-TYPE_CHECKING = False  # (typing.TYPE_CHECKING without importing typing: mypy reads it as True)
 if TYPE_CHECKING:
     from collections.abc import Sequence
 

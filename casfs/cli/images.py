@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from casfs.cli.output import Progress, check_unreadable, keyvalues, phase, print_json, ratio, table, when
 from casfs.cli.store import open_store, store_footer
 from casfs.units import format_size, parse_size
 
-TYPE_CHECKING = False  # (typing.TYPE_CHECKING without importing typing: mypy reads it as True)
 if TYPE_CHECKING:
     import argparse
     from typing import Any

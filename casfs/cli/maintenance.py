@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from casfs.cli.output import error, print_json, table, warn
 from casfs.cli.store import open_store
 from casfs.errors import UsageError
 from casfs.units import format_size
 
-TYPE_CHECKING = False  # (typing.TYPE_CHECKING without importing typing: mypy reads it as True)
 if TYPE_CHECKING:
     import argparse
 

@@ -4,7 +4,8 @@ of the daemon, loads neither)."""
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # (typing.TYPE_CHECKING without importing typing: mypy reads it as True)
+from typing import TYPE_CHECKING
+
 if TYPE_CHECKING:
     import argparse
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from casfs.units import format_size
 
-TYPE_CHECKING = False  # (typing.TYPE_CHECKING without importing typing: mypy reads it as True)
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any, TextIO

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+from typing import TYPE_CHECKING
 
 from casfs import __version__
 from casfs.cli import images, maintenance, mounts, snapshots, volumes
 
-TYPE_CHECKING = False  # (typing.TYPE_CHECKING without importing typing: mypy reads it as True)
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any, NoReturn

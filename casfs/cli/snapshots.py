@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from casfs.cli.output import check_unreadable, print_json, table, when
 from casfs.cli.store import check_dest, open_store
 from casfs.units import format_size, parse_snapshot_ref
 
-TYPE_CHECKING = False  # (typing.TYPE_CHECKING without importing typing: mypy reads it as True)
 if TYPE_CHECKING:
     import argparse
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from casfs.cli.output import count, ratio
 from casfs.units import format_size
 
-TYPE_CHECKING = False  # (typing.TYPE_CHECKING without importing typing: mypy reads it as True)
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Iterator

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from casfs.cli.output import check_unreadable, keyvalues, phase, print_json, ratio, table, warn, when
 from casfs.cli.store import check_dest, open_store, store_footer
 from casfs.errors import UsageError
 from casfs.units import format_duration, format_size, parse_duration, parse_size
 
-TYPE_CHECKING = False  # (typing.TYPE_CHECKING without importing typing: mypy reads it as True)
 if TYPE_CHECKING:
     import argparse
     from typing import Any

@@ -218,15 +218,12 @@ class ControlPlane:
         from casfs.refcount import usage as u
 
         def work(repo: Repository) -> int:
-            conn = repo.conn
             if s.what == "volume":
-                roots = u.volume_roots(conn, s.name)
-            elif s.what == "image":
-                roots = u.image_roots(conn, s.name)
-            else:
-                assert s.n is not None
-                roots = u.snapshot_roots(conn, s.name, s.n)
-            return u.usage(repo, roots).unique
+                return u.volume_usage(repo, s.name).unique
+            if s.what == "image":
+                return u.image_usage(repo, s.name).unique
+            assert s.n is not None
+            return u.snapshot_usage(repo, s.name, s.n).unique
 
         # The reader's repository: usage() takes per-thread connections and only reads.
         unique = await trio.to_thread.run_sync(work, self.repo)

@@ -155,7 +155,8 @@ def store_usage(repo: Repository) -> StoreUsage:
     )
 
 
-# --- for the CLI ---
+# The usage of one image, volume (with its snapshots) or snapshot: the CLI listings and
+# the control plane's user.casfs.unique read these.
 
 
 def image_usage(repo: Repository, name: str) -> Usage:

@@ -95,10 +95,6 @@ class Root(NamedTuple):
     created: float
 
 
-# Volumes being made or removed are not shown (catalog.views lists the same).
-_HIDDEN = (VolumePhase.CREATING, VolumePhase.DELETING)
-
-
 def _static(repo: Repository, row: Root, label: str) -> View:
     return static_view(repo, row.kind, row.root, row.chunk_size, row.next_ino, row.created, label)
 
@@ -281,7 +277,7 @@ class StoreView:
         changed (browsing claims nothing); one another live process holds is served
         read-only from its base, and its phase says who holds it."""
         row = volume_row(self.repo.conn, name)
-        if row is None or row.phase in _HIDDEN:
+        if row is None or row.phase in views.HIDDEN_PHASES:
             raise enoent(name)
         base = row.base
         rw = self._rw.get(name)
