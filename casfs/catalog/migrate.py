@@ -202,6 +202,22 @@ def _migrate_5_to_6(conn: sqlite3.Connection) -> None:
         conn.execute(f"CREATE INDEX {table}_phase ON {table} (phase)")
 
 
+# Format 7: block volumes write into upper files (casfs.vfs.overlay.upper). A format-6
+# volume's overlay rows stay as they are (a block volume reads and folds them under its
+# upper); older casfs must not open a store whose uppers it would ignore.
+UPPERS_SCHEMA = """
+CREATE TABLE uppers (
+    volume TEXT NOT NULL REFERENCES volumes (name),
+    epoch  INTEGER NOT NULL,
+    PRIMARY KEY (volume, epoch)
+) WITHOUT ROWID
+"""
+
+
+def _migrate_6_to_7(conn: sqlite3.Connection) -> None:
+    conn.execute(UPPERS_SCHEMA)
+
+
 Migration = Callable[[sqlite3.Connection], None]
 MIGRATIONS: dict[int, Migration] = {
     1: _migrate_1_to_2,
@@ -209,4 +225,5 @@ MIGRATIONS: dict[int, Migration] = {
     3: _migrate_3_to_4,
     4: _migrate_4_to_5,
     5: _migrate_5_to_6,
+    6: _migrate_6_to_7,
 }

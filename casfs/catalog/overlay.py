@@ -1,5 +1,5 @@
 """A mounted read/write volume's overlay rows (overlay_inodes, overlay_entries,
-overlay_chunks) and the volume columns its flushes and folds move: the only SQL of
+overlay_chunks, uppers) and the volume columns its flushes and folds move: the only SQL of
 casfs.vfs.overlay.
 
 Plain statements inside the caller's transaction. Counting references is the caller's
@@ -134,3 +134,17 @@ def fold(
         (new_root, size, next_ino, volume),
     )
     return olds
+
+
+def uppers(conn: sqlite3.Connection, volume: str) -> list[int]:
+    """The epochs of the volume's upper files the catalog names, oldest first."""
+    query = "SELECT epoch FROM uppers WHERE volume = ? ORDER BY epoch"
+    return [int(e) for (e,) in conn.execute(query, (volume,))]
+
+
+def add_upper(conn: sqlite3.Connection, volume: str, epoch: int) -> None:
+    conn.execute("INSERT OR IGNORE INTO uppers VALUES (?, ?)", (volume, epoch))
+
+
+def drop_upper(conn: sqlite3.Connection, volume: str, epoch: int) -> None:
+    conn.execute("DELETE FROM uppers WHERE volume = ? AND epoch = ?", (volume, epoch))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 
 IMAGE_PHASES = ("queued", "importing", "verifying", "ready", "failed")
 VOLUME_PHASES = ("creating", "ready", "mounted", "snapshotting", "deleting")
@@ -152,6 +152,17 @@ CREATE TABLE overlay_entries (
     cookie INTEGER NOT NULL,       -- its readdir offset: stable while others come and go
     ino    INTEGER NOT NULL,       -- the inode it names (an overlay_inodes row)
     PRIMARY KEY (volume, dir, name)
+) WITHOUT ROWID;
+
+-- Upper files of read/write block volumes (casfs.vfs.overlay.upper): the blocks
+-- written since the base, in STORE/upper/<volume>/<epoch>.data and .map. A row names
+-- an epoch once its first sync made the files durable; the fold that turns the epoch
+-- into blobs deletes the row in the transaction that publishes its snapshot. Files no
+-- row names are left-overs, deleted when seen.
+CREATE TABLE uppers (
+    volume TEXT NOT NULL REFERENCES volumes (name),
+    epoch  INTEGER NOT NULL,       -- names the files: unique (nanoseconds at creation)
+    PRIMARY KEY (volume, epoch)
 ) WITHOUT ROWID;
 """
 

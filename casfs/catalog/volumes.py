@@ -215,6 +215,7 @@ def delete_volume(conn: sqlite3.Connection, name: str) -> None:
         ("overlay_chunks", "volume"),
         ("overlay_inodes", "volume"),
         ("overlay_entries", "volume"),
+        ("uppers", "volume"),
         ("snapshots", "volume"),
         ("volumes", "name"),
     ):
@@ -297,8 +298,11 @@ def delete_snapshot(conn: sqlite3.Connection, volume: str, n: SnapshotNo) -> Non
 
 def has_overlay(conn: sqlite3.Connection, volume: str) -> bool:
     """Whether a read/write mount left changes not yet folded into the base."""
-    query = "SELECT 1 FROM overlay_inodes WHERE volume = ? LIMIT 1"
-    return conn.execute(query, (volume,)).fetchone() is not None
+    query = (
+        "SELECT 1 FROM overlay_inodes WHERE volume = ? "
+        "UNION ALL SELECT 1 FROM uppers WHERE volume = ? LIMIT 1"
+    )
+    return conn.execute(query, (volume, volume)).fetchone() is not None
 
 
 def overlay_chunks(conn: sqlite3.Connection, volume: str) -> list[BlobId]:

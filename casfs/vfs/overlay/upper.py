@@ -1,0 +1,245 @@
+"""A mounted block volume's upper file: the blocks written since its base, kept as
+qcow2, dm-snapshot and overlayfs keep theirs, in local files, not blobs.
+
+Two files per epoch, under STORE/upper/<volume>/:
+
+  <epoch>.data  sparse, the volume's size: each written 4 KiB block at its own offset
+  <epoch>.map   a 4 KiB header, then one bit per block (bit b of byte b // 8, least
+                significant first): set = that block's current bytes are in .data
+
+A write is one pwrite of whole blocks into .data (a partly written block is completed
+from below first) and sets bits in memory. A sync makes them durable in this order:
+fdatasync .data, write the map pages whose bits changed, fdatasync .map. Bits are only
+ever set within an epoch, so a torn map page can only miss bits whose blocks were
+never acknowledged: each block reads back its old bytes or its new ones, and every
+block a sync acknowledged reads back new.
+
+An epoch's files count only once the catalog names them (catalog.overlay.add_upper,
+after the first sync); the fold that turns them into blobs forgets them in the
+transaction that publishes its snapshot, and the files go after it. Files the catalog
+does not name are left-overs (of a crash before the first sync, or after a fold):
+remove_stale deletes them.
+
+Trio-free; the writing view calls pwrite/pread on its thread and sync from a worker
+while it is frozen (casfs.vfs.overlay.writeback).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BLOCK = 4096
+_HEADER = struct.Struct("<12sIIQ")  # magic, format, block size, volume size
+_MAGIC = b"casfs-upper\0"
+_FORMAT = 1
+_MAP_AT = BLOCK  # the bitmap starts after the header's block
+_NONZERO = re.compile(rb"[^\x00]")
+_PAGE = BLOCK  # the map is written back in pages of this many bytes (32768 blocks)
+
+
+def upper_dir(store: Path, volume: str) -> Path:
+    return store / "upper" / volume
+
+
+def remove_stale(store: Path, volume: str, keep: set[int]) -> None:
+    """Delete the volume's upper files of every epoch not in `keep`."""
+    folder = upper_dir(store, volume)
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    for name in names:
+        stem, _, _ = name.partition(".")
+        if not stem.isdigit() or int(stem) not in keep:
+            (folder / name).unlink(missing_ok=True)
+
+
+def remove_all(store: Path, volume: str) -> None:
+    """Delete a volume's upper directory (the volume is gone, or has no upper)."""
+    shutil.rmtree(upper_dir(store, volume), ignore_errors=True)
+
+
+class UpperError(OSError):
+    """An upper file that is not what its catalog row says (damaged or foreign)."""
+
+
+@dataclass
+class Sync:
+    """What one sync makes durable, captured on the writing thread: the map pages
+    changed since the last sync (index -> bytes) and the write count it covers."""
+
+    pages: dict[int, bytes]
+    writes: int
+    first: bool  # the epoch's first sync: the catalog does not name it yet
+
+
+class Upper:
+    """One epoch's upper files, open. `bits` is the authoritative present-map in
+    memory; the map file trails it by what the last sync wrote."""
+
+    def __init__(self, folder: Path, epoch: int, size: int, data_fd: int, map_fd: int, bits: bytearray):
+        self.folder = folder
+        self.epoch = epoch
+        self.size = size
+        self._data = data_fd
+        self._map = map_fd
+        self.bits = bits
+        self._dirty_pages: set[int] = set()
+        self.writes = 0  # pwrites so far
+        self.synced_writes = 0  # pwrites covered by the last completed sync
+        self.registered = False  # the catalog names this epoch
+        self.unsynced_bytes = 0
+
+    @classmethod
+    def create(cls, store: Path, volume: str, size: int) -> Upper:
+        """A new, empty epoch (not yet named by the catalog)."""
+        folder = upper_dir(store, volume)
+        folder.mkdir(parents=True, exist_ok=True)
+        epoch = time.time_ns()
+        data = os.open(folder / f"{epoch}.data", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        os.ftruncate(data, size)
+        map_fd = os.open(folder / f"{epoch}.map", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        header = _HEADER.pack(_MAGIC, _FORMAT, BLOCK, size).ljust(BLOCK, b"\0")
+        os.pwrite(map_fd, header, 0)
+        return cls(folder, epoch, size, data, map_fd, bytearray(_map_bytes(size)))
+
+    @classmethod
+    def open(cls, store: Path, volume: str, epoch: int, size: int) -> Upper:
+        """An epoch the catalog names, as its last sync left it."""
+        folder = upper_dir(store, volume)
+        try:
+            data = os.open(folder / f"{epoch}.data", os.O_RDWR | os.O_CLOEXEC)
+            map_fd = os.open(folder / f"{epoch}.map", os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError as e:
+            raise UpperError(f"upper file of volume {volume!r} missing: {e.filename}") from e
+        header = os.pread(map_fd, _HEADER.size, 0)
+        if len(header) < _HEADER.size or _HEADER.unpack(header) != (_MAGIC, _FORMAT, BLOCK, size):
+            raise UpperError(f"upper map {folder / f'{epoch}.map'} does not match its volume ({size} bytes)")
+        want = _map_bytes(size)
+        bits = bytearray(os.pread(map_fd, want, _MAP_AT))
+        bits.extend(bytes(want - len(bits)))
+        upper = cls(folder, epoch, size, data, map_fd, bits)
+        upper.registered = True
+        return upper
+
+    def close(self) -> None:
+        for fd in (self._data, self._map):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._data = self._map = -1
+
+    def delete(self) -> None:
+        """Remove the files (after the fold that made them blobs committed). Reads
+        already planned keep the open descriptors, so they still see the bytes."""
+        for suffix in ("data", "map"):
+            (self.folder / f"{self.epoch}.{suffix}").unlink(missing_ok=True)
+
+    # -- the present-map ---------------------------------------------------------
+
+    def mask(self, first: int, count: int) -> int:
+        """Bits of blocks [first, first + count): bit i set = block first + i present."""
+        lo, hi = first >> 3, (first + count + 7) >> 3
+        return (int.from_bytes(self.bits[lo:hi], "little") >> (first & 7)) & ((1 << count) - 1)
+
+    def present(self, block: int) -> bool:
+        return bool(self.bits[block >> 3] >> (block & 7) & 1)
+
+    def _set(self, first: int, stop: int) -> int:
+        """Set the bits of blocks [first, stop); returns how many were new."""
+        lo, hi = first >> 3, (stop + 7) >> 3
+        old = int.from_bytes(self.bits[lo:hi], "little")
+        new = old | (((1 << (stop - first)) - 1) << (first & 7))
+        if new == old:
+            return 0
+        self.bits[lo:hi] = new.to_bytes(hi - lo, "little")
+        for page in range(lo // _PAGE, (hi - 1) // _PAGE + 1):
+            self._dirty_pages.add(page)
+        return (new ^ old).bit_count()
+
+    def any_in(self, first: int, count: int) -> bool:
+        return self.mask(first, count) != 0
+
+    # -- data ----------------------------------------------------------------------
+
+    def pwrite(self, offset: int, data: bytes | bytearray | memoryview) -> int:
+        """Write whole blocks at a block-aligned offset; returns how many blocks were
+        new to the upper."""
+        assert offset % BLOCK == 0 and len(data) % BLOCK == 0, "upper writes are whole blocks"
+        done = 0
+        view = memoryview(data)
+        while done < len(view):
+            done += os.pwrite(self._data, view[done:], offset + done)
+        self.writes += 1
+        self.unsynced_bytes += len(data)
+        return self._set(offset // BLOCK, (offset + len(data)) // BLOCK)
+
+    def pread(self, offset: int, size: int) -> bytes:
+        data = os.pread(self._data, size, offset)
+        return data if len(data) == size else data + bytes(size - len(data))
+
+    # -- durability ------------------------------------------------------------------
+
+    @property
+    def dirty(self) -> bool:
+        return self.writes != self.synced_writes or not self.registered
+
+    def capture(self) -> Sync | None:
+        """What a sync now would make durable (writing thread), or None: nothing new."""
+        if not self.dirty:
+            return None
+        pages = {p: bytes(self.bits[p * _PAGE : (p + 1) * _PAGE]) for p in self._dirty_pages}
+        self._dirty_pages.clear()  # (given back by failed() if the sync fails)
+        return Sync(pages, self.writes, not self.registered)
+
+    def sync(self, job: Sync) -> None:
+        """Make the captured state durable (a worker thread): data first, then the map."""
+        os.fdatasync(self._data)
+        if job.pages or job.first:
+            for page, raw in sorted(job.pages.items()):
+                os.pwrite(self._map, raw, _MAP_AT + page * _PAGE)
+            os.fdatasync(self._map)
+        if job.first:
+            _fsync_dir(self.folder)
+            _fsync_dir(self.folder.parent)
+
+    def synced(self, job: Sync) -> None:
+        self.synced_writes = job.writes
+        self.registered = True
+        if self.writes == job.writes:
+            self.unsynced_bytes = 0
+
+    def failed(self, job: Sync) -> None:
+        """The sync failed: its pages are still to be written."""
+        self._dirty_pages.update(job.pages)
+
+    def chunks(self, blocks_per_chunk: int) -> list[int]:
+        """Numbers of the chunks holding at least one upper block, ascending (the
+        regex skips runs of zero bytes at C speed: a mostly clean map costs little)."""
+        out: list[int] = []
+        for m in _NONZERO.finditer(self.bits):
+            first = m.start() * 8 // blocks_per_chunk
+            last = (m.start() * 8 + 7) // blocks_per_chunk
+            for c in range(max(first, out[-1] + 1 if out else 0), last + 1):
+                if self.any_in(c * blocks_per_chunk, blocks_per_chunk):
+                    out.append(c)
+        return out
+
+
+def _map_bytes(size: int) -> int:
+    return -(-(-(-size // BLOCK)) // 8)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
