@@ -19,16 +19,18 @@ from __future__ import annotations
 import sqlite3
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from casfs.catalog import blobs as blob_rows
 from casfs.catalog import images as image_rows
+from casfs.catalog import overlay as overlay_rows
 from casfs.catalog import volumes as volume_rows
 from casfs.errors import Corruption
 from casfs.ids import SnapshotNo
 from casfs.kinds import BlobKind
 from casfs.repo import Repository
 from casfs.snapshots.children import children
+from casfs.store import uppers
 from casfs.store.ids import ZERO_ID, BlobId
 
 
@@ -164,7 +166,11 @@ def image_usage(repo: Repository, name: str) -> Usage:
 
 
 def volume_usage(repo: Repository, name: str) -> Usage:
-    return usage(repo, volume_roots(repo.conn, name))
+    """The volume's blobs, and its upper files: data written since the base, not yet
+    folded into blobs, is stored (locally) and unique to it."""
+    found = usage(repo, volume_roots(repo.conn, name))
+    local = uppers.local_bytes(repo.path, name, overlay_rows.uppers(repo.conn, name))
+    return replace(found, stored=found.stored + local, unique=found.unique + local)
 
 
 def snapshot_usage(repo: Repository, volume: str, n: SnapshotNo) -> Usage:

@@ -57,13 +57,15 @@ class Stat(Attrs):
 @dataclass(frozen=True)
 class Piece:
     """One chunk's part of a read: bytes [start, end) of the chunk, whose content is
-    `data` (already in memory; shorter than the chunk means zeros follow) or `blob`
-    (fetch it; ZERO_ID is a hole)."""
+    `data` (already in memory; shorter than the chunk means zeros follow), `read()`
+    (local bytes, read when the reply is assembled: a block volume's upper file) or
+    `blob` (fetch it; ZERO_ID is a hole)."""
 
     start: int
     end: int
     blob: BlobId = ZERO_ID
     data: bytes | bytearray | None = None
+    read: Callable[[], bytes] | None = None
 
 
 def assemble(pieces: list[Piece], fetch: Callable[[BlobId], bytes]) -> bytes:
@@ -71,6 +73,8 @@ def assemble(pieces: list[Piece], fetch: Callable[[BlobId], bytes]) -> bytes:
     for p in pieces:
         if p.data is not None:
             src: bytes | bytearray = p.data
+        elif p.read is not None:
+            src = p.read()
         elif p.blob == ZERO_ID:
             out += bytes(p.end - p.start)
             continue

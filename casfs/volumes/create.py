@@ -21,6 +21,7 @@ from casfs.refcount import ledger
 from casfs.repo import Repository
 from casfs.snapshots import chunkmap
 from casfs.snapshots.tree import Attrs, Tree
+from casfs.store import uppers
 from casfs.store.ids import ZERO_ID
 from casfs.units import check_name, parse_snapshot_ref
 from casfs.volumes.info import Source, VolumeInfo, get_volume, require_at_rest, volume_row
@@ -221,4 +222,5 @@ def finish_delete(repo: Repository, name: str) -> bool:
             return False
         ledger.release(conn, rows.held_roots(conn, name))
         rows.delete_volume(conn, name)
+    uppers.remove_all(repo.path, name)  # (left-overs of a crash here: gc removes them)
     return True

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from casfs.catalog import overlay
@@ -24,6 +25,7 @@ from casfs.snapshots.tree import Entry, Tree, dir_entry
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import ROOT_INO
 from casfs.vfs.overlay.nodes import NO_LIMIT, Node
+from casfs.vfs.overlay.upper import BLOCK, Sync, Upper
 
 _NOT_YET = SnapshotNo(0)
 
@@ -43,6 +45,12 @@ class FlushJob:
     whole_dirs: list[InodeNo] = field(default_factory=list)
     entries: list[tuple[InodeNo, bytes, int, InodeNo]] = field(default_factory=list)  # dir, name, cookie, ino
     gone: list[tuple[InodeNo, bytes]] = field(default_factory=list)  # dir, name
+    upper: Sync | None = None  # a block volume's upper file to make durable
+
+    @property
+    def has_rows(self) -> bool:
+        """Whether it changes catalog rows (a block volume's sync alone does not)."""
+        return bool(self.chunks or self.rows or self.deleted or self.cuts or self.listings)
 
 
 @dataclass
@@ -87,15 +95,19 @@ def run_flush(repo: Repository, volume: str, job: FlushJob) -> None:
         batch.commit(then=write_rows)
 
 
-def _publish(batch: ledger.Batch, volume: str, base: BlobId, next_ino: InodeNo, job: FoldJob) -> None:
+def _publish(
+    batch: ledger.Batch, volume: str, base: BlobId, next_ino: InodeNo, job: FoldJob, upper: int | None = None
+) -> None:
     """In one transaction make the fold's root snapshot n+1 and the new base, and
-    empty the overlay."""
+    empty the overlay (and forget the `upper` epoch it folded)."""
 
     def publish(conn: sqlite3.Connection) -> None:
         job.snapshot = rows.add_snapshot(conn, volume, job.new_root, job.size, next_ino, job.label)
         ledger.retain(conn, [job.new_root, job.new_root])  # the snapshot's and the base's
         ledger.release(conn, [base])
         ledger.release(conn, overlay.fold(conn, volume, job.new_root, job.size, next_ino))
+        if upper is not None:
+            overlay.drop_upper(conn, volume, upper)
 
     batch.commit(then=publish)
 
@@ -112,16 +124,65 @@ def run_fold_dir(
         _publish(batch, volume, base, next_ino, job)
 
 
-def run_fold_block(repo: Repository, volume: str, base: BlobId, next_ino: InodeNo, job: FoldJob) -> None:
-    """Fold a block volume's changed chunks into a new chunk map."""
+def run_fold_block(
+    repo: Repository, volume: str, base: BlobId, next_ino: InodeNo, job: FoldJob, upper: Upper | None
+) -> None:
+    """Fold a block volume's changes into a new chunk map: chunks flushed by an older
+    casfs (overlay rows), then the upper file's blocks over them. The upper's files
+    are deleted once the snapshot naming their blobs has committed."""
     with repo.batch() as batch:
         root = job.rows.get(ROOT_INO)
         size = root.attrs.size if root else chunkmap.MapRoot.decode(repo.get_meta(base)).size
-        changes = job.chunk_ids.get(ROOT_INO, {})
-        job.new_root = chunkmap.ChunkMap(repo.get_meta, base).rewrite(batch.put_kind, changes, size)
+        changes = dict(job.chunk_ids.get(ROOT_INO, {}))
+        cmap = chunkmap.ChunkMap(repo.get_meta, base)
+        if upper is not None:
+            for n, data in _upper_chunks(repo, cmap, changes, upper, size):
+                changes[n] = batch.put(data)
+        job.new_root = cmap.rewrite(batch.put_kind, changes, size)
         job.size = size
-        _publish(batch, volume, base, next_ino, job)
+        _publish(batch, volume, base, next_ino, job, None if upper is None else upper.epoch)
     job.bases[ROOT_INO] = job.new_root
+    if upper is not None:
+        upper.delete()
+
+
+def _upper_chunks(
+    repo: Repository, cmap: chunkmap.ChunkMap, below: dict[ChunkNo, BlobId], upper: Upper, size: int
+) -> Iterator[tuple[ChunkNo, bytes]]:
+    """Each chunk the upper file touches, whole: its upper blocks over what was below
+    them (an older overlay chunk, or the base's)."""
+    cs = cmap.chunk_size
+    per = cs // BLOCK
+    for c in upper.chunks(per):
+        n = ChunkNo(c)
+        want = min(cs, size - n * cs)
+        if want <= 0:
+            break
+        mask = upper.mask(n * per, per)
+        if mask == (1 << per) - 1:
+            yield n, upper.pread(n * cs, want)
+            continue
+        ref = below[n] if n in below else cmap.chunk(n)
+        buf = bytearray(repo.get(ref)) if ref != ZERO_ID else bytearray()
+        buf.extend(bytes(want - len(buf)))
+        for first, stop in _runs(mask, per):
+            lo, hi = first * BLOCK, min(stop * BLOCK, want)
+            buf[lo:hi] = upper.pread(n * cs + lo, hi - lo)
+        yield n, bytes(buf[:want])
+
+
+def _runs(mask: int, count: int) -> Iterator[tuple[int, int]]:
+    """[first, stop) of each run of set bits in the low `count` bits of mask."""
+    i = 0
+    while i < count:
+        if mask >> i & 1:
+            j = i
+            while j < count and mask >> j & 1:
+                j += 1
+            yield i, j
+            i = j
+        else:
+            i += 1
 
 
 class _Folder:

@@ -18,7 +18,7 @@ An epoch's files count only once the catalog names them (catalog.overlay.add_upp
 after the first sync); the fold that turns them into blobs forgets them in the
 transaction that publishes its snapshot, and the files go after it. Files the catalog
 does not name are left-overs (of a crash before the first sync, or after a fold):
-remove_stale deletes them.
+casfs.store.uppers.remove_stale deletes them.
 
 Trio-free; the writing view calls pwrite/pread on its thread and sync from a worker
 while it is frozen (casfs.vfs.overlay.writeback).
@@ -26,13 +26,18 @@ while it is frozen (casfs.vfs.overlay.writeback).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import os
 import re
-import shutil
 import struct
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
+
+from casfs.store.uppers import upper_dir
 
 BLOCK = 4096
 _HEADER = struct.Struct("<12sIIQ")  # magic, format, block size, volume size
@@ -41,28 +46,6 @@ _FORMAT = 1
 _MAP_AT = BLOCK  # the bitmap starts after the header's block
 _NONZERO = re.compile(rb"[^\x00]")
 _PAGE = BLOCK  # the map is written back in pages of this many bytes (32768 blocks)
-
-
-def upper_dir(store: Path, volume: str) -> Path:
-    return store / "upper" / volume
-
-
-def remove_stale(store: Path, volume: str, keep: set[int]) -> None:
-    """Delete the volume's upper files of every epoch not in `keep`."""
-    folder = upper_dir(store, volume)
-    try:
-        names = os.listdir(folder)
-    except FileNotFoundError:
-        return
-    for name in names:
-        stem, _, _ = name.partition(".")
-        if not stem.isdigit() or int(stem) not in keep:
-            (folder / name).unlink(missing_ok=True)
-
-
-def remove_all(store: Path, volume: str) -> None:
-    """Delete a volume's upper directory (the volume is gone, or has no upper)."""
-    shutil.rmtree(upper_dir(store, volume), ignore_errors=True)
 
 
 class UpperError(OSError):
@@ -77,6 +60,7 @@ class Sync:
     pages: dict[int, bytes]
     writes: int
     first: bool  # the epoch's first sync: the catalog does not name it yet
+    punched: bool  # holes were punched: their extents are metadata, fsync them
 
 
 class Upper:
@@ -95,6 +79,10 @@ class Upper:
         self.synced_writes = 0  # pwrites covered by the last completed sync
         self.registered = False  # the catalog names this epoch
         self.unsynced_bytes = 0
+        self.punched = False  # holes punched since the last sync (fsync, not fdatasync)
+        # Closed when the last holder lets go: a read planned before a fold retired this
+        # epoch may still read it (the fold's blobs hold the same bytes).
+        self._closer = weakref.finalize(self, _close_all, data_fd, map_fd)
 
     @classmethod
     def create(cls, store: Path, volume: str, size: int) -> Upper:
@@ -129,12 +117,7 @@ class Upper:
         return upper
 
     def close(self) -> None:
-        for fd in (self._data, self._map):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._data = self._map = -1
+        self._closer()
 
     def delete(self) -> None:
         """Remove the files (after the fold that made them blobs committed). Reads
@@ -171,15 +154,22 @@ class Upper:
 
     def pwrite(self, offset: int, data: bytes | bytearray | memoryview) -> int:
         """Write whole blocks at a block-aligned offset; returns how many blocks were
-        new to the upper."""
+        new to the upper. Zeros are not written but punched (a hole in .data reads as
+        zeros): a guest zeroing its disk frees space instead of taking it."""
         assert offset % BLOCK == 0 and len(data) % BLOCK == 0, "upper writes are whole blocks"
-        done = 0
-        view = memoryview(data)
-        while done < len(view):
-            done += os.pwrite(self._data, view[done:], offset + done)
+        first, stop = offset // BLOCK, (offset + len(data)) // BLOCK
+        if _is_zero(data):
+            if self.mask(first, stop - first):
+                _punch(self._data, offset, len(data))
+                self.punched = True
+        else:
+            done = 0
+            view = memoryview(data)
+            while done < len(view):
+                done += os.pwrite(self._data, view[done:], offset + done)
+            self.unsynced_bytes += len(data)
         self.writes += 1
-        self.unsynced_bytes += len(data)
-        return self._set(offset // BLOCK, (offset + len(data)) // BLOCK)
+        return self._set(first, stop)
 
     def pread(self, offset: int, size: int) -> bytes:
         data = os.pread(self._data, size, offset)
@@ -197,11 +187,13 @@ class Upper:
             return None
         pages = {p: bytes(self.bits[p * _PAGE : (p + 1) * _PAGE]) for p in self._dirty_pages}
         self._dirty_pages.clear()  # (given back by failed() if the sync fails)
-        return Sync(pages, self.writes, not self.registered)
+        sync = Sync(pages, self.writes, not self.registered, self.punched)
+        self.punched = False
+        return sync
 
     def sync(self, job: Sync) -> None:
         """Make the captured state durable (a worker thread): data first, then the map."""
-        os.fdatasync(self._data)
+        (os.fsync if job.punched else os.fdatasync)(self._data)
         if job.pages or job.first:
             for page, raw in sorted(job.pages.items()):
                 os.pwrite(self._map, raw, _MAP_AT + page * _PAGE)
@@ -219,6 +211,7 @@ class Upper:
     def failed(self, job: Sync) -> None:
         """The sync failed: its pages are still to be written."""
         self._dirty_pages.update(job.pages)
+        self.punched = self.punched or job.punched
 
     def chunks(self, blocks_per_chunk: int) -> list[int]:
         """Numbers of the chunks holding at least one upper block, ascending (the
@@ -234,7 +227,33 @@ class Upper:
 
 
 def _map_bytes(size: int) -> int:
-    return -(-(-(-size // BLOCK)) // 8)
+    blocks = -(-size // BLOCK)
+    return -(-blocks // 8)
+
+
+_ZEROS = bytes(1 << 20)
+_libc = ctypes.CDLL(None, use_errno=True)
+_FALLOC_PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
+
+
+def _is_zero(data: bytes | bytearray | memoryview) -> bool:
+    if len(data) <= len(_ZEROS):
+        return data == _ZEROS[: len(data)]
+    return bytes(data).count(0) == len(data)
+
+
+def _punch(fd: int, offset: int, length: int) -> None:
+    if _libc.fallocate(fd, _FALLOC_PUNCH, ctypes.c_long(offset), ctypes.c_long(length)) != 0:
+        err = ctypes.get_errno()
+        if err != errno.EOPNOTSUPP:
+            raise OSError(err, os.strerror(err))
+        os.pwrite(fd, _ZEROS[:length] if length <= len(_ZEROS) else bytes(length), offset)
+
+
+def _close_all(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _fsync_dir(path: Path) -> None:

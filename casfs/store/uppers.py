@@ -1,0 +1,43 @@
+"""Where read/write block volumes keep their upper files: STORE/upper/<volume>/, one
+pair of files per epoch (casfs.vfs.overlay.upper reads and writes them). Here only
+the layout: finding, sizing and deleting them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def upper_dir(store: Path, volume: str) -> Path:
+    return store / "upper" / volume
+
+
+def remove_stale(store: Path, volume: str, keep: set[int]) -> None:
+    """Delete the volume's upper files of every epoch not in `keep`."""
+    folder = upper_dir(store, volume)
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    for name in names:
+        stem, _, _ = name.partition(".")
+        if not stem.isdigit() or int(stem) not in keep:
+            (folder / name).unlink(missing_ok=True)
+
+
+def remove_all(store: Path, volume: str) -> None:
+    """Delete a volume's upper directory (the volume is gone)."""
+    shutil.rmtree(upper_dir(store, volume), ignore_errors=True)
+
+
+def local_bytes(store: Path, volume: str, epochs: Iterable[int]) -> int:
+    """Disk space the data written into the volume's upper files of these epochs takes
+    (allocated, not size; their maps are bookkeeping, as catalog rows are)."""
+    total = 0
+    for epoch in epochs:
+        with contextlib.suppress(FileNotFoundError):
+            total += os.stat(upper_dir(store, volume) / f"{epoch}.data").st_blocks * 512
+    return total
