@@ -10,6 +10,8 @@ operation in progress and then let it go on (SIGCONT).
     create:after-claim     a blank volume's row is recorded (phase creating)
     snapshot:after-phase   phase snapshotting is recorded, the overlay not yet folded
     delete:after-phase     phase deleting is recorded, nothing released yet
+    fold:before-publish    a block volume's fold stored its blobs, its snapshot not committed
+    fold:after-publish     the fold's snapshot committed, its upper files not yet deleted
 
 `CASFS_SLOW_IMPORT_S=SECONDS` makes an import sleep that long once it runs (phase
 importing, in its job slot): a slow import without a big source, for queue tests.

@@ -38,10 +38,12 @@ from typing import TYPE_CHECKING
 
 from casfs.catalog import blobs as blob_rows
 from casfs.catalog import transaction
+from casfs.catalog import volumes as volume_rows
 from casfs.errors import Corruption, MissingBlob
 from casfs.kinds import BlobKind
 from casfs.lifecycle import pids
 from casfs.snapshots.children import children
+from casfs.store import uppers
 from casfs.store.ids import ZERO_ID, BlobId
 
 if TYPE_CHECKING:
@@ -126,6 +128,9 @@ def gc(repo: Repository, timeout: float = 30.0, lock_slice: float = LOCK_SLICE_S
                     _free(repo, conn, pool, part, report)
                 lock.checkpoint()
             _sweep_orphans(repo, conn, lock, report)
+            report.orphan_files_removed += uppers.remove_unknown(
+                repo.path, {v.name for v in volume_rows.volume_rows(conn)}
+            )
         report.tmp_files_removed = repo.blobs.recover_staging(pids.alive)
     finally:
         lock.release()

@@ -33,6 +33,21 @@ def remove_all(store: Path, volume: str) -> None:
     shutil.rmtree(upper_dir(store, volume), ignore_errors=True)
 
 
+def remove_unknown(store: Path, volumes: set[str]) -> int:
+    """Delete the upper directories of volumes not in `volumes` (a crash between a
+    volume's delete and its files'); returns how many files went."""
+    try:
+        names = os.listdir(store / "upper")
+    except FileNotFoundError:
+        return 0
+    removed = 0
+    for name in names:
+        if name not in volumes:
+            removed += len(os.listdir(upper_dir(store, name)))
+            remove_all(store, name)
+    return removed
+
+
 def local_bytes(store: Path, volume: str, epochs: Iterable[int]) -> int:
     """Disk space the data written into the volume's upper files of these epochs takes
     (allocated, not size; their maps are bookkeeping, as catalog rows are)."""

@@ -57,8 +57,10 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
             )
 
     def ensure_writable(self) -> None:
+        claiming = not self.claimed
         super().ensure_writable()
-        remove_stale(self.repo.path, self.name, set() if self.upper is None else {self.upper.epoch})
+        if claiming:
+            remove_stale(self.repo.path, self.name, set() if self.upper is None else {self.upper.epoch})
 
     # -- reading: the upper's blocks, else what is below them ------------------------
 

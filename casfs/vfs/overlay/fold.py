@@ -18,6 +18,7 @@ from casfs.catalog import overlay
 from casfs.catalog import volumes as rows
 from casfs.ids import ChunkNo, InodeNo, SnapshotNo
 from casfs.kinds import BlobKind
+from casfs.lifecycle.faults import fault_point
 from casfs.refcount import ledger
 from casfs.repo import Repository
 from casfs.snapshots import chunkmap
@@ -140,9 +141,11 @@ def run_fold_block(
                 changes[n] = batch.put(data)
         job.new_root = cmap.rewrite(batch.put_kind, changes, size)
         job.size = size
+        fault_point("fold:before-publish")
         _publish(batch, volume, base, next_ino, job, None if upper is None else upper.epoch)
     job.bases[ROOT_INO] = job.new_root
     if upper is not None:
+        fault_point("fold:after-publish")
         upper.delete()
 
 

@@ -45,7 +45,8 @@ _MAGIC = b"casfs-upper\0"
 _FORMAT = 1
 _MAP_AT = BLOCK  # the bitmap starts after the header's block
 _NONZERO = re.compile(rb"[^\x00]")
-_PAGE = BLOCK  # the map is written back in pages of this many bytes (32768 blocks)
+_PAGE = BLOCK  # the map is kept and written back in pages of this many bytes
+_PAGE_BLOCKS = _PAGE * 8  # blocks a map page covers (128 MiB of disk)
 
 
 class UpperError(OSError):
@@ -64,16 +65,20 @@ class Sync:
 
 
 class Upper:
-    """One epoch's upper files, open. `bits` is the authoritative present-map in
-    memory; the map file trails it by what the last sync wrote."""
+    """One epoch's upper files, open. The present-map in memory is authoritative and
+    paged: a page (4 KiB, 128 MiB of disk) exists once a block in it is written, so
+    memory follows what was written, not the volume's size. The map file trails it by
+    what the last sync wrote."""
 
-    def __init__(self, folder: Path, epoch: int, size: int, data_fd: int, map_fd: int, bits: bytearray):
+    def __init__(
+        self, folder: Path, epoch: int, size: int, data_fd: int, map_fd: int, pages: dict[int, bytearray]
+    ):
         self.folder = folder
         self.epoch = epoch
         self.size = size
         self._data = data_fd
         self._map = map_fd
-        self.bits = bits
+        self._pages = pages
         self._dirty_pages: set[int] = set()
         self.writes = 0  # pwrites so far
         self.synced_writes = 0  # pwrites covered by the last completed sync
@@ -95,7 +100,7 @@ class Upper:
         map_fd = os.open(folder / f"{epoch}.map", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         header = _HEADER.pack(_MAGIC, _FORMAT, BLOCK, size).ljust(BLOCK, b"\0")
         os.pwrite(map_fd, header, 0)
-        return cls(folder, epoch, size, data, map_fd, bytearray(_map_bytes(size)))
+        return cls(folder, epoch, size, data, map_fd, {})
 
     @classmethod
     def open(cls, store: Path, volume: str, epoch: int, size: int) -> Upper:
@@ -109,10 +114,7 @@ class Upper:
         header = os.pread(map_fd, _HEADER.size, 0)
         if len(header) < _HEADER.size or _HEADER.unpack(header) != (_MAGIC, _FORMAT, BLOCK, size):
             raise UpperError(f"upper map {folder / f'{epoch}.map'} does not match its volume ({size} bytes)")
-        want = _map_bytes(size)
-        bits = bytearray(os.pread(map_fd, want, _MAP_AT))
-        bits.extend(bytes(want - len(bits)))
-        upper = cls(folder, epoch, size, data, map_fd, bits)
+        upper = cls(folder, epoch, size, data, map_fd, _read_pages(map_fd))
         upper.registered = True
         return upper
 
@@ -129,26 +131,54 @@ class Upper:
 
     def mask(self, first: int, count: int) -> int:
         """Bits of blocks [first, first + count): bit i set = block first + i present."""
-        lo, hi = first >> 3, (first + count + 7) >> 3
-        return (int.from_bytes(self.bits[lo:hi], "little") >> (first & 7)) & ((1 << count) - 1)
+        p, at = divmod(first, _PAGE_BLOCKS)
+        if at + count > _PAGE_BLOCKS:  # across a page boundary (a chunk never is)
+            part = _PAGE_BLOCKS - at
+            return self.mask(first, part) | self.mask(first + part, count - part) << part
+        page = self._pages.get(p)
+        if page is None:
+            return 0
+        lo, hi = at >> 3, (at + count + 7) >> 3
+        return (int.from_bytes(page[lo:hi], "little") >> (at & 7)) & ((1 << count) - 1)
 
     def present(self, block: int) -> bool:
-        return bool(self.bits[block >> 3] >> (block & 7) & 1)
-
-    def _set(self, first: int, stop: int) -> int:
-        """Set the bits of blocks [first, stop); returns how many were new."""
-        lo, hi = first >> 3, (stop + 7) >> 3
-        old = int.from_bytes(self.bits[lo:hi], "little")
-        new = old | (((1 << (stop - first)) - 1) << (first & 7))
-        if new == old:
-            return 0
-        self.bits[lo:hi] = new.to_bytes(hi - lo, "little")
-        for page in range(lo // _PAGE, (hi - 1) // _PAGE + 1):
-            self._dirty_pages.add(page)
-        return (new ^ old).bit_count()
+        page = self._pages.get(block // _PAGE_BLOCKS)
+        at = block % _PAGE_BLOCKS
+        return page is not None and bool(page[at >> 3] >> (at & 7) & 1)
 
     def any_in(self, first: int, count: int) -> bool:
         return self.mask(first, count) != 0
+
+    def _set(self, first: int, stop: int) -> int:
+        """Set the bits of blocks [first, stop); returns how many were new."""
+        new_bits = 0
+        while first < stop:
+            p, at = divmod(first, _PAGE_BLOCKS)
+            end = min(stop, (p + 1) * _PAGE_BLOCKS)
+            page = self._pages.get(p)
+            if page is None:
+                page = self._pages[p] = bytearray(_PAGE)
+            lo, hi = at >> 3, (at + end - first + 7) >> 3
+            old = int.from_bytes(page[lo:hi], "little")
+            new = old | (((1 << (end - first)) - 1) << (at & 7))
+            if new != old:
+                page[lo:hi] = new.to_bytes(hi - lo, "little")
+                self._dirty_pages.add(p)
+                new_bits += (new ^ old).bit_count()
+            first = end
+        return new_bits
+
+    def chunks(self, blocks_per_chunk: int) -> list[int]:
+        """Numbers of the chunks holding at least one upper block, ascending (the
+        regex skips runs of zero bytes at C speed)."""
+        out: list[int] = []
+        for p in sorted(self._pages):
+            for m in _NONZERO.finditer(self._pages[p]):
+                block = p * _PAGE_BLOCKS + m.start() * 8
+                for c in range(block // blocks_per_chunk, (block + 7) // blocks_per_chunk + 1):
+                    if (not out or c > out[-1]) and self.any_in(c * blocks_per_chunk, blocks_per_chunk):
+                        out.append(c)
+        return out
 
     # -- data ----------------------------------------------------------------------
 
@@ -185,7 +215,7 @@ class Upper:
         """What a sync now would make durable (writing thread), or None: nothing new."""
         if not self.dirty:
             return None
-        pages = {p: bytes(self.bits[p * _PAGE : (p + 1) * _PAGE]) for p in self._dirty_pages}
+        pages = {p: bytes(self._pages[p]) for p in self._dirty_pages}
         self._dirty_pages.clear()  # (given back by failed() if the sync fails)
         sync = Sync(pages, self.writes, not self.registered, self.punched)
         self.punched = False
@@ -213,22 +243,23 @@ class Upper:
         self._dirty_pages.update(job.pages)
         self.punched = self.punched or job.punched
 
-    def chunks(self, blocks_per_chunk: int) -> list[int]:
-        """Numbers of the chunks holding at least one upper block, ascending (the
-        regex skips runs of zero bytes at C speed: a mostly clean map costs little)."""
-        out: list[int] = []
-        for m in _NONZERO.finditer(self.bits):
-            first = m.start() * 8 // blocks_per_chunk
-            last = (m.start() * 8 + 7) // blocks_per_chunk
-            for c in range(max(first, out[-1] + 1 if out else 0), last + 1):
-                if self.any_in(c * blocks_per_chunk, blocks_per_chunk):
-                    out.append(c)
-        return out
 
-
-def _map_bytes(size: int) -> int:
-    blocks = -(-size // BLOCK)
-    return -(-blocks // 8)
+def _read_pages(map_fd: int) -> dict[int, bytearray]:
+    """The map file's pages that hold a set bit (holes skipped: SEEK_DATA)."""
+    pages: dict[int, bytearray] = {}
+    pos = _MAP_AT
+    while True:
+        try:
+            pos = os.lseek(map_fd, pos, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # no data past pos
+                return pages
+            raise
+        p = (pos - _MAP_AT) // _PAGE
+        raw = os.pread(map_fd, _PAGE, _MAP_AT + p * _PAGE)
+        if raw.count(0) != len(raw):
+            pages[p] = bytearray(raw.ljust(_PAGE, b"\0"))
+        pos = _MAP_AT + (p + 1) * _PAGE
 
 
 _ZEROS = bytes(1 << 20)

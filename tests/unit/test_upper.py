@@ -1,0 +1,104 @@
+"""A block volume's upper file on its own: the paged present-map, what a sync makes
+durable (and what a torn or missing map write can and cannot lose), zeros punched,
+left-over epochs removed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from casfs.store.uppers import local_bytes, remove_stale, upper_dir
+from casfs.vfs.overlay.upper import _PAGE_BLOCKS, BLOCK, Upper, UpperError
+
+SIZE = 3 << 30  # three map pages (128 MiB of disk each) and then some
+
+
+def synced(upper: Upper) -> None:
+    job = upper.capture()
+    assert job is not None
+    upper.sync(job)
+    upper.synced(job)
+
+
+def test_the_map_marks_written_blocks_across_page_boundaries(tmp_path: Path) -> None:
+    up = Upper.create(tmp_path, "v", SIZE)
+    edge = _PAGE_BLOCKS - 2  # a write of 4 blocks across the first page boundary
+    assert up.pwrite(edge * BLOCK, os.urandom(4 * BLOCK)) == 4
+    assert up.pwrite(edge * BLOCK, os.urandom(BLOCK)) == 0  # rewritten: nothing new
+    assert [up.present(b) for b in range(edge - 1, edge + 5)] == [False, True, True, True, True, False]
+    assert up.mask(edge - 1, 6) == 0b011110
+    assert up.chunks(16) == [(edge) // 16, (edge + 3) // 16]
+    assert up.chunks(1) == list(range(edge, edge + 4))
+
+
+def test_a_sync_makes_data_and_map_durable_and_reopens_the_same(tmp_path: Path) -> None:
+    up = Upper.create(tmp_path, "v", SIZE)
+    payload = os.urandom(3 * BLOCK)
+    up.pwrite(10 * BLOCK, payload)
+    up.pwrite(2 * _PAGE_BLOCKS * BLOCK, payload)
+    job = up.capture()
+    assert job is not None and job.first and sorted(job.pages) == [0, 2]
+    up.sync(job)
+    up.synced(job)
+    assert not up.dirty and up.capture() is None
+    again = Upper.open(tmp_path, "v", up.epoch, SIZE)
+    assert again.chunks(16) == up.chunks(16)
+    assert again.pread(10 * BLOCK, 3 * BLOCK) == payload
+    assert again.mask(0, 64) == 0b111 << 10
+    # Overwriting a present block dirties the data only: no map page to write.
+    again.pwrite(10 * BLOCK, bytes(b"x" * BLOCK))
+    job = again.capture()
+    assert job is not None and job.pages == {} and not job.first
+
+
+def test_bits_not_synced_are_not_there_after_a_crash(tmp_path: Path) -> None:
+    """A crash between the data's fdatasync and the map's: the block reads as before
+    (absent from the upper), never as garbage."""
+    up = Upper.create(tmp_path, "v", SIZE)
+    up.pwrite(0, b"a" * BLOCK)
+    synced(up)
+    up.pwrite(BLOCK, b"b" * BLOCK)  # written, never synced: its bit is in memory only
+    after_crash = Upper.open(tmp_path, "v", up.epoch, SIZE)
+    assert after_crash.present(0) and not after_crash.present(1)
+
+
+def test_a_failed_sync_keeps_its_pages_to_write(tmp_path: Path) -> None:
+    up = Upper.create(tmp_path, "v", SIZE)
+    up.pwrite(0, b"a" * BLOCK)
+    job = up.capture()
+    assert job is not None
+    up.failed(job)
+    retry = up.capture()
+    assert retry is not None and retry.pages.keys() == job.pages.keys()
+
+
+def test_zeros_over_written_blocks_free_their_space(tmp_path: Path) -> None:
+    up = Upper.create(tmp_path, "v", SIZE)
+    up.pwrite(0, os.urandom(64 * BLOCK))
+    synced(up)
+    assert local_bytes(tmp_path, "v", [up.epoch]) >= 64 * BLOCK
+    up.pwrite(0, bytes(64 * BLOCK))
+    job = up.capture()
+    assert job is not None and job.punched
+    up.sync(job)
+    up.synced(job)
+    assert local_bytes(tmp_path, "v", [up.epoch]) < 8 * BLOCK
+    assert up.pread(0, 64 * BLOCK) == bytes(64 * BLOCK) and up.present(63)
+
+
+def test_a_map_of_another_size_is_refused(tmp_path: Path) -> None:
+    up = Upper.create(tmp_path, "v", SIZE)
+    with pytest.raises(UpperError, match="does not match"):
+        Upper.open(tmp_path, "v", up.epoch, SIZE * 2)
+    with pytest.raises(UpperError, match="missing"):
+        Upper.open(tmp_path, "v", up.epoch + 1, SIZE)
+
+
+def test_left_over_epochs_are_removed(tmp_path: Path) -> None:
+    keep = Upper.create(tmp_path, "v", SIZE)
+    gone = Upper.create(tmp_path, "v", SIZE)
+    assert gone.epoch != keep.epoch
+    remove_stale(tmp_path, "v", {keep.epoch})
+    assert sorted(os.listdir(upper_dir(tmp_path, "v"))) == [f"{keep.epoch}.data", f"{keep.epoch}.map"]
