@@ -209,6 +209,9 @@ UPPERS_SCHEMA = """
 CREATE TABLE uppers (
     volume TEXT NOT NULL REFERENCES volumes (name),
     epoch  INTEGER NOT NULL,
+    snapshot INTEGER,
+    label    TEXT,
+    taken    REAL,
     PRIMARY KEY (volume, epoch)
 ) WITHOUT ROWID
 """

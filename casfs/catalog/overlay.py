@@ -10,10 +10,11 @@ overlay chunk returns the ids it dropped, for the caller to release.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from casfs.ids import ChunkNo, InodeNo
+from casfs.ids import ChunkNo, InodeNo, SnapshotNo
 from casfs.store.ids import BlobId
 
 
@@ -136,15 +137,45 @@ def fold(
     return olds
 
 
-def uppers(conn: sqlite3.Connection, volume: str) -> list[int]:
-    """The epochs of the volume's upper files the catalog names, oldest first."""
-    query = "SELECT epoch FROM uppers WHERE volume = ? ORDER BY epoch"
-    return [int(e) for (e,) in conn.execute(query, (volume,))]
+class UpperRow(NamedTuple):
+    epoch: int
+    snapshot: SnapshotNo | None  # frozen as this snapshot (its fold not yet committed)
+    label: str | None
+    taken: float | None
+
+
+def uppers(conn: sqlite3.Connection, volume: str) -> list[UpperRow]:
+    """The volume's upper epochs the catalog names, oldest first."""
+    query = "SELECT epoch, snapshot, label, taken FROM uppers WHERE volume = ? ORDER BY epoch"
+    return [
+        UpperRow(int(e), None if n is None else SnapshotNo(n), lb, t)
+        for e, n, lb, t in conn.execute(query, (volume,))
+    ]
 
 
 def add_upper(conn: sqlite3.Connection, volume: str, epoch: int) -> None:
-    conn.execute("INSERT OR IGNORE INTO uppers VALUES (?, ?)", (volume, epoch))
+    conn.execute("INSERT OR IGNORE INTO uppers (volume, epoch) VALUES (?, ?)", (volume, epoch))
+
+
+def freeze_upper(conn: sqlite3.Connection, volume: str, epoch: int, label: str | None) -> SnapshotNo:
+    """Freeze an epoch as the volume's next snapshot (its number given out now, its
+    snapshots row added by its fold)."""
+    (n,) = conn.execute("SELECT next_snapshot FROM volumes WHERE name = ?", (volume,)).fetchone()
+    conn.execute("UPDATE volumes SET next_snapshot = ? WHERE name = ?", (n + 1, volume))
+    done = conn.execute(
+        "UPDATE uppers SET snapshot = ?, label = ?, taken = ? "
+        "WHERE volume = ? AND epoch = ? AND snapshot IS NULL",
+        (n, label, time.time(), volume, epoch),
+    )
+    assert done.rowcount == 1, f"upper {epoch} of {volume} is not the one written"
+    return SnapshotNo(n)
 
 
 def drop_upper(conn: sqlite3.Connection, volume: str, epoch: int) -> None:
     conn.execute("DELETE FROM uppers WHERE volume = ? AND epoch = ?", (volume, epoch))
+
+
+def pending_snapshot(conn: sqlite3.Connection, volume: str, n: SnapshotNo) -> bool:
+    """Snapshot n is taken but not yet folded (its upper is frozen)."""
+    query = "SELECT 1 FROM uppers WHERE volume = ? AND snapshot = ?"
+    return conn.execute(query, (volume, n)).fetchone() is not None

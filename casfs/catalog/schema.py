@@ -156,12 +156,18 @@ CREATE TABLE overlay_entries (
 
 -- Upper files of read/write block volumes (casfs.vfs.overlay.upper): the blocks
 -- written since the base, in STORE/upper/<volume>/<epoch>.data and .map. A row names
--- an epoch once its first sync made the files durable; the fold that turns the epoch
--- into blobs deletes the row in the transaction that publishes its snapshot. Files no
--- row names are left-overs, deleted when seen.
+-- an epoch once its first sync made the files durable; a snapshot freezes it; the fold
+-- that turns it into blobs deletes the row in the transaction that adds its snapshot.
+-- Files no row names are left-overs, deleted when seen. Epochs apply in order: a
+-- volume reads as its base, then each frozen epoch, then the one written now.
 CREATE TABLE uppers (
     volume TEXT NOT NULL REFERENCES volumes (name),
     epoch  INTEGER NOT NULL,       -- names the files: unique (nanoseconds at creation)
+    -- NULL: the epoch writes go to. n: frozen as snapshot n (taken, its number given
+    -- out), until the fold that stores it as blobs adds the snapshots row.
+    snapshot INTEGER,
+    label    TEXT,                 -- the frozen snapshot's label
+    taken    REAL,                 -- when it was taken (unix time): the snapshot's time
     PRIMARY KEY (volume, epoch)
 ) WITHOUT ROWID;
 """

@@ -19,17 +19,28 @@ from casfs.store.ids import ZERO_ID, BlobId
 
 
 def add_snapshot(
-    conn: sqlite3.Connection, volume: str, root: BlobId, size: int, next_ino: InodeNo, label: str | None
+    conn: sqlite3.Connection,
+    volume: str,
+    root: BlobId,
+    size: int,
+    next_ino: InodeNo,
+    label: str | None,
+    taken: tuple[SnapshotNo, float] | None = None,
 ) -> SnapshotNo:
-    """Add snapshot n+1 of `volume` with `root`; returns n+1. The caller adds the
-    snapshot's reference on `root` (ledger.retain) in the same transaction."""
-    (n,) = conn.execute("SELECT next_snapshot FROM volumes WHERE name = ?", (volume,)).fetchone()
+    """Add snapshot n+1 of `volume` with `root`; returns n+1. With `taken` (n, time):
+    the snapshot a freeze numbered then (catalog.overlay.freeze_upper). The caller adds
+    the snapshot's reference on `root` (ledger.retain) in the same transaction."""
+    if taken is None:
+        (n,) = conn.execute("SELECT next_snapshot FROM volumes WHERE name = ?", (volume,)).fetchone()
+        conn.execute("UPDATE volumes SET next_snapshot = ? WHERE name = ?", (n + 1, volume))
+        when = time.time()
+    else:
+        n, when = taken
     conn.execute(
         "INSERT INTO snapshots (volume, n, root, size, next_ino, label, created) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (volume, n, root, size, next_ino, label, time.time()),
+        (volume, n, root, size, next_ino, label, when),
     )
-    conn.execute("UPDATE volumes SET next_snapshot = ? WHERE name = ?", (n + 1, volume))
     return SnapshotNo(n)
 
 
@@ -282,10 +293,12 @@ def snapshot_rows(conn: sqlite3.Connection, volume: str | None = None) -> list[S
 
 
 def snapshot_numbers(conn: sqlite3.Connection, volume: str) -> list[SnapshotNo]:
-    return [
-        SnapshotNo(n)
-        for (n,) in conn.execute("SELECT n FROM snapshots WHERE volume = ? ORDER BY n", (volume,))
-    ]
+    """Every snapshot taken: stored ones, and those frozen whose fold is still to commit."""
+    query = (
+        "SELECT n FROM snapshots WHERE volume = ? "
+        "UNION SELECT snapshot FROM uppers WHERE volume = ? AND snapshot IS NOT NULL ORDER BY 1"
+    )
+    return [SnapshotNo(n) for (n,) in conn.execute(query, (volume, volume))]
 
 
 def delete_snapshot(conn: sqlite3.Connection, volume: str, n: SnapshotNo) -> None:

@@ -72,10 +72,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     from casfs.catalog.volumes import snapshot_row
     from casfs.errors import NotFound
     from casfs.images import export_root
+    from casfs.volumes.settle import wait_folded
 
     volume, n = parse_snapshot_ref(args.ref)
     dest = Path(args.dest)
     with open_store(args) as repo:
+        wait_folded(repo, volume, n)
         snap = snapshot_row(repo.conn, volume, n)
         if snap is None:
             raise NotFound(f"no snapshot {volume}@{n}")

@@ -63,6 +63,8 @@ log = logging.getLogger("casfs.daemon")
 # Buffered writes older than this are flushed by the timer (checked every tick).
 DIRTY_AGE_S = 5.0
 FLUSH_TICK_S = 1.0
+FOLD_TICK_S = 0.2
+FOLD_RETRY_S = 5.0
 _M_ARENA_MAX = -8  # mallopt parameter (malloc.h)
 
 
@@ -194,6 +196,7 @@ async def serve(cfg: Config) -> int:
                 nursery.start_soon(_watch_signals, signals, cfg.mountpoint)
                 nursery.start_soon(_announce_ready, cfg)
                 nursery.start_soon(_flush_timer, ops, mounted)
+                nursery.start_soon(_fold_timer, mounted)
                 await pyfuse3.main()
                 nursery.cancel_scope.cancel()
             # Only the clean path snapshots (the exit stack closes the views).
@@ -293,6 +296,20 @@ async def _flush_timer(ops: Operations, mounted: _Mounted) -> None:
             await ops.flush_aged(list(mounted.rw_views.values()), DIRTY_AGE_S)
         except Exception:
             log.exception("timed flush")
+
+
+async def _fold_timer(mounted: _Mounted) -> None:
+    """Background folds: snapshots a block volume froze (and those a crashed daemon
+    left frozen) become blobs here, while writes go on; after a failure (a full disk)
+    the fold waits FOLD_RETRY_S and tries again, the snapshot staying frozen, durable."""
+    while True:
+        await trio.sleep(FOLD_TICK_S)
+        for view in list(mounted.rw_views.values()):
+            try:
+                await rwsession.fold_frozen(view)
+            except Exception:
+                log.exception("folding %s, will retry", view.describe(ROOT_INO))
+                await trio.sleep(FOLD_RETRY_S)
 
 
 async def _announce_ready(cfg: Config) -> None:

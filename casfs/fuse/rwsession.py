@@ -100,17 +100,67 @@ async def sync(view: View) -> None:
 
 
 async def take_snapshot(view: RwView, label: str | None) -> SnapshotNo:
-    """flush + fold. Waits for a store job slot first, and only then takes the lock:
-    writers are not stalled behind other processes' imports, only behind the fold."""
-    slot = await trio.to_thread.run_sync(acquire_slot, view.repo, f"snapshot {view.name}")
-    try:
-        async with lock(view):
-            view.ensure_writable()  # a snapshot changes the volume: this mount claims it
-            await _flush_locked(view)
-            job = await _in_thread(view.prepare_fold(label), view.run_fold, view.abort_fold, view.apply_fold)
-            return job.snapshot
-    finally:
-        slot.release()
+    """flush, then freeze (O(1): a block volume's written epoch becomes the snapshot,
+    folded into blobs later by fold_frozen) or, where the view cannot freeze, fold now.
+    A fold waits for a store job slot first, and only then takes the lock: writers are
+    not stalled behind other processes' imports, only behind the fold."""
+    async with lock(view):
+        view.ensure_writable()  # a snapshot changes the volume: this mount claims it
+        await _flush_locked(view)
+        freeze = view.prepare_freeze(label)
+        if freeze is not None:
+            await _in_thread(freeze, view.run_freeze, view.abort_freeze, view.apply_freeze)
+            return freeze.snapshot
+    async with _fold_lock(view):
+        await _fold_frozen_locked(view)  # what was frozen before comes first
+        slot = await trio.to_thread.run_sync(acquire_slot, view.repo, f"snapshot {view.name}")
+        try:
+            async with lock(view):
+                await _flush_locked(view)
+                job = await _in_thread(
+                    view.prepare_fold(label), view.run_fold, view.abort_fold, view.apply_fold
+                )
+                return job.snapshot
+        finally:
+            slot.release()
+
+
+_fold_locks: WeakKeyDictionary[RwView, trio.Lock] = WeakKeyDictionary()
+
+
+def _fold_lock(view: RwView) -> trio.Lock:
+    """Held while a view's frozen epochs are folded: one fold at a time, in order."""
+    held = _fold_locks.get(view)
+    if held is None:
+        held = _fold_locks[view] = trio.Lock()
+    return held
+
+
+async def fold_frozen(view: RwView) -> None:
+    """Fold the view's frozen epochs into blobs, oldest first (the daemon's fold task).
+    Writes go on meanwhile: the view's lock is taken only to apply each result."""
+    async with _fold_lock(view):
+        await _fold_frozen_locked(view)
+
+
+async def _fold_frozen_locked(view: RwView) -> None:
+    while True:
+        job = view.prepare_background_fold()
+        if job is None:
+            return
+        # Shielded: a fold whose commit went through must be applied to the view even if
+        # the daemon is stopping (its close folds what is left, and must see this one done).
+        with trio.CancelScope(shield=True):
+            slot = await trio.to_thread.run_sync(acquire_slot, view.repo, f"fold {view.name}")
+            try:
+                await trio.to_thread.run_sync(view.run_background_fold, job)
+            except BaseException:
+                view.abort_background_fold(job)
+                raise
+            finally:
+                slot.release()
+            async with lock(view):
+                view.apply_background_fold(job)
 
 
 async def flush_aged(views: Sequence[RwView], age_s: float) -> None:

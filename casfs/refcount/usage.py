@@ -169,7 +169,7 @@ def volume_usage(repo: Repository, name: str) -> Usage:
     """The volume's blobs, and its upper files: data written since the base, not yet
     folded into blobs, is stored (locally) and unique to it."""
     found = usage(repo, volume_roots(repo.conn, name))
-    local = uppers.local_bytes(repo.path, name, overlay_rows.uppers(repo.conn, name))
+    local = uppers.local_bytes(repo.path, name, [u.epoch for u in overlay_rows.uppers(repo.conn, name)])
     return replace(found, stored=found.stored + local, unique=found.unique + local)
 
 

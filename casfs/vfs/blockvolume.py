@@ -12,61 +12,86 @@ import functools
 import stat
 import time
 from collections.abc import Iterator
+from typing import Unpack
 
 from casfs.catalog import overlay as rows
 from casfs.catalog import transaction
-from casfs.ids import ChunkNo, InodeNo
+from casfs.ids import ChunkNo, InodeNo, SnapshotNo
 from casfs.kinds import VolumeKind
 from casfs.snapshots import chunkmap
 from casfs.snapshots.tree import Attrs
 from casfs.store.ids import ZERO_ID
 from casfs.store.uppers import remove_stale
-from casfs.vfs.api import ROOT_INO, Fetched, NeedChunks, Piece, RwView, Stat, fs_error
+from casfs.vfs.api import ROOT_INO, Changes, Fetched, NeedChunks, Piece, RwView, Stat, fs_error
 from casfs.vfs.overlay.data import Data
-from casfs.vfs.overlay.fold import FlushJob, FoldJob, run_fold_block
-from casfs.vfs.overlay.nodes import Node
+from casfs.vfs.overlay.fold import (
+    FlushJob,
+    FoldJob,
+    FreezeJob,
+    FrozenFold,
+    run_fold_block,
+    run_fold_frozen,
+    run_freeze,
+)
+from casfs.vfs.overlay.nodes import NO_LIMIT, Node
+from casfs.vfs.overlay.stack import Frozen, UpperStack
 from casfs.vfs.overlay.upper import BLOCK, Upper
-from casfs.vfs.overlay.writeback import now_ns
+from casfs.vfs.overlay.writeback import _finish, now_ns
 
 
 class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
     fixed_size = True
-    upper: Upper | None  # the current epoch's upper file; None until the first write
-    # Chunks the upper holds that nothing below it allocates (they add to st_blocks).
+    uppers: UpperStack  # the epochs over the base: frozen ones (snapshots to fold), then the one written
+    # Chunks the epochs hold that nothing below them allocates (they add to st_blocks).
     _upper_only: int
+    _folding: bool  # a background fold of the oldest frozen epoch is running
+    _root_row: bool  # the disk file's own attributes changed since the base
+    _written_ns: int  # time of the last write not yet set as the file's mtime (0: none)
 
     @property
     def rw(self) -> RwView:
         return self
 
+    @property
+    def upper(self) -> Upper | None:
+        """The epoch writes go to (None until the first write after a snapshot)."""
+        return self.uppers.active
+
     def _load(self) -> None:
-        self.upper = None
+        self.uppers = UpperStack()
         self._upper_only = 0
+        self._folding = False
+        self._written_ns = 0
         super()._load()
-        epochs = rows.uppers(self.repo.conn, self.name)
+        self._root_row = ROOT_INO in self.overlay  # (the overlay rows alone, so far)
+        found = rows.uppers(self.repo.conn, self.name)
         if self.claimed:
-            remove_stale(self.repo.path, self.name, set(epochs))
-        if epochs:
-            # One epoch at a time: a snapshot folds the upper before the next begins.
-            self.upper = Upper.open(self.repo.path, self.name, epochs[-1], self.size_bytes)
-            self.overlay.add(ROOT_INO)
-            node = self.nodes[ROOT_INO]
-            per = self.chunk_size // BLOCK
-            self._upper_only = sum(
-                self._chunk_ref(node, ChunkNo(n)) == ZERO_ID for n in self.upper.chunks(per)
-            )
+            remove_stale(self.repo.path, self.name, {u.epoch for u in found})
+        size = self.size_bytes
+        for u in found:
+            upper = Upper.open(self.repo.path, self.name, u.epoch, size)
+            if u.snapshot is None:
+                self.uppers.active = upper
+                self.overlay.add(ROOT_INO)
+            else:
+                self.uppers.frozen.append(Frozen(upper, u.snapshot, u.label, u.taken or time.time()))
+        self._recount()
+
+    def _recount(self) -> None:
+        node = self.nodes[ROOT_INO]
+        per = self.chunk_size // BLOCK
+        self._upper_only = sum(self._chunk_ref(node, ChunkNo(n)) == ZERO_ID for n in self.uppers.chunks(per))
 
     def ensure_writable(self) -> None:
         claiming = not self.claimed
         super().ensure_writable()
         if claiming:
-            remove_stale(self.repo.path, self.name, set() if self.upper is None else {self.upper.epoch})
+            remove_stale(self.repo.path, self.name, {u.epoch for u in self.uppers.layers()})
 
-    # -- reading: the upper's blocks, else what is below them ------------------------
+    # -- reading: the newest epoch holding a block, else what is below them --------
 
     def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
-        upper = self.upper
-        if upper is None:
+        if not self.uppers:
             return super().read_plan(ino, offset, size)
         node = self.node(ino)
         end = min(offset + size, node.attrs.size)
@@ -78,26 +103,32 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
             q, start = divmod(pos, cs)
             n = ChunkNo(q)
             stop = min(cs, end - n * cs)
-            mask = upper.mask(n * per, per)
-            if not mask:
-                pieces.append(Piece(start, stop, blob=self._chunk_ref(node, n)))
-            else:
-                at = start
-                while at < stop:
-                    b = at // BLOCK
-                    up = mask >> b & 1
-                    e = b + 1
-                    while e * BLOCK < stop and (mask >> e & 1) == up:
-                        e += 1
-                    until = min(stop, e * BLOCK)
-                    if up:
-                        read = functools.partial(upper.pread, n * cs + at, until - at)
-                        pieces.append(Piece(0, until - at, read=read))
-                    else:
-                        pieces.append(Piece(at, until, blob=self._chunk_ref(node, n)))
-                    at = until
+            for first, last, owner in self.uppers.runs(n * per, per):
+                lo, hi = max(start, first * BLOCK), min(stop, last * BLOCK)
+                if lo >= hi:
+                    continue
+                if owner is None:
+                    pieces.append(Piece(lo, hi, blob=self._chunk_ref(node, n)))
+                else:
+                    read = functools.partial(owner.pread, n * cs + lo, hi - lo)
+                    pieces.append(Piece(0, hi - lo, read=read))
             pos = n * cs + stop
         return pieces
+
+    def _settle_mtime(self) -> None:
+        """Writes stamp a time only; the file's mtime and ctime take it when looked at
+        (a dataclass copy per write would be a fifth of a 4 KiB write's cost)."""
+        if self._written_ns:
+            self.nodes[ROOT_INO].set(mtime_ns=self._written_ns, ctime_ns=self._written_ns)
+            self._written_ns = 0
+
+    def _stat(self, node: Node) -> Stat:
+        self._settle_mtime()
+        return super()._stat(node)
+
+    def setattr(self, ino: InodeNo, *, fetched: Fetched | None = None, **changes: Unpack[Changes]) -> Stat:
+        self._settle_mtime()  # (before: a time set explicitly wins over the last write's)
+        return super().setattr(ino, fetched=fetched, **changes)
 
     def _blocks(self, node: Node) -> int:
         return super()._blocks(node) + self._upper_only * (self.chunk_size // 512)
@@ -120,7 +151,7 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
         missing = [
             ref
             for b in edges
-            if not (self.upper and self.upper.present(b))
+            if self.uppers.owner(b) is None
             for ref in [self._chunk_ref(node, ChunkNo(b * BLOCK // self.chunk_size))]
             if ref != ZERO_ID and ref not in fetched
         ]
@@ -137,16 +168,16 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
             whole[head : head + len(data)] = data
             buf = whole
         upper = self._writable_upper()
-        per = self.chunk_size // BLOCK
-        fresh = [
-            c
-            for c in range(first // per, last // per + 1)
-            if not upper.any_in(c * per, per) and self._chunk_ref(node, ChunkNo(c)) == ZERO_ID
-        ]
+        count = last - first + 1
+        if upper.mask(first, count) != (1 << count) - 1:  # (an overwrite allocates nothing new)
+            per = self.chunk_size // BLOCK
+            self._upper_only += sum(
+                1
+                for c in range(first // per, last // per + 1)
+                if not self.uppers.any_in(c * per, per) and self._chunk_ref(node, ChunkNo(c)) == ZERO_ID
+            )
         upper.pwrite(first * BLOCK, buf)
-        self._upper_only += len(fresh)
-        now = now_ns()
-        node.set(mtime_ns=now, ctime_ns=now)
+        self._written_ns = now_ns()  # the file's mtime, set when next looked at (_settle_mtime)
         self.overlay.add(ROOT_INO)
         if self.dirty_since is None:
             self.dirty_since = time.monotonic()
@@ -154,21 +185,23 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
 
     def _block(self, node: Node, b: int, fetched: Fetched) -> bytes:
         """Block b's current bytes (BLOCK of them)."""
-        if self.upper is not None and self.upper.present(b):
-            return self.upper.pread(b * BLOCK, BLOCK)
+        owner = self.uppers.owner(b)
+        if owner is not None:
+            return owner.pread(b * BLOCK, BLOCK)
         n, at = divmod(b * BLOCK, self.chunk_size)
         ref = self._chunk_ref(node, ChunkNo(n))
         chunk = fetched[ref] if ref != ZERO_ID else b""
         return chunk[at : at + BLOCK].ljust(BLOCK, b"\0")
 
     def _writable_upper(self) -> Upper:
-        if self.upper is None:
-            self.upper = Upper.create(self.repo.path, self.name, self.size_bytes)
-        return self.upper
+        if self.uppers.active is None:
+            self.uppers.active = Upper.create(self.repo.path, self.name, self.size_bytes)
+        return self.uppers.active
 
     # -- write-back: a sync of the upper file (rows only for what else changed) -----
 
     def prepare_flush(self) -> FlushJob | None:
+        self._settle_mtime()
         sync = self.upper.capture() if self.upper is not None else None
         job = super().prepare_flush()
         if sync is not None:
@@ -206,6 +239,90 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
             held = [(p, n) for p, n in held if p != "/"] + [("/", self.upper.unsynced_bytes)]
         return sorted(held)
 
+    # -- snapshots: freeze now (O(1)), fold in the background -------------------------
+
+    def prepare_fold(self, label: str | None) -> FoldJob:
+        self._settle_mtime()
+        return super().prepare_fold(label)
+
+    def prepare_freeze(self, label: str | None) -> FreezeJob | None:
+        """Right after a flush: the written epoch can become the next snapshot as it
+        is, unless something else changed too (the disk file's attributes, chunks an
+        older casfs flushed): then None, and the snapshot is a fold."""
+        active = self.upper
+        if active is None or active.dirty or self.chunk_ids or self.dirty_nodes:
+            return None
+        if any(rows_ino != ROOT_INO for rows_ino in self.overlay) or self._root_has_row():
+            return None
+        self._frozen = True
+        return FreezeJob(active.epoch, label)
+
+    def _root_has_row(self) -> bool:
+        """The disk file's attributes were changed (chmod, chown, xattrs): it has, or
+        will have at the next flush, an overlay row."""
+        return self._root_row
+
+    def _touch(self, ino: InodeNo) -> None:
+        self._root_row = True  # (writes do not come here: only attribute changes)
+        super()._touch(ino)
+
+    def run_freeze(self, job: FreezeJob) -> None:
+        run_freeze(self.repo, self.name, job)
+
+    def apply_freeze(self, job: FreezeJob) -> None:
+        self._frozen = False
+        assert self.upper is not None and self.upper.epoch == job.epoch
+        self.uppers.frozen.append(Frozen(self.upper, job.snapshot, job.label, time.time()))
+        self.uppers.active = None
+        self.overlay.discard(ROOT_INO)  # (what it held is the frozen epoch's now)
+        self._thaw_deferred()
+
+    def abort_freeze(self, job: FreezeJob) -> None:
+        self._frozen = False
+        self._thaw_deferred()
+
+    def prepare_background_fold(self) -> FrozenFold | None:
+        """The oldest frozen epoch to fold, unless none is waiting or one is folding."""
+        if not self.uppers.frozen or self._folding:
+            return None
+        self._folding = True
+        return FrozenFold(self.uppers.frozen[0], self.base, self.size_bytes, self.next_ino)
+
+    def run_background_fold(self, job: FrozenFold) -> None:
+        run_fold_frozen(self.repo, self.name, job)
+
+    def apply_background_fold(self, job: FrozenFold) -> None:
+        self._folding = False
+        assert self.uppers.frozen and self.uppers.frozen[0] is job.frozen
+        self.uppers.frozen.pop(0)
+        self.base = job.new_root
+        root = self.nodes[ROOT_INO]
+        root.base, root.base_limit = job.new_root, NO_LIMIT
+        self._folded()
+        self._recount()
+
+    def abort_background_fold(self, job: FrozenFold) -> None:
+        self._folding = False
+
+    def fold_frozen_sync(self) -> SnapshotNo | None:
+        """Fold every frozen epoch in this thread; the last snapshot folded, if any."""
+        last = None
+        while (job := self.prepare_background_fold()) is not None:
+            _finish(job, self.run_background_fold, self.abort_background_fold, self.apply_background_fold)
+            last = job.frozen.snapshot
+        return last
+
+    def snapshot_sync(self, label: str | None = None) -> SnapshotNo:
+        last = self.fold_frozen_sync()
+        if last is not None and not self.overlay and not self.dirty_nodes:
+            return last  # nothing written since the last snapshot taken
+        return super().snapshot_sync(label)
+
+    def close(self, snapshot: bool = True) -> SnapshotNo | None:
+        if self.claimed:
+            self.fold_frozen_sync()
+        return super().close(snapshot)
+
     def _base_root(self, size: int) -> Node:
         st = self.repo.path.stat()
         # A block volume's mtime until it is written: when its base was made (the fold
@@ -223,11 +340,13 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
         return content
 
     def run_fold(self, job: FoldJob) -> None:
+        assert not self.uppers.frozen, "frozen epochs are folded before the written one"
         run_fold_block(self.repo, self.name, self.base, self.next_ino, job, self.upper)
 
     def apply_fold(self, job: FoldJob) -> None:
         super().apply_fold(job)
-        self.upper = None  # (its files are gone; reads planned before keep it open)
+        self._root_row = False
+        self.uppers.active = None  # (its files are gone; reads planned before keep it open)
         self._upper_only = 0
 
     @property

@@ -26,6 +26,7 @@ class SnapshotInfo:
     size: int
     label: str | None
     created: float
+    folded: bool = True  # False: taken while mounted, its fold into blobs still to commit
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

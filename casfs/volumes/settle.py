@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 
+from casfs.catalog import overlay as overlay_rows
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
+from casfs.errors import Busy
 from casfs.ids import SnapshotNo
 from casfs.lifecycle.faults import fault_point
 from casfs.lifecycle.phases import VolumePhase, give_volume, take_volume
@@ -20,6 +23,27 @@ from casfs.volumes.info import require_at_rest, volume_row
 
 def has_overlay(conn: sqlite3.Connection, volume: str) -> bool:
     return rows.has_overlay(conn, volume)
+
+
+# How long a command waits for a snapshot taken while mounted to be folded into blobs.
+FOLD_WAIT_S = 600.0
+
+
+def wait_folded(repo: Repository, volume: str, n: SnapshotNo, timeout: float = FOLD_WAIT_S) -> None:
+    """A snapshot taken while mounted is numbered at once and stored as blobs by a fold
+    that follows. Before reading it, wait for that fold (its daemon alive), or fold it
+    here (its daemon died: the volume is at rest, its frozen epoch durable)."""
+    deadline = time.monotonic() + timeout
+    while overlay_rows.pending_snapshot(repo.conn, volume, n):
+        row = rows.volume_row(repo.conn, volume)
+        if row is None:
+            return
+        if row.phase == VolumePhase.READY:
+            settle(repo, volume)
+            return
+        if time.monotonic() > deadline:
+            raise Busy(f"snapshot {volume}@{n} is still being folded by process {row.owner_pid}")
+        time.sleep(0.05)
 
 
 def settle(repo: Repository, volume: str, label: str | None = None) -> SnapshotNo | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sqlite3
 
+from casfs.catalog import overlay as overlay_rows
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, NotFound
@@ -16,7 +17,7 @@ from casfs.repo import Repository
 from casfs.store.ids import BlobId
 from casfs.units import parse_snapshot_ref
 from casfs.volumes.info import SnapshotInfo, get_volume, require_at_rest, volume_row
-from casfs.volumes.settle import settle
+from casfs.volumes.settle import settle, wait_folded
 
 
 def record_snapshot(
@@ -41,15 +42,22 @@ def create_snapshot(repo: Repository, volume: str, label: str | None = None) -> 
 
 
 def list_snapshots(repo: Repository, volume: str) -> list[SnapshotInfo]:
-    get_volume(repo, volume)
-    return [
+    """Stored snapshots, and those taken while mounted whose fold has not committed
+    yet (folded False: no root yet; reading one waits for its fold)."""
+    info = get_volume(repo, volume)
+    out = [
         SnapshotInfo(volume, s.n, s.root.hex(), s.size, s.label, s.created)
         for s in rows.snapshot_rows(repo.conn, volume)
     ]
+    for u in overlay_rows.uppers(repo.conn, volume):
+        if u.snapshot is not None:
+            out.append(SnapshotInfo(volume, u.snapshot, "", info.size, u.label, u.taken or 0.0, folded=False))
+    return sorted(out, key=lambda s: s.n)
 
 
 def remove_snapshot(repo: Repository, ref: str, if_exists: bool = False) -> bool:
     volume, n = parse_snapshot_ref(ref)
+    wait_folded(repo, volume, n)
     conn = repo.conn
     with transaction(conn):
         snap = rows.snapshot_row(conn, volume, n)

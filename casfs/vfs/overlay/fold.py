@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from casfs.catalog import overlay
+from casfs.catalog import overlay, transaction
 from casfs.catalog import volumes as rows
 from casfs.ids import ChunkNo, InodeNo, SnapshotNo
 from casfs.kinds import BlobKind
@@ -29,6 +29,7 @@ from casfs.snapshots.tree import Entry, Tree, dir_entry
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import ROOT_INO
 from casfs.vfs.overlay.nodes import NO_LIMIT, Node
+from casfs.vfs.overlay.stack import Frozen
 from casfs.vfs.overlay.upper import BLOCK, Sync, Upper
 
 _NOT_YET = SnapshotNo(0)
@@ -170,6 +171,56 @@ def _put_all(batch: ledger.Batch, chunks: Iterator[tuple[ChunkNo, bytes]]) -> di
         for n, fut in pending:
             done[n] = fut.result()
     return done
+
+
+@dataclass
+class FreezeJob:
+    """Freezing the upper epoch writes go to as the next snapshot (catalog only)."""
+
+    epoch: int
+    label: str | None
+    snapshot: SnapshotNo = _NOT_YET  # given out by run_freeze
+
+
+def run_freeze(repo: Repository, volume: str, job: FreezeJob) -> None:
+    with transaction(repo.conn) as conn:
+        job.snapshot = overlay.freeze_upper(conn, volume, job.epoch, job.label)
+
+
+@dataclass
+class FrozenFold:
+    """Folding the oldest frozen epoch into blobs over `base` (runs while writes go on
+    into the epoch above it: it reads only what no one writes any more)."""
+
+    frozen: Frozen
+    base: BlobId
+    size: int
+    next_ino: InodeNo
+    new_root: BlobId = ZERO_ID
+
+
+def run_fold_frozen(repo: Repository, volume: str, job: FrozenFold) -> None:
+    """Store a frozen epoch's chunks, then in one transaction add its snapshot (the
+    number and time it was taken with), make it the base and forget the epoch; its
+    files go after the commit."""
+    upper, frozen = job.frozen.upper, job.frozen
+    with repo.batch() as batch:
+        cmap = chunkmap.ChunkMap(repo.get_meta, job.base)
+        changes = _put_all(batch, _upper_chunks(repo, cmap, {}, upper, job.size))
+        job.new_root = cmap.rewrite(batch.put_kind, changes, job.size)
+        fault_point("fold:before-publish")
+
+        def publish(conn: sqlite3.Connection) -> None:
+            taken = (frozen.snapshot, frozen.taken)
+            rows.add_snapshot(conn, volume, job.new_root, job.size, job.next_ino, frozen.label, taken)
+            ledger.retain(conn, [job.new_root, job.new_root])  # the snapshot's and the base's
+            ledger.release(conn, [job.base])
+            rows.set_base(conn, volume, job.new_root, job.size, job.next_ino)
+            overlay.drop_upper(conn, volume, upper.epoch)
+
+        batch.commit(then=publish)
+    fault_point("fold:after-publish")
+    upper.delete()
 
 
 def _upper_chunks(

@@ -46,7 +46,7 @@ from casfs.repo import Repository
 from casfs.snapshots import chunkmap
 from casfs.store.ids import BlobId
 from casfs.vfs.api import ROOT_INO, fs_error
-from casfs.vfs.overlay.fold import FlushJob, FoldJob, delete_inode_rows, run_flush
+from casfs.vfs.overlay.fold import FlushJob, FoldJob, FreezeJob, FrozenFold, delete_inode_rows, run_flush
 from casfs.vfs.overlay.nodes import NO_LIMIT, Node
 
 _DAY_NS = 86400 * 10**9
@@ -413,6 +413,32 @@ class RwVolume(ABC):
     def _folded(self) -> None:
         """Forget what described the old base (a kind adds its own)."""
         self._contents.clear()
+
+    # -- O(1) snapshots: only block volumes freeze (casfs.vfs.blockvolume) -------------
+
+    def prepare_freeze(self, label: str | None) -> FreezeJob | None:
+        return None
+
+    def run_freeze(self, job: FreezeJob) -> None:
+        raise NotImplementedError
+
+    def apply_freeze(self, job: FreezeJob) -> None:
+        raise NotImplementedError
+
+    def abort_freeze(self, job: FreezeJob) -> None:
+        raise NotImplementedError
+
+    def prepare_background_fold(self) -> FrozenFold | None:
+        return None
+
+    def run_background_fold(self, job: FrozenFold) -> None:
+        raise NotImplementedError
+
+    def apply_background_fold(self, job: FrozenFold) -> None:
+        raise NotImplementedError
+
+    def abort_background_fold(self, job: FrozenFold) -> None:
+        raise NotImplementedError
 
     def snapshot_sync(self, label: str | None = None) -> SnapshotNo:
         """flush + fold in this thread; the caller holds a job slot (a fold is heavy work)."""

@@ -1,0 +1,70 @@
+"""A block volume's upper epochs as one stack: the frozen ones (each a snapshot taken
+and not yet folded into blobs, oldest first) under the one writes go to. A block's
+current bytes are in the newest epoch that has it, else below them all (the base).
+
+Trio-free; owned by the view (casfs.vfs.blockvolume), read by its background fold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from casfs.ids import SnapshotNo
+from casfs.vfs.overlay.upper import Upper
+
+
+@dataclass
+class Frozen:
+    """An epoch frozen as snapshot `snapshot` (the catalog's uppers row says so)."""
+
+    upper: Upper
+    snapshot: SnapshotNo
+    label: str | None
+    taken: float
+
+
+@dataclass
+class UpperStack:
+    active: Upper | None = None
+    frozen: list[Frozen] = field(default_factory=list)  # oldest first
+
+    def layers(self) -> list[Upper]:
+        """Newest first: the order a block is looked up in."""
+        out = [f.upper for f in reversed(self.frozen)]
+        return out if self.active is None else [self.active, *out]
+
+    def __bool__(self) -> bool:
+        return self.active is not None or bool(self.frozen)
+
+    def owner(self, block: int) -> Upper | None:
+        """The epoch holding the block's current bytes, None: below every epoch."""
+        for upper in self.layers():
+            if upper.present(block):
+                return upper
+        return None
+
+    def runs(self, first: int, count: int) -> list[tuple[int, int, Upper | None]]:
+        """Blocks [first, first + count) as runs (start, stop, owner), offsets relative
+        to first; one run with owner None when no epoch has any of them."""
+        layers = [(u, u.mask(first, count)) for u in self.layers()]
+        layers = [(u, m) for u, m in layers if m]
+        if not layers:
+            return [(0, count, None)]
+        out: list[tuple[int, int, Upper | None]] = []
+        for i in range(count):
+            owner = next((u for u, m in layers if m >> i & 1), None)
+            if out and out[-1][2] is owner:
+                out[-1] = (out[-1][0], i + 1, owner)
+            else:
+                out.append((i, i + 1, owner))
+        return out
+
+    def any_in(self, first: int, count: int) -> bool:
+        return any(u.any_in(first, count) for u in self.layers())
+
+    def chunks(self, blocks_per_chunk: int) -> list[int]:
+        """Chunks any epoch touches, ascending."""
+        found: set[int] = set()
+        for upper in self.layers():
+            found.update(upper.chunks(blocks_per_chunk))
+        return sorted(found)
