@@ -1,11 +1,14 @@
 """Old stores stay readable: stores of every older catalog format, made by the casfs of
 their time (tests/data/stores, README there), open with today's casfs, migrated once
 however many processes open them at the same moment, with every image, volume and
-snapshot there and holding what it held, the overlay a killed mount left folded into
-the next snapshot, and fsck clean."""
+snapshot there and holding what it held, the overlays killed mounts left (a directory
+volume's; from format 6 a block volume's, as overlay_chunks rows) folded into the next
+snapshot, and fsck clean. A store of the current format, where one is here (made before
+a format change, for its migration), opens the same way."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import sqlite3
@@ -35,6 +38,7 @@ make_store = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(make_store)
 
 FORMATS = list(range(1, catalog.FORMAT_VERSION))
+STORES = sorted(int(p.name.split("-")[1].split(".")[0]) for p in DATA.glob("format-*.tar.gz"))
 # A pid no process can have (above any pid_max): a dead daemon's, wherever this runs.
 DEAD_PID = 2**31 - 1
 
@@ -61,10 +65,14 @@ def format_of(store: Path) -> int:
     return int(query(store, "SELECT value FROM meta WHERE key = 'format_version'")[0][0])
 
 
-@pytest.mark.parametrize("version", FORMATS)
+@pytest.mark.parametrize("version", STORES)
 def test_an_old_store_opens_with_nothing_lost(tmp_path: Path, version: int) -> None:
     store, expected = unpack(version, tmp_path / "unpacked")
     assert format_of(store) == expected["format"] == version
+    block = expected.get("block_overlay") or {}
+    if block:  # the old form: the chunks it wrote (0, 1 and 2) as overlay_chunks rows
+        rows = "SELECT n FROM overlay_chunks WHERE volume = ? ORDER BY n"
+        assert query(store, rows, block["volume"]) == [(0,), (1,), (2,)]
     # Four processes open it at once: one migrates, the others find it done.
     procs = [
         subprocess.Popen(
@@ -102,10 +110,31 @@ def test_an_old_store_opens_with_nothing_lost(tmp_path: Path, version: int) -> N
                 assert got.pop(overlay["file"])[2] == overlay["sha256"]
                 assert got.pop("newdir")[0] == "dir"
                 assert len(js(store, "snapshot", "ls", name)) == len(volumes[name]["snapshots"]) + 1
+            if (noun, name) == ("volume", block.get("volume")):
+                # So is a block volume's old-form overlay (overlay_chunks rows): the volume
+                # and its new snapshot read as the disk before it with the writes made.
+                snaps = js(store, "snapshot", "ls", name)
+                assert len(snaps) == len(volumes[name]["snapshots"]) + 1
+                new = f"{name}@{max(s['n'] for s in snaps)}"
+                exported(store, "snapshot", new, out / new)
+                _holds_block_writes(out / f"{noun}-{name}", block)
+                _holds_block_writes(out / new, block)
+                continue
             assert got == manifest, (noun, name)
     ok(store, "volume", "create", "fresh", "--from", f"{next(iter(sorted(snapshots)))}", "--grace", "1h")
     assert_consistent(store)
     assert _shape(store) == _shape(_fresh(tmp_path / "fresh"))
+
+
+def _holds_block_writes(path: Path, block: dict[str, Any]) -> None:
+    """The exported disk holds each write the killed block mount made, and is the disk
+    before them with those written (its whole digest, made by the old code: nothing else
+    changed)."""
+    disk = path.read_bytes()
+    assert len(disk) == block["size"], path
+    for offset, length, digest in block["writes"]:
+        assert hashlib.sha256(disk[offset : offset + length]).hexdigest() == digest, (path, offset, length)
+    assert hashlib.sha256(disk).hexdigest() == block["sha256"], path
 
 
 def _fresh(path: Path) -> Path:
@@ -131,6 +160,7 @@ def test_the_phase_enums_are_the_phases_the_catalog_checks() -> None:
     assert tuple(ImagePhase) == schema.IMAGE_PHASES
     assert tuple(VolumePhase) == schema.VOLUME_PHASES
     assert set(catalog.MIGRATIONS) == set(FORMATS)
+    assert set(FORMATS) <= set(STORES) <= {*FORMATS, catalog.FORMAT_VERSION}  # a store of each
 
 
 @pytest.mark.parametrize("version", [None, 5])
