@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import sqlite3
 import struct
 import subprocess
@@ -30,6 +31,7 @@ from casfs.repo import Repository
 from casfs.vfs.volume import open_volume
 from tests.helpers.cli import CLI, env, js, ok
 from tests.helpers.fsck import assert_consistent, query
+from tests.helpers.mount import mounted
 
 DATA = Path(__file__).parent.parent / "data" / "stores"
 _spec = importlib.util.spec_from_file_location("make_store", DATA / "make_store.py")
@@ -124,6 +126,43 @@ def test_an_old_store_opens_with_nothing_lost(tmp_path: Path, version: int) -> N
     ok(store, "volume", "create", "fresh", "--from", f"{next(iter(sorted(snapshots)))}", "--grace", "1h")
     assert_consistent(store)
     assert _shape(store) == _shape(_fresh(tmp_path / "fresh"))
+
+
+@pytest.mark.parametrize("version", [v for v in STORES if v >= 6])
+def test_a_new_mount_writes_over_a_block_volumes_old_form_overlay(tmp_path: Path, version: int) -> None:
+    """A read/write mount of the upgraded store's `vraw`, its old-form overlay not yet
+    folded (no export first), reads the writes the killed mount made; writes over part
+    of them and beside them; and its unmount's snapshot holds the old writes and the new
+    ones over them, while vraw@1 holds what it held."""
+    store, expected = unpack(version, tmp_path / "unpacked")
+    block = expected["block_overlay"]
+    name = block["volume"]
+    chunk = make_store.CHUNK
+    new_writes = [(chunk - 2048, b"\x5a" * 4096), (2 * chunk + 100, b"\xa5" * 512), (3 * chunk + 7, b"x" * 9)]
+    disk_file = tmp_path / f"{name}.img"
+    disk_file.touch()
+    with mounted(store, disk_file, volume=name):
+        fd = os.open(disk_file, os.O_RDWR)
+        try:
+            before = os.pread(fd, block["size"] + 1, 0)
+            assert hashlib.sha256(before).hexdigest() == block["sha256"]  # the old overlay is read
+            disk = bytearray(before)
+            for offset, data in new_writes:
+                assert os.pwrite(fd, data, offset) == len(data)
+                disk[offset : offset + len(data)] = data
+            os.fsync(fd)
+            assert os.pread(fd, block["size"], 0) == disk
+        finally:
+            os.close(fd)
+    out = tmp_path / "export"
+    out.mkdir()
+    ok(store, "volume", "export", name, str(out / name))
+    assert (out / name).read_bytes() == disk
+    last = max(s["n"] for s in js(store, "snapshot", "ls", name))
+    ok(store, "snapshot", "export", f"{name}@{last}", str(out / "last"))
+    assert (out / "last").read_bytes() == disk
+    assert exported(store, "snapshot", f"{name}@1", out / "first") == expected["snapshots"][f"{name}@1"]
+    assert_consistent(store)
 
 
 def _holds_block_writes(path: Path, block: dict[str, Any]) -> None:
