@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import signal
 import sqlite3
 import struct
 import subprocess
@@ -31,7 +32,7 @@ from casfs.repo import Repository
 from casfs.vfs.volume import open_volume
 from tests.helpers.cli import CLI, env, js, ok
 from tests.helpers.fsck import assert_consistent, query
-from tests.helpers.mount import mounted
+from tests.helpers.mount import cleanup, start_daemon, unmount, wait_gone
 
 DATA = Path(__file__).parent.parent / "data" / "stores"
 _spec = importlib.util.spec_from_file_location("make_store", DATA / "make_store.py")
@@ -128,20 +129,26 @@ def test_an_old_store_opens_with_nothing_lost(tmp_path: Path, version: int) -> N
     assert _shape(store) == _shape(_fresh(tmp_path / "fresh"))
 
 
+@pytest.mark.parametrize("end", ["unmount", "kill"])
 @pytest.mark.parametrize("version", [v for v in STORES if v >= 6])
-def test_a_new_mount_writes_over_a_block_volumes_old_form_overlay(tmp_path: Path, version: int) -> None:
+def test_a_new_mount_writes_over_a_block_volumes_old_form_overlay(
+    tmp_path: Path, version: int, end: str
+) -> None:
     """A read/write mount of the upgraded store's `vraw`, its old-form overlay not yet
-    folded (no export first), reads the writes the killed mount made; writes over part
-    of them and beside them; and its unmount's snapshot holds the old writes and the new
-    ones over them, while vraw@1 holds what it held."""
+    folded (no export first), reads the writes the killed mount made and writes over
+    part of them and beside them. Whether it is unmounted or killed after an fsync, the
+    volume and its newest snapshot then hold the old writes with the new ones over them,
+    vraw@1 holds what it held, and fsck is clean."""
     store, expected = unpack(version, tmp_path / "unpacked")
     block = expected["block_overlay"]
     name = block["volume"]
     chunk = make_store.CHUNK
+    # Over the old write across chunks 0-1; inside the old whole chunk 2; on chunk 3's base.
     new_writes = [(chunk - 2048, b"\x5a" * 4096), (2 * chunk + 100, b"\xa5" * 512), (3 * chunk + 7, b"x" * 9)]
     disk_file = tmp_path / f"{name}.img"
     disk_file.touch()
-    with mounted(store, disk_file, volume=name):
+    m = start_daemon(store, disk_file, volume=name)
+    try:
         fd = os.open(disk_file, os.O_RDWR)
         try:
             before = os.pread(fd, block["size"] + 1, 0)
@@ -154,6 +161,13 @@ def test_a_new_mount_writes_over_a_block_volumes_old_form_overlay(tmp_path: Path
             assert os.pread(fd, block["size"], 0) == disk
         finally:
             os.close(fd)
+        if end == "unmount":
+            unmount(m)
+        else:
+            os.kill(m.pid, signal.SIGKILL)
+            assert wait_gone(m.pid, m.proc, 30)
+    finally:
+        cleanup(m.path, m.pid, m.proc)
     out = tmp_path / "export"
     out.mkdir()
     ok(store, "volume", "export", name, str(out / name))
