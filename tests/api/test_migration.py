@@ -1,13 +1,18 @@
 """Old stores stay readable: stores of every older catalog format, made by the casfs of
 their time (tests/data/stores, README there), open with today's casfs, migrated once
 however many processes open them at the same moment, with every image, volume and
-snapshot there and holding what it held, the overlay a killed mount left folded into
-the next snapshot, and fsck clean."""
+snapshot there and holding what it held, the overlays killed mounts left (a directory
+volume's; from format 6 a block volume's, as overlay_chunks rows) folded into the next
+snapshot, and fsck clean. A store of the current format, where one is here (made before
+a format change, for its migration), opens the same way."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
+import os
+import signal
 import sqlite3
 import struct
 import subprocess
@@ -27,6 +32,7 @@ from casfs.repo import Repository
 from casfs.vfs.volume import open_volume
 from tests.helpers.cli import CLI, env, js, ok
 from tests.helpers.fsck import assert_consistent, query
+from tests.helpers.mount import cleanup, start_daemon, unmount, wait_gone
 
 DATA = Path(__file__).parent.parent / "data" / "stores"
 _spec = importlib.util.spec_from_file_location("make_store", DATA / "make_store.py")
@@ -35,6 +41,7 @@ make_store = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(make_store)
 
 FORMATS = list(range(1, catalog.FORMAT_VERSION))
+STORES = sorted(int(p.name.split("-")[1].split(".")[0]) for p in DATA.glob("format-*.tar.gz"))
 # A pid no process can have (above any pid_max): a dead daemon's, wherever this runs.
 DEAD_PID = 2**31 - 1
 
@@ -61,10 +68,14 @@ def format_of(store: Path) -> int:
     return int(query(store, "SELECT value FROM meta WHERE key = 'format_version'")[0][0])
 
 
-@pytest.mark.parametrize("version", FORMATS)
+@pytest.mark.parametrize("version", STORES)
 def test_an_old_store_opens_with_nothing_lost(tmp_path: Path, version: int) -> None:
     store, expected = unpack(version, tmp_path / "unpacked")
     assert format_of(store) == expected["format"] == version
+    block = expected.get("block_overlay") or {}
+    if block:  # the old form: the chunks it wrote (0, 1 and 2) as overlay_chunks rows
+        rows = "SELECT n FROM overlay_chunks WHERE volume = ? ORDER BY n"
+        assert query(store, rows, block["volume"]) == [(0,), (1,), (2,)]
     # Four processes open it at once: one migrates, the others find it done.
     procs = [
         subprocess.Popen(
@@ -102,10 +113,81 @@ def test_an_old_store_opens_with_nothing_lost(tmp_path: Path, version: int) -> N
                 assert got.pop(overlay["file"])[2] == overlay["sha256"]
                 assert got.pop("newdir")[0] == "dir"
                 assert len(js(store, "snapshot", "ls", name)) == len(volumes[name]["snapshots"]) + 1
+            if (noun, name) == ("volume", block.get("volume")):
+                # So is a block volume's old-form overlay (overlay_chunks rows): the volume
+                # and its new snapshot read as the disk before it with the writes made.
+                snaps = js(store, "snapshot", "ls", name)
+                assert len(snaps) == len(volumes[name]["snapshots"]) + 1
+                new = f"{name}@{max(s['n'] for s in snaps)}"
+                exported(store, "snapshot", new, out / new)
+                _holds_block_writes(out / f"{noun}-{name}", block)
+                _holds_block_writes(out / new, block)
+                continue
             assert got == manifest, (noun, name)
     ok(store, "volume", "create", "fresh", "--from", f"{next(iter(sorted(snapshots)))}", "--grace", "1h")
     assert_consistent(store)
     assert _shape(store) == _shape(_fresh(tmp_path / "fresh"))
+
+
+@pytest.mark.parametrize("end", ["unmount", "kill"])
+@pytest.mark.parametrize("version", [v for v in STORES if v >= 6])
+def test_a_new_mount_writes_over_a_block_volumes_old_form_overlay(
+    tmp_path: Path, version: int, end: str
+) -> None:
+    """A read/write mount of the upgraded store's `vraw`, its old-form overlay not yet
+    folded (no export first), reads the writes the killed mount made and writes over
+    part of them and beside them. Whether it is unmounted or killed after an fsync, the
+    volume and its newest snapshot then hold the old writes with the new ones over them,
+    vraw@1 holds what it held, and fsck is clean."""
+    store, expected = unpack(version, tmp_path / "unpacked")
+    block = expected["block_overlay"]
+    name = block["volume"]
+    chunk = make_store.CHUNK
+    # Over the old write across chunks 0-1; inside the old whole chunk 2; on chunk 3's base.
+    new_writes = [(chunk - 2048, b"\x5a" * 4096), (2 * chunk + 100, b"\xa5" * 512), (3 * chunk + 7, b"x" * 9)]
+    disk_file = tmp_path / f"{name}.img"
+    disk_file.touch()
+    m = start_daemon(store, disk_file, volume=name)
+    try:
+        fd = os.open(disk_file, os.O_RDWR)
+        try:
+            before = os.pread(fd, block["size"] + 1, 0)
+            assert hashlib.sha256(before).hexdigest() == block["sha256"]  # the old overlay is read
+            disk = bytearray(before)
+            for offset, data in new_writes:
+                assert os.pwrite(fd, data, offset) == len(data)
+                disk[offset : offset + len(data)] = data
+            os.fsync(fd)
+            assert os.pread(fd, block["size"], 0) == disk
+        finally:
+            os.close(fd)
+        if end == "unmount":
+            unmount(m)
+        else:
+            os.kill(m.pid, signal.SIGKILL)
+            assert wait_gone(m.pid, m.proc, 30)
+    finally:
+        cleanup(m.path, m.pid, m.proc)
+    out = tmp_path / "export"
+    out.mkdir()
+    ok(store, "volume", "export", name, str(out / name))
+    assert (out / name).read_bytes() == disk
+    last = max(s["n"] for s in js(store, "snapshot", "ls", name))
+    ok(store, "snapshot", "export", f"{name}@{last}", str(out / "last"))
+    assert (out / "last").read_bytes() == disk
+    assert exported(store, "snapshot", f"{name}@1", out / "first") == expected["snapshots"][f"{name}@1"]
+    assert_consistent(store)
+
+
+def _holds_block_writes(path: Path, block: dict[str, Any]) -> None:
+    """The exported disk holds each write the killed block mount made, and is the disk
+    before them with those written (its whole digest, made by the old code: nothing else
+    changed)."""
+    disk = path.read_bytes()
+    assert len(disk) == block["size"], path
+    for offset, length, digest in block["writes"]:
+        assert hashlib.sha256(disk[offset : offset + length]).hexdigest() == digest, (path, offset, length)
+    assert hashlib.sha256(disk).hexdigest() == block["sha256"], path
 
 
 def _fresh(path: Path) -> Path:
@@ -131,6 +213,7 @@ def test_the_phase_enums_are_the_phases_the_catalog_checks() -> None:
     assert tuple(ImagePhase) == schema.IMAGE_PHASES
     assert tuple(VolumePhase) == schema.VOLUME_PHASES
     assert set(catalog.MIGRATIONS) == set(FORMATS)
+    assert set(FORMATS) <= set(STORES) <= {*FORMATS, catalog.FORMAT_VERSION}  # a store of each
 
 
 @pytest.mark.parametrize("version", [None, 5])

@@ -8,23 +8,28 @@ and casfs only from format 1's Python API):
 It fills OUT/store through the CLI of that code (format 1 had no CLI: its Python API)
 and writes OUT/expected.json: for every image, volume and snapshot, the manifest of its
 content (as the old code exports it, or as imported where it could not export), and
-the overlay file a killed mount left behind (formats >= 2).
+the overlay file a killed mount left behind (formats >= 2), and what a killed block
+mount wrote (formats >= 6).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 OVERLAY_FILE = "written-before-kill.txt"
 OVERLAY_TEXT = b"written by a mount that was killed with SIGKILL\n"
+CHUNK = 64 << 10
 
 
 def make_sources(work: Path) -> tuple[Path, Path]:
@@ -95,25 +100,7 @@ def build_cli(version: int, store: Path, work: Path) -> dict[str, Any]:
     # A mount killed with SIGKILL leaves its overlay (saved by fsync) in the catalog.
     mnt = work / "mnt"
     mnt.mkdir()
-    cmd = [
-        sys.executable,
-        "-m",
-        "casfs",
-        "-s",
-        str(store),
-        "mount",
-        str(mnt),
-        "--volume",
-        "vdir",
-        "--foreground",
-    ]
-    daemon = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
-    try:
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(mnt):
-            if time.monotonic() > deadline or daemon.poll() is not None:
-                raise RuntimeError("the old daemon did not mount")
-            time.sleep(0.05)
+    with killed_mount(store, mnt, "vdir"):
         fd = os.open(mnt / OVERLAY_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
         os.write(fd, OVERLAY_TEXT)
         os.fsync(fd)
@@ -122,17 +109,71 @@ def build_cli(version: int, store: Path, work: Path) -> dict[str, Any]:
         dfd = os.open(mnt, os.O_RDONLY)
         os.fsync(dfd)
         os.close(dfd)
-    finally:
-        daemon.send_signal(signal.SIGKILL)
-        daemon.wait()
-        if subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True).returncode:
-            subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True)
+        if version >= 6:  # while vdir's daemon lives (a new daemon recovers a dead one's mount)
+            before = (work / "export" / "vraw").read_bytes()
+            expected["block_overlay"] = kill_block_mount(store, work, before)
     expected["overlay"] = {
         "volume": "vdir",
         "file": OVERLAY_FILE,
         "sha256": hashlib.sha256(OVERLAY_TEXT).hexdigest(),
     }
     return expected
+
+
+def block_writes() -> list[tuple[int, bytes]]:
+    """What the killed block mount writes: a few bytes straddling the first chunk
+    boundary (half in data, half in a hole) and one whole chunk in the hole."""
+    pattern = hashlib.sha256(b"written to a block volume before SIGKILL").digest() * (CHUNK // 32)
+    return [(CHUNK - 1000, pattern[:3000]), (2 * CHUNK, pattern[::-1])]
+
+
+def kill_block_mount(store: Path, work: Path, before: bytes) -> dict[str, Any]:
+    """Mount `vraw` on a file, write and fsync, SIGKILL: format <= 6 left the written
+    chunks as overlay_chunks rows, the old form of a block volume's overlay."""
+    disk = bytearray(before)
+    mnt = work / "vraw.img"
+    mnt.touch()
+    with killed_mount(store, mnt, "vraw"):
+        fd = os.open(mnt, os.O_WRONLY)
+        for offset, data in block_writes():
+            os.pwrite(fd, data, offset)
+            disk[offset : offset + len(data)] = data
+        os.fsync(fd)
+        os.close(fd)
+    conn = sqlite3.connect(store / "catalog.db")
+    (rows,) = conn.execute("SELECT count(*) FROM overlay_chunks WHERE volume = 'vraw'").fetchone()
+    conn.close()
+    if rows < 3:  # chunks 0, 1 and 2 were written
+        raise RuntimeError(f"the killed block mount left {rows} overlay_chunks rows, not 3")
+    return {
+        "volume": "vraw",
+        "writes": [[o, len(d), hashlib.sha256(d).hexdigest()] for o, d in block_writes()],
+        "size": len(disk),
+        "sha256": hashlib.sha256(disk).hexdigest(),
+    }
+
+
+@contextlib.contextmanager
+def killed_mount(store: Path, mnt: Path, volume: str) -> Iterator[None]:
+    """Mount `volume` read/write on `mnt` with the old daemon, yield, then SIGKILL the
+    daemon and remove the mount: the store keeps the volume mounted by a dead pid."""
+    cmd = [sys.executable, "-m", "casfs", "-s", str(store), "mount", str(mnt), "--volume", volume]
+    daemon = subprocess.Popen(
+        [*cmd, "--foreground"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/"
+    )
+    try:
+        deadline = time.monotonic() + 30
+        # A mount point, directory or file, is on another device than its directory.
+        while os.stat(mnt).st_dev == os.stat(mnt.parent).st_dev:
+            if time.monotonic() > deadline or daemon.poll() is not None:
+                raise RuntimeError("the old daemon did not mount")
+            time.sleep(0.05)
+        yield
+    finally:
+        daemon.send_signal(signal.SIGKILL)
+        daemon.wait()
+        if subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True).returncode:
+            subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True)
 
 
 def build_format_1(store: Path, work: Path) -> dict[str, Any]:
