@@ -42,7 +42,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
                     format_size(d["stored"]),
                     format_size(d["unique"]),
                     when(d["created"]),
-                    d["label"] or "-",
+                    (d["label"] or "-") + ("" if d["folded"] else " (folding)"),
                 ]
                 for d in docs
             ]
