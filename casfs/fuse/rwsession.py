@@ -56,7 +56,12 @@ async def mutate(
     (NeedChunks) is retried once they are fetched; the fetch awaits inside the lock on
     purpose: the change must see them unchanged."""
     fetched: Fetched = {}
-    async with lock(view):
+    held = lock(view)
+    try:
+        held.acquire_nowait()  # uncontended, nearly always: no round trip through the scheduler
+    except trio.WouldBlock:
+        await held.acquire()
+    try:
         if view.dirty_bytes > dirty_limit_bytes:
             # Before the change, not after: if the flush fails (a full disk), this
             # call fails having changed nothing, and what is buffered stays buffered.
@@ -66,6 +71,8 @@ async def mutate(
                 return change(fetched)
             except NeedChunks as e:
                 fetched.update(await fetch(e.ids))
+    finally:
+        held.release()
 
 
 async def _in_thread(

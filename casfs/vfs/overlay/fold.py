@@ -9,13 +9,17 @@ functions see the job and the store, never the view.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import sqlite3
 import stat
+import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from casfs.catalog import overlay, transaction
 from casfs.catalog import volumes as rows
@@ -79,8 +83,7 @@ def delete_inode_rows(conn: sqlite3.Connection, volume: str, ino: InodeNo, from_
 def run_flush(repo: Repository, volume: str, job: FlushJob) -> None:
     """Store the job's chunks as blobs, then write its rows in one transaction."""
     with repo.batch() as batch:
-        for ino, n, data, _ in job.chunks:
-            job.ids[(ino, n)] = batch.put(data)
+        job.ids.update(_put_all(batch, (((ino, n), data) for ino, n, data, _ in job.chunks)))
 
         def write_rows(conn: sqlite3.Connection) -> None:
             for ino in job.deleted:
@@ -152,24 +155,48 @@ def run_fold_block(
         upper.delete()
 
 
-# Chunks hashed, compressed and written at once by the fold's threads (BLAKE3 and zstd
-# release the GIL); bounded so a fold's memory stays a few MiB whatever was written.
-_FOLD_THREADS = max(2, os.cpu_count() or 2)
-_IN_FLIGHT = 4 * _FOLD_THREADS
+# Chunks hashed, compressed and written at once by a pool of threads (BLAKE3 and zstd
+# release the GIL), a bounded number in flight so memory stays a few MiB whatever was
+# written. Small jobs (an fsync of one file) stay in the calling thread.
+_PUT_THREADS = max(2, os.cpu_count() or 2)
+_IN_FLIGHT = 4 * _PUT_THREADS
+_SERIAL_BELOW = 4
+_put_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+K = TypeVar("K")
 
 
-def _put_all(batch: ledger.Batch, chunks: Iterator[tuple[ChunkNo, bytes]]) -> dict[ChunkNo, BlobId]:
-    """batch.put of every chunk, in threads; {n: id}."""
-    done: dict[ChunkNo, BlobId] = {}
-    with ThreadPoolExecutor(_FOLD_THREADS, thread_name_prefix="casfs-fold") as pool:
-        pending: deque[tuple[ChunkNo, Future[BlobId]]] = deque()
-        for n, data in chunks:
-            pending.append((n, pool.submit(batch.put, data)))
+def _pool() -> ThreadPoolExecutor:
+    global _put_pool
+    with _pool_lock:
+        if _put_pool is None:
+            _put_pool = ThreadPoolExecutor(_PUT_THREADS, thread_name_prefix="casfs-put")
+        return _put_pool
+
+
+def _put_all(batch: ledger.Batch, chunks: Iterable[tuple[K, bytes]]) -> dict[K, BlobId]:
+    """batch.put of every chunk; {key: id}."""
+    items = iter(chunks)
+    first = list(itertools.islice(items, _SERIAL_BELOW))
+    if len(first) < _SERIAL_BELOW:
+        return {key: batch.put(data) for key, data in first}
+    done: dict[K, BlobId] = {}
+    pending: deque[tuple[K, Future[BlobId]]] = deque()
+    try:
+        for key, data in itertools.chain(first, items):
+            pending.append((key, _pool().submit(batch.put, data)))
             if len(pending) >= _IN_FLIGHT:
-                first, fut = pending.popleft()
-                done[first] = fut.result()
-        for n, fut in pending:
-            done[n] = fut.result()
+                oldest, fut = pending.popleft()
+                done[oldest] = fut.result()
+        while pending:
+            key, fut = pending.popleft()
+            done[key] = fut.result()
+    finally:
+        for _, fut in pending:  # (after a failure: nothing of this job left running)
+            fut.cancel()
+            with contextlib.suppress(BaseException):
+                fut.result()
     return done
 
 
