@@ -187,7 +187,7 @@ def memory_kib(pid: int | None) -> dict[str, int]:
 
 
 def fio(path: Path, args: Sequence[str], size: int, timeout: float = 900) -> dict[str, Any]:
-    """One fio job on `path`; its read and write figures (MB/s, IOPS, mean latency)."""
+    """One fio job on `path`; its read and write figures (MB/s, IOPS, mean latency, bytes)."""
     cmd = ["fio", "--name=bench", f"--filename={path}", f"--size={size}", "--output-format=json", *args]
     out = json.loads(sh(*cmd, timeout=timeout))
     job = out["jobs"][0]
@@ -199,6 +199,7 @@ def fio(path: Path, args: Sequence[str], size: int, timeout: float = 900) -> dic
                 "mbps": part["bw_bytes"] / 1e6,
                 "iops": part["iops"],
                 "lat_us": part["clat_ns"]["mean"] / 1000,
+                "bytes": part["io_bytes"],
             }
     # Whole-job wall time (seq write + end_fsync: the fsync is in it, bw_bytes is not)
     runtime_ms = max(job["read"]["runtime"], job["write"]["runtime"]) or job.get("job_runtime", 0)
