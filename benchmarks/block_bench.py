@@ -3,8 +3,8 @@
 FUSE export of a qcow2 overlay and of a raw copy, and the native file, in one run.
 
     python benchmarks/block_bench.py [--size 1G] [--runtime 5] [--reps 3]
-                                     [--snapshot-sizes 1M,64M,1G] [--clone-runs 5]
-                                     [--rss-runtime 10] [--cache-mb N] [--workdir DIR] [--json]
+                                     [--snapshot-sizes 1M,64M,1G] [--clone-runs 3]
+                                     [--rss-runtime 5] [--cache-mb N] [--workdir DIR] [--json]
 
 One base image (a third zeros, a third random, a third text: benchmarks/import_speed.py's
 generator) is presented four ways, each made fresh for every repetition:
@@ -32,12 +32,15 @@ repetitions (interleaved), and each figure is the median over repetitions:
 Then, in the same repetitions and the same rotation, each on a fresh disk:
 
   snapshot, N written   for each N of --snapshot-sizes no larger than the disk: N of
-                   random bytes written from offset 0 (dd from /dev/urandom, 1 MiB
-                   O_DIRECT writes, fdatasync), then the snapshot timed, ms; it should
+                   random bytes written from offset 0 (fio, 1 MiB O_DIRECT writes,
+                   one fdatasync at the end), then the snapshot timed, ms; it should
                    not grow with N. casfs: the setfattr above, which returns once the
                    volume is folded (flushed, content-addressed, its new map committed),
                    so "fold rate, N written" is N over that time, MB/s; if the fold moves
-                   to the background, it must be timed to its end instead. qsd-qcow2: an
+                   to the background, it must be timed to its end instead. (Until then
+                   casfs makes blobs of written data at each flush, at its dirty limit
+                   and at the fdatasync: the snapshot folds only what is left, the
+                   chunk map, and the rate overstates content addressing.) qsd-qcow2: an
                    internal snapshot (`qemu-img snapshot -c`) of an image in use is
                    refused, so its figure is the external one: `qemu-img create -f qcow2
                    -b OVERLAY -F qcow2 NEW` while the daemon still exports OVERLAY (what a
@@ -224,12 +227,15 @@ def run_peer(peer: str, disk: Disk, size: int, runtime: int) -> tuple[dict[str, 
 
 def write_random(path: Path, n: int) -> None:
     """`n` random bytes (a whole number of MiB) from offset 0: 1 MiB O_DIRECT writes,
-    then fdatasync, as dd does them; nothing in them dedups or compresses."""
-    sh(
-        "dd", "if=/dev/urandom", f"of={path}", "bs=1M", f"count={n // MIB}",
-        "iflag=fullblock", "oflag=direct", "conv=fdatasync,notrunc", "status=none",
-        timeout=900,
-    )  # fmt: skip
+    then one fdatasync; every buffer is new random bytes (fio's generator: /dev/urandom
+    would cost more CPU than the disk), so nothing in them dedups or compresses. (fio's
+    --fdatasync=N syncs before a next write, never after the last: the sync is ours.)"""
+    fio(path, ["--rw=write", "--bs=1M", "--direct=1", "--ioengine=psync", "--refill_buffers"], n)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
 
 
 def snapshot_after(disk: Disk, peer: str, label: str, n: int) -> float:
@@ -379,8 +385,8 @@ def main() -> int:
         default="1M,64M,1G",
         help="amounts written before a timed snapshot (whole MiB; those above --size are skipped)",
     )
-    p.add_argument("--clone-runs", type=int, default=5, help="clones timed each way per repetition")
-    p.add_argument("--rss-runtime", type=int, default=10, help="at most this many seconds of writes for RSS")
+    p.add_argument("--clone-runs", type=int, default=3, help="clones timed each way per repetition")
+    p.add_argument("--rss-runtime", type=int, default=5, help="at most this many seconds of writes for RSS")
     args = p.parse_args()
     if not available():
         print("block_bench: qemu-storage-daemon is missing: run scripts/install-bench.sh", file=sys.stderr)
