@@ -84,6 +84,7 @@ from benchlib import (
     memory_kib,
     scratch,
     sh,
+    stop_on_sigterm,
     table,
 )
 from qsd import Qsd, available
@@ -402,6 +403,7 @@ def main() -> int:
         else:
             snapshot_sizes[label] = n
     mounts = ("casfs.mnt", "qsd-raw.mnt", "qsd-qcow2.mnt")
+    stop_on_sigterm()
     with scratch(args.workdir, "casfs-blockbench-", mounts=mounts) as work:
         report = run(
             size,
