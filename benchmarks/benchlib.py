@@ -15,6 +15,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -52,10 +53,20 @@ def generate(path: Path, size: int, seed: int, runs: str) -> None:
 
 
 def sh(*cmd: str | Path, timeout: float = 600, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd))}: exit {done.returncode}: {done.stderr.strip()}")
-    return done.stdout
+    """A command's output; it fails if the command does. Interrupted or timed out, the
+    command is killed and waited for (subprocess.run waits a quarter of a second after
+    Ctrl-C: an fio still in I/O would keep the mount busy for the unmount after it)."""
+    args = [str(c) for c in cmd]
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)}: exit {proc.returncode}: {err.strip()}")
+    return out
 
 
 def timed(cmd: str, cwd: Path | None = None, timeout: float = 600) -> float:
@@ -100,6 +111,16 @@ def arguments(description: str | None) -> argparse.ArgumentParser:
     return p
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM (a kill by pid) stops the script as Ctrl-C does: KeyboardInterrupt, so the
+    finally blocks unmount and stop every daemon before it exits."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 @contextlib.contextmanager
 def scratch(parent: str, prefix: str, mounts: Sequence[str] = ("casfs", "bindfs")) -> Iterator[Path]:
     """A work directory under `parent`, removed afterwards unless one of its `mounts`
@@ -141,7 +162,20 @@ class Casfs:
         return sh(*CLI, *args, env=self.env, timeout=timeout)
 
     def mount(self) -> None:
-        self.cli("mount", self.mnt, *(["--volume", self.volume] if self.volume else []), timeout=120)
+        try:
+            self.cli("mount", self.mnt, *(["--volume", self.volume] if self.volume else []), timeout=120)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            self._settle()
+            raise
+
+    def _settle(self, timeout: float = 30) -> None:
+        """After `casfs mount` was cut short: its daemon, already started, serves on
+        without its launcher; wait for its mount and undo it, so that nothing is left
+        serving the work directory when it is removed."""
+        deadline = time.monotonic() + timeout
+        while not is_mounted(self.mnt) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        unmount(self.mnt)
 
     def umount(self) -> str:
         """`casfs umount` (flush, snapshot, exit); its output (the snapshots taken)."""
@@ -187,7 +221,7 @@ def memory_kib(pid: int | None) -> dict[str, int]:
 
 
 def fio(path: Path, args: Sequence[str], size: int, timeout: float = 900) -> dict[str, Any]:
-    """One fio job on `path`; its read and write figures (MB/s, IOPS, mean latency)."""
+    """One fio job on `path`; its read and write figures (MB/s, IOPS, mean latency, bytes)."""
     cmd = ["fio", "--name=bench", f"--filename={path}", f"--size={size}", "--output-format=json", *args]
     out = json.loads(sh(*cmd, timeout=timeout))
     job = out["jobs"][0]
@@ -199,6 +233,7 @@ def fio(path: Path, args: Sequence[str], size: int, timeout: float = 900) -> dic
                 "mbps": part["bw_bytes"] / 1e6,
                 "iops": part["iops"],
                 "lat_us": part["clat_ns"]["mean"] / 1000,
+                "bytes": part["io_bytes"],
             }
     # Whole-job wall time (seq write + end_fsync: the fsync is in it, bw_bytes is not)
     runtime_ms = max(job["read"]["runtime"], job["write"]["runtime"]) or job.get("job_runtime", 0)

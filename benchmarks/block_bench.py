@@ -3,7 +3,8 @@
 FUSE export of a qcow2 overlay and of a raw copy, and the native file, in one run.
 
     python benchmarks/block_bench.py [--size 1G] [--runtime 5] [--reps 3]
-                                     [--cache-mb N] [--workdir DIR] [--json]
+                                     [--snapshot-sizes 1M,64M,1G] [--clone-runs 3]
+                                     [--rss-runtime 5] [--cache-mb N] [--workdir DIR] [--json]
 
 One base image (a third zeros, a third random, a third text: benchmarks/import_speed.py's
 generator) is presented four ways, each made fresh for every repetition:
@@ -24,32 +25,72 @@ repetitions (interleaved), and each figure is the median over repetitions:
   rand write qd16  the same, 16 in flight
   seq write+fsync  1 MiB writes of non-zero data over the whole disk, then fsync; MB/s
                    over the wall time, the fsync included
-  snapshot         casfs only: setfattr user.casfs.snapshot after the writes, ms
+  snapshot         after the writes above, ms: casfs `setfattr -n user.casfs.snapshot`
+                   on the mounted file; qsd-qcow2 `qemu-img create -f qcow2 -b` of a new
+                   overlay on the exported one (see "snapshot, N written")
+
+Then, in the same repetitions and the same rotation, each on a fresh disk:
+
+  snapshot, N written   for each N of --snapshot-sizes no larger than the disk: N of
+                   random bytes written from offset 0 (fio, 1 MiB O_DIRECT writes,
+                   one fdatasync at the end), then the snapshot timed, ms; it should
+                   not grow with N. casfs: the setfattr above, which returns once the
+                   volume is folded (flushed, content-addressed, its new map committed),
+                   so "fold rate, N written" is N over that time, MB/s; if the fold moves
+                   to the background, it must be timed to its end instead. (Until then
+                   casfs makes blobs of written data at each flush, at its dirty limit
+                   and at the fdatasync: the snapshot folds only what is left, the
+                   chunk map, and the rate overstates content addressing.) qsd-qcow2: an
+                   internal snapshot (`qemu-img snapshot -c`) of an image in use is
+                   refused, so its figure is the external one: `qemu-img create -f qcow2
+                   -b OVERLAY -F qcow2 NEW` while the daemon still exports OVERLAY (what a
+                   hypervisor's live snapshot creates, without switching the export to it)
+  RSS after rand writes  the daemon restarted, then 4 KiB O_DIRECT random writes at qd16
+                   until 1 GiB is written or --rss-runtime seconds pass; the daemon's
+                   VmHWM, MiB, and "written for RSS", what was written in that time, MiB
+  clone            --clone-runs times per repetition, alternating: `casfs volume create
+                   NAME --from IMAGE` (a Python process start included) beside `qemu-img
+                   create -f qcow2 -F raw -b BASE OVERLAY`; wall ms
 
 Before each read test the page cache is dropped and every FUSE daemon restarted, so
 neither the kernel nor a daemon's own cache holds the data. Write buffers are
 refilled for every write and half compressible, so nothing dedups fio's buffer. The
-daemons' peak resident memory (VmHWM) is read before each stops. Ratios are casfs over
-qsd-qcow2 (the target) and over qsd-raw. Run as root (drop_caches, mounts); the peers
-are installed by scripts/install-bench.sh.
+daemons' peak resident memory (VmHWM) over the test sequence is read before each
+stops ("daemon peak RSS"). Ratios are casfs over qsd-qcow2 (the target) and over
+qsd-raw: for a rate below 1 is slower, for ms or MiB above 1 is worse. Run as root
+(drop_caches, mounts); the peers are installed by scripts/install-bench.sh.
 """
 
 from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from benchlib import Casfs, Row, arguments, drop_caches, emit, fio, generate, memory_kib, scratch, sh, table
+from benchlib import (
+    MIB,
+    Casfs,
+    Row,
+    arguments,
+    drop_caches,
+    emit,
+    fio,
+    generate,
+    memory_kib,
+    scratch,
+    sh,
+    stop_on_sigterm,
+    table,
+)
 from qsd import Qsd, available
 
 PEERS = ("native", "qsd-raw", "qsd-qcow2", "casfs")
+SNAPSHOT_PEERS = ("qsd-qcow2", "casfs")  # the two that have a snapshot of a disk in use
 _DATA = ["--refill_buffers", "--buffer_compress_percentage=50", "--buffer_compress_chunk=4096"]
 _RAND = ["--bs=4k", "--direct=1", "--time_based", "--randrepeat=0"]
 _QD1 = ["--ioengine=psync"]
@@ -62,6 +103,10 @@ TESTS: dict[str, list[str]] = {
     "rand write qd16": ["--rw=randwrite", *_RAND, *_QD16, *_DATA],
     "seq write+fsync": ["--rw=write", "--bs=1M", "--ioengine=psync", "--end_fsync=1", *_DATA],
 }
+# Random writes until 1 GiB is written or the runtime (given per run) is up: not time_based.
+RSS_WRITES = ["--rw=randwrite", "--bs=4k", "--direct=1", "--randrepeat=0", "--io_size=1G", *_QD16, *_DATA]
+
+Samples = dict[str, dict[str, list[float]]]  # row -> peer -> one figure per repetition
 
 
 class Disk(Protocol):
@@ -69,6 +114,7 @@ class Disk(Protocol):
 
     def restart(self) -> None: ...
     def pid(self) -> int | None: ...
+    def snapshot(self, label: str) -> None: ...
 
 
 class NativeDisk:
@@ -81,16 +127,29 @@ class NativeDisk:
     def pid(self) -> int | None:
         return None
 
+    def snapshot(self, label: str) -> None:
+        raise NotImplementedError("a raw file has no snapshot")
+
 
 class QsdDisk:
     def __init__(self, qsd: Qsd) -> None:
         self.qsd, self.path = qsd, qsd.mnt
+        self.made: list[Path] = []  # the snapshots' overlays, removed with the disk
 
     def restart(self) -> None:
         self.qsd.restart()
 
     def pid(self) -> int | None:
         return self.qsd.pid
+
+    def snapshot(self, label: str) -> None:
+        """qcow2's live external snapshot, as far as the command line goes: a new overlay
+        on the image the daemon exports (an internal one is refused while it is open)."""
+        if self.qsd.fmt != "qcow2":
+            raise NotImplementedError("qsd-raw: snapshots are measured on the qcow2 overlay")
+        new = self.qsd.image.with_name(f"{self.qsd.image.name}.{label}")
+        self.made.append(new)
+        sh("qemu-img", "create", "-q", "-f", "qcow2", "-b", self.qsd.image, "-F", "qcow2", new, timeout=60)
 
 
 class CasfsDisk:
@@ -104,10 +163,14 @@ class CasfsDisk:
     def pid(self) -> int | None:
         return self.cas.pid()
 
+    def snapshot(self, label: str) -> None:
+        sh("setfattr", "-n", "user.casfs.snapshot", "-v", label, self.path, timeout=600)
+
 
 @contextmanager
-def fresh_disk(peer: str, work: Path, base: Path, rep: int, cache_mb: int | None) -> Iterator[Disk]:
-    """The peer's disk made anew from the base image, mounted; undone afterwards."""
+def fresh_disk(peer: str, work: Path, base: Path, name: str, cache_mb: int | None) -> Iterator[Disk]:
+    """The peer's disk made anew from the base image, mounted; undone afterwards (a
+    casfs clone is the volume `name`)."""
     if peer in ("native", "qsd-raw"):
         copy = work / f"{peer}.img"
         sh("cp", "--sparse=never", base, copy, timeout=600)
@@ -121,22 +184,24 @@ def fresh_disk(peer: str, work: Path, base: Path, rep: int, cache_mb: int | None
     elif peer == "qsd-qcow2":
         qsd = Qsd.overlay(base, work / "overlay.qcow2", work / "qsd-qcow2.mnt")
     else:
-        cas = Casfs(work / "store", work / "casfs.mnt", volume=f"clone{rep}", cache_mb=cache_mb)
-        cas.cli("volume", "create", f"clone{rep}", "--from", "base")
+        cas = Casfs(work / "store", work / "casfs.mnt", volume=name, cache_mb=cache_mb)
+        cas.cli("volume", "create", name, "--from", "base")
         cas.mnt.touch()
-        cas.mount()
         try:
+            cas.mount()
             yield CasfsDisk(cas)
         finally:
             cas.umount()
-            cas.cli("volume", "rm", f"clone{rep}")
+            cas.cli("volume", "rm", name)
         return
-    qsd.mount()
+    disk = QsdDisk(qsd)
     try:
-        yield QsdDisk(qsd)
+        qsd.mount()
+        yield disk
     finally:
         qsd.umount()
-        qsd.image.unlink(missing_ok=True)
+        for made in [qsd.image, *disk.made]:
+            made.unlink(missing_ok=True)
 
 
 def run_peer(peer: str, disk: Disk, size: int, runtime: int) -> tuple[dict[str, float], int]:
@@ -153,13 +218,75 @@ def run_peer(peer: str, disk: Disk, size: int, runtime: int) -> tuple[dict[str, 
         got = fio(disk.path, [*args, *timed_args], size)
         wall = time.perf_counter() - t
         figures[test] = size / wall / 1e6 if test.startswith("seq write") else got[_key(test)]
-        print(f"  {peer:9} {test:16} {figures[test]:10.1f} {_unit(test)}", file=sys.stderr)
-    if isinstance(disk, CasfsDisk):
-        t = time.perf_counter()
-        subprocess.run(["setfattr", "-n", "user.casfs.snapshot", "-v", "bench", str(disk.path)], check=True)
-        figures["snapshot"] = (time.perf_counter() - t) * 1000
+        _progress(peer, test, figures[test])
+    if peer in SNAPSHOT_PEERS:
+        figures["snapshot"] = _ms(disk.snapshot, "bench")
+        _progress(peer, "snapshot", figures["snapshot"])
     peak = max(peak, memory_kib(disk.pid()).get("VmHWM", 0))
     return figures, peak
+
+
+def write_random(path: Path, n: int) -> None:
+    """`n` random bytes (a whole number of MiB) from offset 0: 1 MiB O_DIRECT writes,
+    then one fdatasync; every buffer is new random bytes (fio's generator: /dev/urandom
+    would cost more CPU than the disk), so nothing in them dedups or compresses. (fio's
+    --fdatasync=N syncs before a next write, never after the last: the sync is ours.)"""
+    fio(path, ["--rw=write", "--bs=1M", "--direct=1", "--ioengine=psync", "--refill_buffers"], n)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def snapshot_after(disk: Disk, peer: str, label: str, n: int) -> float:
+    """Ms of the disk's snapshot once `n` random bytes are written and fdatasync'd."""
+    write_random(disk.path, n)
+    ms = _ms(disk.snapshot, f"after-{label}")
+    _progress(peer, f"snapshot, {label} written", ms)
+    return ms
+
+
+def rss_after_writes(disk: Disk, peer: str, size: int, runtime: int) -> dict[str, float]:
+    """A new daemon's peak RSS (MiB) after random 4 KiB writes (1 GiB or `runtime` s),
+    and how many MiB it was given in that time."""
+    disk.restart()
+    got = fio(disk.path, [*RSS_WRITES, f"--runtime={runtime}"], size)
+    figures = {
+        "RSS after rand writes": memory_kib(disk.pid()).get("VmHWM", 0) / 1024,
+        "written for RSS": got["bytes"] / MIB,
+    }
+    for test, value in figures.items():
+        _progress(peer, test, value)
+    return figures
+
+
+def clone_times(base: Path, work: Path, rep: int, runs: int, cache_mb: int | None) -> dict[str, list[float]]:
+    """Wall ms of `runs` clones of the base image each way, alternating: a casfs volume
+    by the CLI, a qcow2 overlay by qemu-img. The clones are left for the scratch's end."""
+    cas = Casfs(work / "store", work / "casfs.mnt", cache_mb=cache_mb)
+    times: dict[str, list[float]] = {"qsd-qcow2": [], "casfs": []}
+    for i in range(runs):
+        overlay = work / f"clone-{rep}-{i}.qcow2"
+        times["qsd-qcow2"].append(
+            _ms(sh, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, overlay)
+        )
+        overlay.unlink()
+        times["casfs"].append(_ms(cas.cli, "volume", "create", f"cl-{rep}-{i}", "--from", "base"))
+    for peer, ms in times.items():
+        _progress(peer, "clone", statistics.median(ms))
+    return times
+
+
+def _ms(fn: Callable[..., object], *args: str | Path) -> float:
+    """Wall milliseconds of fn(*args)."""
+    t = time.perf_counter()
+    fn(*args)
+    return (time.perf_counter() - t) * 1000
+
+
+def _progress(peer: str, test: str, value: float) -> None:
+    print(f"  {peer:9} {test:24} {value:10.1f} {_unit(test)}", file=sys.stderr)
 
 
 def _key(test: str) -> str:
@@ -167,10 +294,27 @@ def _key(test: str) -> str:
 
 
 def _unit(test: str) -> str:
-    return "ms" if test == "snapshot" else "MB/s" if test.startswith("seq") else "IOPS"
+    if test.startswith(("snapshot", "clone")):
+        return "ms"
+    if test.startswith(("daemon", "RSS", "written")):
+        return "MiB"
+    return "MB/s" if test.startswith(("seq", "fold")) else "IOPS"
 
 
-def run(size: int, work: Path, runtime: int, reps: int, cache_mb: int | None) -> dict[str, Any]:
+def _rotated(peers: tuple[str, ...], rep: int) -> tuple[str, ...]:
+    return peers[rep % len(peers) :] + peers[: rep % len(peers)]
+
+
+def run(
+    size: int,
+    work: Path,
+    runtime: int,
+    reps: int,
+    cache_mb: int | None,
+    snapshot_sizes: dict[str, int],
+    clone_runs: int,
+    rss_runtime: int,
+) -> dict[str, Any]:
     base = work / "base.raw"
     generate(base, size, seed=1, runs="zrt")
     cas = Casfs(work / "store", work / "casfs.mnt", cache_mb=cache_mb)
@@ -178,21 +322,39 @@ def run(size: int, work: Path, runtime: int, reps: int, cache_mb: int | None) ->
     t = time.perf_counter()
     cas.cli("image", "import", "base", base, "--format", "raw")
     import_s = time.perf_counter() - t
-    samples: dict[str, dict[str, list[float]]] = {}
+    samples: Samples = {}
     peaks: dict[str, int] = {}
+
+    def add(peer: str, figures: dict[str, float]) -> None:
+        for test, value in figures.items():
+            samples.setdefault(test, {}).setdefault(peer, []).append(value)
+
     for rep in range(reps):
-        for peer in PEERS[rep % len(PEERS) :] + PEERS[: rep % len(PEERS)]:
-            with fresh_disk(peer, work, base, rep, cache_mb) as disk:
+        for peer in _rotated(PEERS, rep):
+            with fresh_disk(peer, work, base, f"clone{rep}", cache_mb) as disk:
                 figures, peak = run_peer(peer, disk, size, runtime)
             peaks[peer] = max(peaks.get(peer, 0), peak)
-            for test, value in figures.items():
-                samples.setdefault(test, {}).setdefault(peer, []).append(value)
+            add(peer, figures)
+        for peer in _rotated(SNAPSHOT_PEERS, rep):
+            for label, n in snapshot_sizes.items():
+                with fresh_disk(peer, work, base, f"snap{rep}-{label}", cache_mb) as disk:
+                    add(peer, {f"snapshot, {label} written": snapshot_after(disk, peer, label, n)})
+            with fresh_disk(peer, work, base, f"rss{rep}", cache_mb) as disk:
+                add(peer, rss_after_writes(disk, peer, size, rss_runtime))
+        for peer, times in clone_times(base, work, rep, clone_runs, cache_mb).items():
+            samples.setdefault("clone", {}).setdefault(peer, []).extend(times)
     medians = {t: {p: statistics.median(v) for p, v in by.items()} for t, by in samples.items()}
+    for label, n in snapshot_sizes.items():
+        snap_ms = medians[f"snapshot, {label} written"]["casfs"]
+        medians[f"fold rate, {label} written"] = {"casfs": n / 1e6 / (snap_ms / 1000)}
     return {
         "size": size,
         "runtime_s": runtime,
         "reps": reps,
         "cache_mb": cache_mb,
+        "snapshot_sizes": snapshot_sizes,
+        "clone_runs": clone_runs,
+        "rss_runtime_s": rss_runtime,
         "import_s": import_s,
         "results": medians,
         "samples": samples,
@@ -201,12 +363,13 @@ def run(size: int, work: Path, runtime: int, reps: int, cache_mb: int | None) ->
 
 
 def report_table(report: dict[str, Any]) -> str:
-    rows = [
-        Row(test, _unit(test), by_peer, higher_is_better=test != "snapshot")
-        for test, by_peer in report["results"].items()
-    ]
-    rss = report["peak_rss_mib"]
-    rows.append(Row("daemon peak RSS", "MiB", rss, higher_is_better=False))
+    results = dict(report["results"])
+    results["daemon peak RSS"] = report["peak_rss_mib"]
+    order = [*TESTS, "snapshot", "daemon peak RSS", "RSS after rand writes", "written for RSS"]
+    for label in report["snapshot_sizes"]:
+        order += [f"snapshot, {label} written", f"fold rate, {label} written"]
+    order.append("clone")
+    rows = [Row(test, _unit(test), results[test]) for test in order if test in results]
     return table(rows, PEERS, bases=("qsd-qcow2", "qsd-raw"))
 
 
@@ -218,16 +381,44 @@ def main() -> int:
     p.add_argument("--runtime", type=int, default=5, help="seconds per random test")
     p.add_argument("--reps", type=int, default=3, help="interleaved repetitions (the median is shown)")
     p.add_argument("--cache-mb", type=int, default=None, help="the casfs daemon's chunk cache, MiB")
+    p.add_argument(
+        "--snapshot-sizes",
+        default="1M,64M,1G",
+        help="amounts written before a timed snapshot (whole MiB; those above --size are skipped)",
+    )
+    p.add_argument("--clone-runs", type=int, default=3, help="clones timed each way per repetition")
+    p.add_argument("--rss-runtime", type=int, default=5, help="at most this many seconds of writes for RSS")
     args = p.parse_args()
     if not available():
         print("block_bench: qemu-storage-daemon is missing: run scripts/install-bench.sh", file=sys.stderr)
         return 1
+    size = parse_size(args.size)
+    snapshot_sizes: dict[str, int] = {}
+    for label in args.snapshot_sizes.split(","):
+        n = parse_size(label)
+        if n <= 0 or n % MIB:
+            p.error(f"--snapshot-sizes: {label} is not a whole number of MiB")
+        if n > size:
+            print(f"block_bench: snapshot after {label} skipped: the disk is {args.size}", file=sys.stderr)
+        else:
+            snapshot_sizes[label] = n
     mounts = ("casfs.mnt", "qsd-raw.mnt", "qsd-qcow2.mnt")
+    stop_on_sigterm()
     with scratch(args.workdir, "casfs-blockbench-", mounts=mounts) as work:
-        report = run(parse_size(args.size), work, args.runtime, args.reps, args.cache_mb)
+        report = run(
+            size,
+            work,
+            args.runtime,
+            args.reps,
+            args.cache_mb,
+            snapshot_sizes,
+            args.clone_runs,
+            args.rss_runtime,
+        )
     heading = (
         f"{args.size} mixed image, fio, {os.cpu_count()} CPUs, median of {args.reps} interleaved runs, "
-        f"qd16 = libaio iodepth=16; casfs import of the image {report['import_s']:.1f} s"
+        f"qd16 = libaio iodepth=16; casfs import of the image {report['import_s']:.1f} s; "
+        f"RSS writes at most {args.rss_runtime} s; clone: median of {args.reps * args.clone_runs}"
     )
     emit(report, args.json, heading, report_table(report))
     return 0

@@ -46,15 +46,21 @@ class Qsd:
         self.mnt.touch()
         self.pidfile.unlink(missing_ok=True)
         node = f"driver={self.fmt},node-name=disk,file=file"
-        sh(
-            "qemu-storage-daemon",
-            "--blockdev", f"driver=file,node-name=file,filename={self.image}",
-            "--blockdev", node,
-            "--export", f"type=fuse,id=export,node-name=disk,mountpoint={self.mnt},writable=on",
-            "--daemonize", "--pidfile", self.pidfile,
-            timeout=60,
-        )  # fmt: skip
-        self.pid = int(self.pidfile.read_text())
+        try:
+            sh(
+                "qemu-storage-daemon",
+                "--blockdev", f"driver=file,node-name=file,filename={self.image}",
+                "--blockdev", node,
+                "--export", f"type=fuse,id=export,node-name=disk,mountpoint={self.mnt},writable=on",
+                "--daemonize", "--pidfile", self.pidfile,
+                timeout=60,
+            )  # fmt: skip
+        finally:
+            # Even when cut short: a daemon that wrote its pid file is stopped by umount().
+            with contextlib.suppress(OSError, ValueError):
+                self.pid = int(self.pidfile.read_text())
+        if self.pid is None:
+            raise RuntimeError(f"qemu-storage-daemon wrote no pid to {self.pidfile}")
 
     def umount(self) -> None:
         """SIGTERM by pid and wait for the export to go; a stuck one is forced."""
