@@ -62,7 +62,7 @@ _INLINE_GIVE_UP = 8
 _INLINE_BACKOFF = 256
 # A blocking read on the trio thread slower than this (a busy or failing disk) stops
 # them for _BLOCKING_PAUSE_S: other requests must not queue behind such reads.
-_BLOCKING_SLOW_S = 0.02
+_BLOCKING_SLOW_S = 0.05
 _BLOCKING_PAUSE_S = 10.0
 # Threads for misses read in workers: enough to keep a disk's queue full at the depth
 # a hypervisor uses (16), few enough not to fight over the GIL.
