@@ -64,6 +64,9 @@ log = logging.getLogger("casfs.daemon")
 # Buffered writes older than this are flushed by the timer (checked every tick).
 DIRTY_AGE_S = 5.0
 FLUSH_TICK_S = 1.0
+# The kernel's read-ahead for this mount, KiB (its default, 128, cut a sequential read
+# into 128 KiB requests; 1 MiB measured 1.5x on a cold 1 MiB sequential read).
+READ_AHEAD_KB = 1024
 _M_ARENA_MAX = -8  # mallopt parameter (malloc.h)
 
 
@@ -317,10 +320,25 @@ async def _flush_timer(ops: Operations, mounted: _Mounted) -> None:
 async def _announce_ready(cfg: Config) -> None:
     # The stat goes through our own main loop: once it returns, the mount answers.
     with trio.fail_after(launcher.READY_TIMEOUT_S):
-        await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
+        st = await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
+    _widen_read_ahead(st.st_dev)
     launcher.write_run_file(cfg, {"state": "mounted"})
     launcher.tell_ready(cfg.ready_fd)
     cfg.ready_fd = None
+
+
+def _widen_read_ahead(dev: int) -> None:
+    """Raise the mount's read-ahead (its own backing device in sysfs) to READ_AHEAD_KB,
+    where we may (root). After the session's INIT: the kernel lowers the setting to
+    what INIT negotiated when it processes the reply, never afterwards."""
+    path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+    try:
+        with open(path, "r+") as f:
+            if int(f.read()) < READ_AHEAD_KB:
+                f.seek(0)
+                f.write(str(READ_AHEAD_KB))
+    except (OSError, ValueError) as e:
+        log.debug("read-ahead stays the kernel's: %s", e)
 
 
 def _close_views(mounted: _Mounted) -> None:
