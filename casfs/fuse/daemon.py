@@ -26,6 +26,7 @@ import faulthandler
 import functools
 import logging
 import os
+import select
 import signal
 import stat
 import sys
@@ -65,6 +66,9 @@ DIRTY_AGE_S = 5.0
 FLUSH_TICK_S = 1.0
 FOLD_TICK_S = 0.2
 FOLD_RETRY_S = 5.0
+# The kernel's read-ahead for this mount, KiB (its default, 128, cut a sequential read
+# into 128 KiB requests; 1 MiB measured 1.5x on a cold 1 MiB sequential read).
+READ_AHEAD_KB = 1024
 _M_ARENA_MAX = -8  # mallopt parameter (malloc.h)
 
 
@@ -144,6 +148,23 @@ def _one_malloc_arena() -> None:
         libc.mallopt(_M_ARENA_MAX, 1)
 
 
+def _fuse_idle() -> Callable[[], bool] | None:
+    """A check that no FUSE request is queued in the kernel (the session's /dev/fuse
+    polls readable while one is), for the chunk cache's blocking reads on the trio
+    thread; None if the device is not found (pyfuse3 does not expose it)."""
+    fds = []
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{name}") == "/dev/fuse":
+                fds.append(int(name))
+    if len(fds) != 1:
+        log.info("no single /dev/fuse descriptor (%d): misses are always read in workers", len(fds))
+        return None
+    poller = select.poll()
+    poller.register(fds[0], select.POLLIN)
+    return lambda: not poller.poll(0)
+
+
 def _fuse_options(cfg: Config) -> set[str]:
     # libfuse splits options at commas; a backslash escapes one.
     fsname = f"casfs:{cfg.store}".replace("\\", "\\\\").replace(",", "\\,")
@@ -191,6 +212,7 @@ async def serve(cfg: Config) -> int:
             ops.enable_writeback_cache = not cfg.read_only and not _is_file(root)
             pyfuse3.init(ops, cfg.mountpoint, _fuse_options(cfg))
             stack.callback(_close_session, cfg.mountpoint)
+            chunks.idle = _fuse_idle()
             log.info("mounted %s on %s", cfg.volume or cfg.store, cfg.mountpoint)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_watch_signals, signals, cfg.mountpoint)
@@ -315,10 +337,25 @@ async def _fold_timer(mounted: _Mounted) -> None:
 async def _announce_ready(cfg: Config) -> None:
     # The stat goes through our own main loop: once it returns, the mount answers.
     with trio.fail_after(launcher.READY_TIMEOUT_S):
-        await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
+        st = await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
+    _widen_read_ahead(st.st_dev)
     launcher.write_run_file(cfg, {"state": "mounted"})
     launcher.tell_ready(cfg.ready_fd)
     cfg.ready_fd = None
+
+
+def _widen_read_ahead(dev: int) -> None:
+    """Raise the mount's read-ahead (its own backing device in sysfs) to READ_AHEAD_KB,
+    where we may (root). After the session's INIT: the kernel lowers the setting to
+    what INIT negotiated when it processes the reply, never afterwards."""
+    path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+    try:
+        with open(path, "r+") as f:
+            if int(f.read()) < READ_AHEAD_KB:
+                f.seek(0)
+                f.write(str(READ_AHEAD_KB))
+    except (OSError, ValueError) as e:
+        log.debug("read-ahead stays the kernel's: %s", e)
 
 
 def _close_views(mounted: _Mounted) -> None:

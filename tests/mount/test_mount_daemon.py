@@ -13,6 +13,7 @@ import trio
 
 from casfs import volumes
 from casfs.errors import Corruption
+from casfs.fuse.daemon import READ_AHEAD_KB
 from casfs.repo import Repository
 from casfs.store.ids import BlobId, blob_id
 from casfs.vfs.api import Piece
@@ -45,6 +46,14 @@ def test_one_read_write_daemon_per_volume(rw_volume: Repository, tmp_path: Path)
             assert os.listdir(ro.path) == []
         assert run(["getfattr", "--only-values", "-n", "user.casfs.phase", m.path]).stdout == "mounted"
     assert phase(repo, "v") == ("ready", None)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the kernel's read-ahead is set by root only")
+def test_the_mount_reads_ahead_a_mebibyte(rw_volume: Repository, tmp_path: Path) -> None:
+    with mounted(rw_volume.path, tmp_path / "a", volume="v") as m:
+        dev = os.stat(m.path).st_dev
+        setting = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+        assert int(setting.read_text()) == READ_AHEAD_KB
 
 
 def test_a_dead_holder_does_not_block_the_volume(rw_volume: Repository, tmp_path: Path) -> None:

@@ -1,9 +1,10 @@
 """The read path's fast path, without a mount: a chunk whose blob file is wholly in the
-page cache is read and verified on the trio thread (RWF_NOWAIT), anything else goes to
-a worker thread as before."""
+page cache is read and verified on the trio thread (RWF_NOWAIT), so is any small miss
+when no other request waits (a blocking read); anything else goes to a worker thread."""
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
@@ -120,3 +121,86 @@ def test_no_fast_path_without_get_nowait() -> None:
     cache = ChunkCache(blobs.get, workers=0)
     assert trio.run(cache.fetch_async, [ids[0]]) == {ids[0]: blobs.by_id[ids[0]]}
     assert len(blobs.threads) == 1 and cache.inline == 0
+
+
+async def test_a_miss_is_read_here_when_nothing_waits() -> None:
+    """With no request queued (idle) and no fetch in a worker, a cold miss is read by a
+    blocking read on the trio thread: no hand-off to a worker and back."""
+    blobs = Blobs(4)
+    ids = list(blobs.by_id)
+    queued = False
+    cache = ChunkCache(blobs.get, workers=0, get_nowait=blobs.get_nowait, idle=lambda: not queued)
+    try:
+        assert await cache.fetch_async([ids[0]]) == {ids[0]: blobs.by_id[ids[0]]}
+        assert blobs.threads == [threading.current_thread().name] and cache.blocking == 1
+        assert blobs.nowait_calls == 0  # (a blocking read here reads a cached file as fast)
+        queued = True  # a request waits: the miss goes to a worker
+        assert await cache.fetch_async([ids[1]]) == {ids[1]: blobs.by_id[ids[1]]}
+        assert blobs.threads[-1] != threading.current_thread().name and cache.blocking == 1
+    finally:
+        cache.close()
+
+
+async def test_a_slow_blocking_read_pauses_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    blobs = Blobs(3)
+    ids = list(blobs.by_id)
+    cache = ChunkCache(blobs.get, workers=0, idle=lambda: True)
+    monkeypatch.setattr(chunks, "_BLOCKING_SLOW_S", -1.0)  # every read is slow
+    try:
+        await cache.fetch_async([ids[0]])
+        await cache.fetch_async([ids[1]])
+        assert cache.blocking == 1
+        assert blobs.threads[0] == threading.current_thread().name != blobs.threads[1]
+    finally:
+        cache.close()
+
+
+async def test_a_worker_read_raises_what_the_store_raises() -> None:
+    """Errors cross the worker hand-off: corruption is counted and raised, a missing blob
+    raised; concurrent misses each get their own chunk."""
+    blobs = Blobs(20)
+    ids = list(blobs.by_id)
+    bad = ids[0]
+
+    def get(bid: BlobId) -> bytes:
+        if bid == bad:
+            raise Corruption(f"blob {bid.hex()} is corrupt")
+        return blobs.get(bid)
+
+    cache = ChunkCache(get, workers=0, miss_workers=3)
+    try:
+        with pytest.raises(Corruption):
+            await cache.fetch_async([bad])
+        assert cache.corrupt_reads == 1
+        got: dict[BlobId, bytes] = {}
+
+        async def one(bid: BlobId) -> None:
+            got.update(await cache.fetch_async([bid]))
+
+        async with trio.open_nursery() as nursery:
+            for bid in ids[1:]:
+                nursery.start_soon(one, bid)
+        assert got == {bid: blobs.by_id[bid] for bid in ids[1:]}
+    finally:
+        cache.close()
+
+
+def test_blob_reads_fall_back_without_noatime(repo: Repository, monkeypatch: pytest.MonkeyPatch) -> None:
+    """O_NOATIME is refused (EPERM) on files the reader does not own: reads go on without it."""
+    plain = os.urandom(5000)
+    with repo.batch() as batch:
+        bid = batch.put(plain)
+        batch.commit()
+    real_open = os.open
+    flags_seen: list[int] = []
+
+    def no_noatime(path: str, flags: int, *args: int) -> int:
+        flags_seen.append(flags)
+        if flags & os.O_NOATIME:
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        return real_open(path, flags, *args)
+
+    store = file_store(repo)
+    monkeypatch.setattr(os, "open", no_noatime)
+    assert store.get(bid) == plain and store.get(bid) == plain
+    assert [bool(f & os.O_NOATIME) for f in flags_seen] == [True, False, False]
