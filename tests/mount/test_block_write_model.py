@@ -37,6 +37,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,6 +215,7 @@ class Harness:
         self.buf = mmap.mmap(-1, MAX_WRITE)  # page-aligned memory for O_DIRECT
         self.snaps: dict[int, Snap] = {}
         self.history: list[str] = []
+        self.outcomes: Counter[str] = Counter()  # how the races went, printed at the end
         self.step = 0
 
     # -- mounts ---------------------------------------------------------------------------
@@ -430,7 +432,7 @@ class Harness:
         self.model.ack()
         listed = must("getfattr", "--only-values", "-n", "user.casfs.snapshots", self.target).split()
         new = sorted({int(n) for n in listed} - before)
-        if len(new) != 1 or self.snapshot_numbers()[new[0]] != label:
+        if len(new) != 1 or self.snapshot_numbers().get(new[0]) != label:
             self.fail(f"snapshot {label}: new snapshots {new} (listed {listed})")
         self.snaps[new[0]] = Snap(digests(self.model.now), f"setfattr {label}")
         if self.rnd.random() < 0.3:
@@ -483,6 +485,7 @@ class Harness:
             plan.append(("direct" if direct else "buffered", offset, data))
             self.model.write(offset, data)  # the model runs ahead: a crash may keep any of it
         acked = [0]  # pending writes covered by the last sync that returned
+        finished = [0]  # operations of the plan that returned in full
         errors: list[str] = []
         buf = mmap.mmap(-1, MAX_WRITE)
 
@@ -500,6 +503,7 @@ class Harness:
                             return
                     elif os.pwrite(self.fd, data, n) != len(data):
                         return
+                    finished[0] += 1
             except OSError as e:
                 errors.append(str(e))
 
@@ -508,20 +512,24 @@ class Harness:
         time.sleep(self.rnd.uniform(0, 0.08))
         self.kill()
         thread.join(30)
-        buf.close()
         if thread.is_alive():
             self.fail("a writer is still blocked 30 s after the daemon was killed")
+        buf.close()
         self.model.ack_upto(acked[0])
         self.recover(f"kill during {len(plan)} writes and syncs ({acked[0]} acknowledged)")
+        stopped = "all done" if finished[0] == len(plan) else "cut short"
+        self.outcomes[f"kill during writes: {stopped}"] += 1
         return f"kill_during_writes({len(plan)} ops, {acked[0]} pending writes acknowledged, {errors[:1]})"
 
     def op_kill_after_snapshot(self) -> str:
         """The snapshot returned, so it and everything before it is saved (the daemon
         may still be folding it in the background)."""
-        what = self.op_snapshot()
+        what = [self.op_snapshot()]
+        for _ in range(self.rnd.randint(0, 4)):  # into the new state, while the old one folds
+            what.append(self.op_write_direct() if self.rnd.random() < 0.5 else self.op_write())
         self.kill()
         self.recover("kill after a snapshot")
-        return f"{what}, kill"
+        return ", ".join([*what, "kill"])
 
     def op_kill_during_snapshot(self) -> str:
         label = f"step-{self.step}"
@@ -542,6 +550,7 @@ class Harness:
             self.fail(f"snapshot {label} exists after the crash, the volume reads otherwise")
         if returned == 0 and label not in labels:
             self.fail(f"setfattr returned 0, snapshot {label} is missing")
+        self.outcomes[f"kill during snapshot: setfattr {returned}, made {label in labels}"] += 1
         return f"kill_during_snapshot(setfattr {returned}, made {label in labels})"
 
     def op_kill_during_unmount(self) -> str:
@@ -561,6 +570,7 @@ class Harness:
         else:
             self.kill()
         self.recover("kill during the unmount's save")
+        self.outcomes[f"kill during unmount: {'exited first' if finished else 'killed'}"] += 1
         return f"kill_during_unmount({'exited first' if finished else 'killed'})"
 
     def recover(self, why: str, snapshot_label: str | None = None) -> bytes:
@@ -653,7 +663,7 @@ def test_random_writes_syncs_snapshots_and_kills(repo: Repository, tmp_path: Pat
         h.step = STEPS
         h.finish()
     took = time.monotonic() - started
-    print(f"{STEPS} steps in {took:.1f} s: {counts}; {len(h.snaps)} snapshots")
+    print(f"{STEPS} steps in {took:.1f} s: {counts}; {len(h.snaps)} snapshots; {dict(h.outcomes)}")
 
 
 def test_fdatasync_of_unaligned_writes_survives_kill_9(repo: Repository, tmp_path: Path) -> None:
