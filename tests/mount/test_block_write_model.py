@@ -187,7 +187,6 @@ class Snap:
 
     want: list[Digest]
     made_by: str
-    checked: int = 0
 
 
 class Harness:
@@ -305,7 +304,6 @@ class Harness:
         diffs = block_diffs(self.export_snapshot(n), snap.want)
         if diffs:
             self.fail(f"snapshot {n} ({snap.made_by}): {len(diffs)} block(s) differ, first {diffs[:10]}")
-        snap.checked += 1
 
     def register_new_snapshots(self, want: bytes | bytearray, why: str, at_most: int | None = None) -> None:
         """Snapshots the model did not know must hold `want`."""
@@ -438,6 +436,15 @@ class Harness:
         if self.rnd.random() < 0.3:
             self.check_snapshot(new[0])  # while mounted, before any later write
         return f"snapshot -> {new[0]}"
+
+    def op_snapshots(self) -> str:
+        """Snapshots in quick succession with a few writes between (folds queue up)."""
+        what = []
+        for _ in range(self.rnd.randint(2, 4)):
+            what.append(self.op_snapshot())
+            for _ in range(self.rnd.randint(0, 3)):
+                what.append(self.op_write_direct() if self.rnd.random() < 0.5 else self.op_write())
+        return ", ".join(what)
 
     def op_check_snapshot(self) -> str:
         if not self.snaps:
@@ -625,6 +632,7 @@ OPS = {
     "read_direct": 6,
     "sync": 8,
     "snapshot": 1.5,
+    "snapshots": 0.4,
     "check_snapshot": 0.4,
     "remount": 0.6,
     "kill": 0.5,
