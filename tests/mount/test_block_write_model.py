@@ -700,3 +700,30 @@ def test_fdatasync_of_unaligned_writes_survives_kill_9(repo: Repository, tmp_pat
         got = h.recover("fdatasync and kill -9")  # no pending write: every block exactly
         assert got == want
         h.finish()
+
+
+def test_the_crash_rule_itself() -> None:
+    """The model's rule, without a mount: any block from its history since the last
+    acknowledged sync passes (blocks torn apart from each other included); a block
+    that never was, or one older than acknowledged, fails."""
+    model = Model(bytearray(4 * BLOCK))
+    model.write(100, b"a" * 10)
+    model.ack()
+    acked = bytes(model.now)
+    model.write(BLOCK - 2, b"b" * 4)  # blocks 0 and 1
+    first = bytes(model.now)
+    model.write(BLOCK - 1, b"c" * 2)  # blocks 0 and 1 again
+    for fine in (acked, first, bytes(model.now), first[:BLOCK] + acked[BLOCK:]):
+        assert model.crash_problems(fine) == []
+    never = bytearray(model.now)
+    never[BLOCK - 2] = 0  # the second write without the first: block 0 never was that
+    lost = bytearray(acked)
+    lost[100:110] = bytes(10)  # block 0 older than acknowledged
+    untouched = bytearray(acked)
+    untouched[3 * BLOCK] = 1  # a block nobody wrote since the sync
+    for bad, block in ((never, 0), (lost, 0), (untouched, 3)):
+        problems = model.crash_problems(bytes(bad))
+        assert len(problems) == 1 and problems[0].startswith(f"block {block} "), problems
+    model.ack_upto(1)  # a sync after the first write returned
+    assert model.crash_problems(acked) != []
+    assert model.crash_problems(first) == []
