@@ -43,12 +43,14 @@ _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 8)  # Linux 4.14; Python exposes it on L
 
 @functools.cache
 def _libc() -> ctypes.CDLL:
-    # Loaded at the first sync, not at import: ctypes and find_library (which runs
-    # ldconfig) cost a CLI command that stores nothing more than its own work.
+    # Loaded at the first sync, not at import (ctypes costs a CLI command that stores
+    # nothing). The process's own symbols, not find_library: that forks ldconfig, and a
+    # daemon forking while it holds an fd on its own mount (syncfs_path) hangs that
+    # mount for ever if it is killed then (the child holds /dev/fuse, waiting for the
+    # answer to its FLUSH of the inherited fd).
     import ctypes
-    import ctypes.util
 
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def syncfs(fd: int) -> None:
