@@ -102,3 +102,16 @@ def test_left_over_epochs_are_removed(tmp_path: Path) -> None:
     assert gone.epoch != keep.epoch
     remove_stale(tmp_path, "v", {keep.epoch})
     assert sorted(os.listdir(upper_dir(tmp_path, "v"))) == [f"{keep.epoch}.data", f"{keep.epoch}.map"]
+
+
+def test_zeros_over_a_block_whose_bit_a_crash_lost_read_as_zeros(tmp_path: Path) -> None:
+    """After a crash, .data may hold bytes of a write whose bit was never synced: a
+    zero write there must not just set the bit (the block is not a hole)."""
+    up = Upper.create(tmp_path, "v", SIZE)
+    up.pwrite(0, b"a" * BLOCK)
+    synced(up)
+    up.pwrite(BLOCK, b"b" * BLOCK)  # its bit dies with the process
+    again = Upper.open(tmp_path, "v", up.epoch, SIZE)
+    assert not again.present(1)
+    again.pwrite(BLOCK, bytes(BLOCK))
+    assert again.present(1) and again.pread(BLOCK, BLOCK) == bytes(BLOCK)

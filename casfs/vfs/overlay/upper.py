@@ -189,9 +189,10 @@ class Upper:
         assert offset % BLOCK == 0 and len(data) % BLOCK == 0, "upper writes are whole blocks"
         first, stop = offset // BLOCK, (offset + len(data)) // BLOCK
         if _is_zero(data):
-            if self.mask(first, stop - first):
-                _punch(self._data, offset, len(data))
-                self.punched = True
+            # Punched even where no bit is set: after a crash, .data may hold bytes of
+            # writes whose bits were never synced (a block without its bit is not a hole).
+            _punch(self._data, offset, len(data))
+            self.punched = True
         else:
             done = 0
             view = memoryview(data)
