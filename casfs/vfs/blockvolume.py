@@ -64,6 +64,12 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
         self._written_ns = 0
         super()._load()
         self._root_row = ROOT_INO in self.overlay  # (the overlay rows alone, so far)
+        # The disk's content is the volume's base (with the epochs over it); an overlay
+        # row of the file carries its attributes only. Its base column is what the base
+        # was when the row was written: a background fold moves the base on without
+        # rewriting the row, so that column is stale, never to be read.
+        root = self.nodes[ROOT_INO]
+        root.base, root.base_limit = self.base, NO_LIMIT
         found = rows.uppers(self.repo.conn, self.name)
         if self.claimed:
             remove_stale(self.repo.path, self.name, {u.epoch for u in found})
@@ -81,6 +87,10 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
         node = self.nodes[ROOT_INO]
         per = self.chunk_size // BLOCK
         self._upper_only = sum(self._chunk_ref(node, ChunkNo(n)) == ZERO_ID for n in self.uppers.chunks(per))
+
+    def accessed(self, ino: InodeNo) -> None:
+        """No atime for a disk image: a hypervisor's reads would make every sync a
+        catalog transaction (the file's overlay row), for a time no one reads."""
 
     def ensure_writable(self) -> None:
         claiming = not self.claimed

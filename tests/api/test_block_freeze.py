@@ -168,3 +168,20 @@ def test_writes_syncs_freezes_folds_and_crashes_against_a_model(
                 assert got[b : b + 4096] in (acked[b : b + 4096], cur[b : b + 4096]), b
             acked[:] = cur[:] = got
         assert whole(v) == bytes(cur)
+
+
+def test_the_disk_file_s_own_row_never_names_its_content(repo: Repository, tmp_path: Path) -> None:
+    """An attribute change after a snapshot writes the file's overlay row (with the
+    base of that moment); the snapshot's fold then moves the base on. Reopened after a
+    crash, the volume reads its content from the new base, not the row's."""
+    v, ref = clone(repo, tmp_path)
+    scribble(v, ref, random.Random(8), 30)
+    snapshot_now(v)
+    v.setattr(ROOT_INO, mode=0o600)
+    v.flush_sync()  # the row, naming the base before the fold
+    job = v.prepare_background_fold()
+    assert job is not None
+    v.run_background_fold(job)  # committed; the daemon dies before applying it
+    again = open_volume(repo, "vm")
+    assert whole(again) == bytes(ref)
+    assert again.getattr(ROOT_INO).mode & 0o777 == 0o600
