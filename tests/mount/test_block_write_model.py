@@ -58,7 +58,7 @@ SIZE = 10 * MIB + 12 * KIB  # whole 4 KiB blocks, not whole chunks
 MAX_WRITE = 256 * KIB
 STEPS = int(os.environ.get("CASFS_BLOCK_MODEL_STEPS", "300"))
 VOLUME = "v"
-KILL_GRACE_S = 5.0  # for a killed daemon to end, and a child of it that does not touch the mount
+KILL_GRACE_S = 10.0  # for a killed daemon to end, and a child of it that does not touch the mount
 
 Digest = bytes
 
@@ -592,7 +592,7 @@ class Harness:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        time.sleep(self.rnd.uniform(0, 0.15))
+        time.sleep(self.rnd.uniform(0, self.rnd.choice([0.02, 0.15])))  # early, or anywhere
         self.kill()
         returned = proc.wait(30)
         if returned == 0:
