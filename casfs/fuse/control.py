@@ -304,7 +304,15 @@ def parse_label(value: bytes) -> str | None:
 
 
 def syncfs_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    """syncfs of the daemon's own mount at `path`: its kernel writeback cache reaches it.
+    Only where the root is a directory: a mount on a file has no writeback cache
+    (daemon.py), and the daemon must never hold a regular file of its own mount open.
+    Killed then, its exit closes the file, FUSE sends FLUSH to the dying daemon and
+    waits for ever, with /dev/fuse still open: the mount hangs until aborted."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_DIRECTORY)
+    except NotADirectoryError:
+        return
     try:
         syncfs(fd)
     finally:
