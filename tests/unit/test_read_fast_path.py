@@ -204,3 +204,24 @@ def test_blob_reads_fall_back_without_noatime(repo: Repository, monkeypatch: pyt
     monkeypatch.setattr(os, "open", no_noatime)
     assert store.get(bid) == plain and store.get(bid) == plain
     assert [bool(f & os.O_NOATIME) for f in flags_seen] == [True, False, False]
+
+
+async def test_a_big_miss_is_read_by_several_workers_at_once() -> None:
+    """A read of many chunks (a 1 MiB request is 16) is split into runs read in parallel:
+    three runs here, each waiting at a barrier only the three together can pass."""
+    blobs = Blobs(3 * chunks._PREFETCH_RUN)
+    ids = list(blobs.by_id)
+    firsts = set(ids[:: chunks._PREFETCH_RUN])
+    barrier = threading.Barrier(len(firsts), timeout=10)
+
+    def get(bid: BlobId) -> bytes:
+        if bid in firsts:
+            barrier.wait()  # (BrokenBarrierError if the runs were read one after another)
+        return blobs.get(bid)
+
+    cache = ChunkCache(get, workers=0)
+    try:
+        assert await cache.fetch_async(ids) == blobs.by_id
+        assert len(set(blobs.threads)) == len(firsts)
+    finally:
+        cache.close()
