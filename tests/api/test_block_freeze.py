@@ -183,5 +183,6 @@ def test_the_disk_file_s_own_row_never_names_its_content(repo: Repository, tmp_p
     assert job is not None
     v.run_background_fold(job)  # committed; the daemon dies before applying it
     again = open_volume(repo, "vm")
+    assert isinstance(again, BlockVolume)
     assert whole(again) == bytes(ref)
     assert again.getattr(ROOT_INO).mode & 0o777 == 0o600
