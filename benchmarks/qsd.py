@@ -61,6 +61,7 @@ class Qsd:
                 self.pid = int(self.pidfile.read_text())
         if self.pid is None:
             raise RuntimeError(f"qemu-storage-daemon wrote no pid to {self.pidfile}")
+        widen_read_ahead(self.mnt)
 
     def umount(self) -> None:
         """SIGTERM by pid and wait for the export to go; a stuck one is forced."""
@@ -96,3 +97,13 @@ def _alive(pid: int) -> bool:
 
 def available() -> bool:
     return subprocess.run(["which", "qemu-storage-daemon"], capture_output=True).returncode == 0
+
+
+def widen_read_ahead(mnt: Path, kib: int = 1024) -> None:
+    """The FUSE mount's kernel read-ahead raised as casfs's daemon raises its own (1 MiB
+    instead of 128 KiB), so cold sequential reads compare the daemons, not the setting."""
+    st = os.stat(mnt)
+    path = Path(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb")
+    with contextlib.suppress(OSError):
+        if int(path.read_text()) < kib:
+            path.write_text(str(kib))
