@@ -23,7 +23,7 @@ from casfs.snapshots.tree import Attrs
 from casfs.store.ids import ZERO_ID
 from casfs.store.uppers import remove_stale
 from casfs.vfs.api import ROOT_INO, Changes, Fetched, NeedChunks, Piece, RwView, Stat, fs_error
-from casfs.vfs.overlay.data import Data
+from casfs.vfs.overlay.data import Data, chunk_spans
 from casfs.vfs.overlay.fold import (
     FlushJob,
     FoldJob,
@@ -104,15 +104,10 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
         if not self.uppers:
             return super().read_plan(ino, offset, size)
         node = self.node(ino)
-        end = min(offset + size, node.attrs.size)
         cs = self.chunk_size
         per = cs // BLOCK
         pieces = []
-        pos = offset
-        while pos < end:
-            q, start = divmod(pos, cs)
-            n = ChunkNo(q)
-            stop = min(cs, end - n * cs)
+        for n, start, stop in chunk_spans(offset, min(offset + size, node.attrs.size), cs):
             for first, last, owner in self.uppers.runs(n * per, per):
                 lo, hi = max(start, first * BLOCK), min(stop, last * BLOCK)
                 if lo >= hi:
@@ -122,7 +117,6 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
                 else:
                     read = functools.partial(owner.pread, n * cs + lo, hi - lo)
                     pieces.append(Piece(0, hi - lo, read=read))
-            pos = n * cs + stop
         return pieces
 
     def _settle_mtime(self) -> None:

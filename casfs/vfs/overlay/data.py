@@ -7,6 +7,7 @@ from __future__ import annotations
 import bisect
 import errno
 import stat
+from collections.abc import Iterator
 from typing import Unpack
 
 from casfs.ids import ChunkNo, InodeNo
@@ -94,20 +95,13 @@ class Data(RwVolume):
         node = self.node(ino)
         if not node.is_file:
             raise fs_error(errno.EISDIR if node.is_dir else errno.EINVAL)
-        end = min(offset + size, node.attrs.size)
-        cs = self.chunk_size
         pieces = []
-        pos = offset
-        while pos < end:
-            q, start = divmod(pos, cs)
-            n = ChunkNo(q)
-            stop = min(cs, end - n * cs)
+        for n, start, stop in chunk_spans(offset, min(offset + size, node.attrs.size), self.chunk_size):
             buf = self.buffers.get((ino, n))
             if buf is not None:
                 pieces.append(Piece(start, stop, data=buf))
             else:
                 pieces.append(Piece(start, stop, blob=self._chunk_ref(node, n)))
-            pos = n * cs + stop
         return pieces
 
     def getxattr(self, ino: InodeNo, name: bytes) -> bytes:
@@ -280,6 +274,16 @@ class Data(RwVolume):
                 return self.setattr(ino, size=size, fetched=fetched)
             except NeedChunks as e:
                 fetched.update((i, self.repo.get(i)) for i in e.ids)
+
+
+def chunk_spans(offset: int, end: int, chunk_size: int) -> Iterator[tuple[ChunkNo, int, int]]:
+    """The chunks bytes [offset, end) cover: (n, start, stop) within each chunk."""
+    pos = offset
+    while pos < end:
+        q, start = divmod(pos, chunk_size)
+        stop = min(chunk_size, end - q * chunk_size)
+        yield ChunkNo(q), start, stop
+        pos = q * chunk_size + stop
 
 
 def _contains(ordered: list[ChunkNo], n: ChunkNo) -> bool:
