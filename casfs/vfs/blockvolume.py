@@ -254,17 +254,10 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
         is, unless something else changed too (the disk file's attributes, chunks an
         older casfs flushed): then None, and the snapshot is a fold."""
         active = self.upper
-        if active is None or active.dirty or self.chunk_ids or self.dirty_nodes:
-            return None
-        if any(rows_ino != ROOT_INO for rows_ino in self.overlay) or self._root_has_row():
+        if active is None or active.dirty or self.chunk_ids or self._root_row:
             return None
         self._frozen = True
         return FreezeJob(active.epoch, label)
-
-    def _root_has_row(self) -> bool:
-        """The disk file's attributes were changed (chmod, chown, xattrs): it has, or
-        will have at the next flush, an overlay row."""
-        return self._root_row
 
     def _touch(self, ino: InodeNo) -> None:
         self._root_row = True  # (writes do not come here: only attribute changes)

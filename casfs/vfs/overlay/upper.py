@@ -70,12 +70,9 @@ class Upper:
     memory follows what was written, not the volume's size. The map file trails it by
     what the last sync wrote."""
 
-    def __init__(
-        self, folder: Path, epoch: int, size: int, data_fd: int, map_fd: int, pages: dict[int, bytearray]
-    ):
+    def __init__(self, folder: Path, epoch: int, data_fd: int, map_fd: int, pages: dict[int, bytearray]):
         self.folder = folder
         self.epoch = epoch
-        self.size = size
         self._data = data_fd
         self._map = map_fd
         self._pages = pages
@@ -87,7 +84,7 @@ class Upper:
         self.punched = False  # holes punched since the last sync (fsync, not fdatasync)
         # Closed when the last holder lets go: a read planned before a fold retired this
         # epoch may still read it (the fold's blobs hold the same bytes).
-        self._closer = weakref.finalize(self, _close_all, data_fd, map_fd)
+        weakref.finalize(self, _close_all, data_fd, map_fd)
 
     @classmethod
     def create(cls, store: Path, volume: str, size: int) -> Upper:
@@ -100,7 +97,7 @@ class Upper:
         map_fd = os.open(folder / f"{epoch}.map", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         header = _HEADER.pack(_MAGIC, _FORMAT, BLOCK, size).ljust(BLOCK, b"\0")
         os.pwrite(map_fd, header, 0)
-        return cls(folder, epoch, size, data, map_fd, {})
+        return cls(folder, epoch, data, map_fd, {})
 
     @classmethod
     def open(cls, store: Path, volume: str, epoch: int, size: int) -> Upper:
@@ -114,12 +111,9 @@ class Upper:
         header = os.pread(map_fd, _HEADER.size, 0)
         if len(header) < _HEADER.size or _HEADER.unpack(header) != (_MAGIC, _FORMAT, BLOCK, size):
             raise UpperError(f"upper map {folder / f'{epoch}.map'} does not match its volume ({size} bytes)")
-        upper = cls(folder, epoch, size, data, map_fd, _read_pages(map_fd))
+        upper = cls(folder, epoch, data, map_fd, _read_pages(map_fd))
         upper.registered = True
         return upper
-
-    def close(self) -> None:
-        self._closer()
 
     def delete(self) -> None:
         """Remove the files (after the fold that made them blobs committed). Reads
