@@ -7,8 +7,9 @@ interpreter doing nothing?
 Orchestrators run the CLI once per volume, so its start-up is most of what a clone
 costs them. Sets up a store (a 16 MiB raw image, a volume made from it with one
 snapshot) and a qcow2 copy of the same image, then times wall-clock, median of --runs
-rounds, each round running every command once in turn (so drift weighs on all alike),
-and the CPU time (user + system) each took, which a busy machine inflates less:
+rounds after a warm-up round, each round running every command once in turn (so
+drift weighs on all alike), and the CPU time (user + system) each took, which a busy
+machine inflates less:
 
     python -I -S -c pass          the bare interpreter (no site-packages)
     python -c pass                the interpreter with its site-packages' .pth files
@@ -74,7 +75,10 @@ def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 
 def run(casfs: list[str], runs: int, work: Path) -> dict[str, Any]:
+    # Without PYTHONDONTWRITEBYTECODE: a user's casfs runs from cached bytecode (the
+    # untimed warm-up round writes it), not by compiling every module at each start.
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASFS_")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     store = work / "store"
     cli = [*casfs, "-s", str(store)]
     raw, base, over = work / "img.raw", work / "base.qcow2", work / "over.qcow2"
@@ -104,13 +108,14 @@ def run(casfs: list[str], runs: int, work: Path) -> dict[str, Any]:
     ]
     wall: dict[str, list[float]] = {name: [] for name, _, _ in steps}
     cpu: dict[str, list[float]] = {name: [] for name, _, _ in steps}
-    for _ in range(runs):
+    for i in range(runs + 1):  # (round 0: the warm-up, untimed)
         for name, cmd, after in steps:
             if name == "casfs volume rm":  # (the clone it removes, made untimed)
                 _run([*cli, "volume", "create", "c", "--from", "img"], env)
             w, c = _run(cmd, env)
-            wall[name].append(w)
-            cpu[name].append(c)
+            if i:
+                wall[name].append(w)
+                cpu[name].append(c)
             if after is not None:
                 _run(after, env)
     return {
