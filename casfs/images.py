@@ -37,7 +37,6 @@ from casfs.kinds import VolumeKind
 from casfs.lifecycle import pids
 from casfs.lifecycle.faults import fault_point, slow_import
 from casfs.lifecycle.phases import IMAGE_IN_PROGRESS, IMAGE_STEPS, ImagePhase, check_step
-from casfs.lifecycle.queue import job_slot
 from casfs.refcount import ledger
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
@@ -176,6 +175,7 @@ def import_image(
         raise UsageError(f"invalid format {fmt!r}: one of {', '.join(FORMATS)}")
     if chunk_size < 4096 or chunk_size > (4 << 20) or chunk_size & (chunk_size - 1):
         raise UsageError("chunk size must be a power of two from 4 KiB to 4 MiB")
+    from casfs.lifecycle.queue import job_slot  # (imports only: not a clone's start-up)
     from casfs.store.verify import parse_expect
 
     expected = parse_expect(expect) if expect else None

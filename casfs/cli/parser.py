@@ -5,7 +5,8 @@ The grammar is a contract (DESIGN.md, "The command line"): scripts and orchestra
 depend on it. Orchestrators also call the CLI once per volume, so the parser is made
 lazily: each level lists its subcommands by name and help line, and argparse gets the
 parser of a noun or a command only when it picks that one (`_Lazy`). `--help` at any
-level reads the same as a parser built whole.
+level reads the same as a parser built whole. A row names its function through a
+`_Module`, so only the module of the command that runs is imported.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import functools
 from typing import TYPE_CHECKING
 
 from casfs import __version__
-from casfs.cli import images, maintenance, mounts, snapshots, volumes
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -25,6 +25,45 @@ if TYPE_CHECKING:
     _SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
 else:
     _SubParsers = argparse._SubParsersAction
+
+
+class _Module:
+    """A command module by name: `volumes.cmd_create` is a command that imports
+    casfs.cli.volumes when it runs. (The grammar names every command; importing each
+    one's module, and what those import, would cost every command's start-up.)"""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, func: str) -> Command:
+        return LazyCommand(self.name, func)
+
+
+class LazyCommand:
+    """`module.func(args)`, the module imported at the call."""
+
+    __slots__ = ("func", "module")
+
+    def __init__(self, module: str, func: str) -> None:
+        self.module, self.func = module, func
+
+    def resolve(self) -> Command:
+        import importlib
+
+        command: Command = getattr(importlib.import_module(self.module), self.func)
+        return command
+
+    def __call__(self, args: argparse.Namespace) -> int:
+        return self.resolve()(args)
+
+
+images = _Module("casfs.cli.images")
+maintenance = _Module("casfs.cli.maintenance")
+mounts = _Module("casfs.cli.mounts")
+snapshots = _Module("casfs.cli.snapshots")
+volumes = _Module("casfs.cli.volumes")
 
 
 class Arg:

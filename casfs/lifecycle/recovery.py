@@ -41,7 +41,6 @@ from casfs.lifecycle.phases import (
     give_volume,
 )
 from casfs.lifecycle.pids import alive
-from casfs.refcount.gc import unreferenced_files
 
 if TYPE_CHECKING:
     from casfs.repo import Repository
@@ -112,6 +111,8 @@ def _volume(repo: Repository, u: Unfinished, messages: list[str]) -> bool:
 
 def sweep_orphans(repo: Repository) -> int | None:
     """Remove blob files no catalog row names; None if the store's lock is busy."""
+    from casfs.refcount.gc import unreferenced_files  # (every command recovers; few sweep)
+
     try:
         lock = repo.exclusive_lock(timeout=0)
     except Busy:

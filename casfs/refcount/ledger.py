@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 from casfs.catalog import blobs as blob_rows
 from casfs.catalog import transaction
 from casfs.kinds import BlobKind
-from casfs.snapshots.children import children
 from casfs.store.ids import ZERO_ID, BlobId, blob_id, is_zero, meta_id
 
 if TYPE_CHECKING:
@@ -68,9 +67,12 @@ class Batch:
             with self._mutex:
                 self.reused += 1
             return bid
-        kids: Counter[BlobId] = (
-            Counter(c for c, _ in children(kind, bytes(plain))) if kind != BlobKind.DATA else Counter()
-        )
+        kids: Counter[BlobId] = Counter()
+        if kind != BlobKind.DATA:
+            # (here: the tree and map codecs are not a clone's or a listing's start-up)
+            from casfs.snapshots.children import children
+
+            kids = Counter(c for c, _ in children(kind, bytes(plain)))
         stored = self.staging.add(bid, plain)
         with self._mutex:
             if bid not in self.new:

@@ -19,8 +19,6 @@ from casfs.lifecycle.faults import fault_point
 from casfs.lifecycle.phases import VolumePhase, give_volume, take_volume
 from casfs.refcount import ledger
 from casfs.repo import Repository
-from casfs.snapshots import chunkmap
-from casfs.snapshots.tree import Attrs, Tree
 from casfs.store import uppers
 from casfs.store.ids import ZERO_ID
 from casfs.units import check_name, parse_snapshot_ref
@@ -34,6 +32,8 @@ MAX_BLOCK_SIZE = 16 << 40
 
 def blank_tree(chunk_size: int) -> bytes:
     """The root tree of a new blank directory volume: an empty directory of ours."""
+    from casfs.snapshots.tree import Attrs, Tree  # (blank volumes only: not a clone's start-up)
+
     now = time.time_ns()
     attrs = Attrs(
         mode=stat.S_IFDIR | 0o755,
@@ -168,6 +168,8 @@ def _create_blank(
             if source.blank_dir:
                 base = batch.put(blank_tree(chunk_size), BlobKind.TREE)
             else:
+                from casfs.snapshots import chunkmap
+
                 holes = [ZERO_ID] * chunkmap.n_chunks(size, chunk_size)
                 base = chunkmap.build_map(batch.put_kind, holes, size, chunk_size)
 

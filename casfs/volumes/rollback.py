@@ -13,7 +13,6 @@ from casfs.kinds import VolumeKind
 from casfs.lifecycle.phases import VolumePhase
 from casfs.refcount import ledger
 from casfs.repo import Repository
-from casfs.snapshots import chunkmap
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.volumes.create import MAX_BLOCK_SIZE
 from casfs.volumes.info import require_at_rest, volume_row
@@ -56,6 +55,8 @@ def resize(repo: Repository, volume: str, size: int, allow_shrink: bool = False)
         )
     if size == old_size:
         return int(old_size)
+    from casfs.snapshots import chunkmap  # (resize only: not every command's start-up)
+
     cmap = chunkmap.ChunkMap(repo.get_meta, base)
     cs = cmap.chunk_size
     with repo.batch() as batch:

@@ -16,7 +16,6 @@ from casfs.errors import Busy
 from casfs.ids import SnapshotNo
 from casfs.lifecycle.faults import fault_point
 from casfs.lifecycle.phases import VolumePhase, give_volume, take_volume
-from casfs.lifecycle.queue import job_slot
 from casfs.repo import Repository
 from casfs.volumes.info import require_at_rest, volume_row
 
@@ -58,6 +57,7 @@ def settle(repo: Repository, volume: str, label: str | None = None) -> SnapshotN
         require_at_rest(row)
         take_volume(conn, volume, VolumePhase.READY, VolumePhase.SNAPSHOTTING)
     try:
+        from casfs.lifecycle.queue import job_slot
         from casfs.vfs.volume import open_volume
 
         fault_point("snapshot:after-phase")
