@@ -1,0 +1,99 @@
+"""What a short command imports. Orchestrators run the CLI once per volume, so its
+start-up is most of what a clone costs them (benchmarks/cli_start.py times it); these
+tests check the modules loaded, not the time, so they hold on a busy machine.
+
+    the parser alone imports no command's module (each is imported when its command runs)
+    and none of the mount's or the codecs' libraries
+    commands that read no compressed blob import neither trio, pyfuse3 nor zstandard
+    a clone, a snapshot at rest or a delete loads neither the tree and map codecs, gc
+    nor the job queue
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from casfs.cli.parser import GRAMMAR, LazyCommand
+from tests.helpers.cli import ok
+
+HEAVY = ("trio", "pyfuse3", "zstandard")
+COMMAND_MODULES = tuple(f"casfs.cli.{m}" for m in ("images", "maintenance", "mounts", "snapshots", "volumes"))
+# What a clone (of an image or a snapshot) or a delete has no use for.
+NOT_FOR_A_CLONE = (
+    "casfs.snapshots.tree",
+    "casfs.snapshots.chunkmap",
+    "casfs.refcount.gc",
+    "casfs.lifecycle.queue",
+)
+
+
+def loaded(code: str, *argv: str, probe: tuple[str, ...]) -> list[str]:
+    """Run `code` in a fresh interpreter (sys.argv[1:] = argv); which of `probe` it loaded."""
+    script = f"import sys\n{code}\nprint('loaded:', sorted(m for m in {probe!r} if m in sys.modules))\n"
+    done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=60)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("loaded: ")]
+    assert done.returncode == 0 and lines, (done.stdout, done.stderr)
+    return list(ast.literal_eval(lines[-1].removeprefix("loaded: ")))
+
+
+def test_every_command_in_the_grammar_names_a_function() -> None:
+    """(A row names its function by module and name, resolved only when it runs: a typo
+    would otherwise show only when someone runs that command.)"""
+    for row in GRAMMAR:
+        assert isinstance(row.func, LazyCommand), row.noun
+        assert callable(row.func.resolve()), (row.noun, row.verb)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--version"],
+        ["volume", "create", "c", "--from", "img"],
+        ["volume", "ls"],
+        ["snapshot", "ls", "v"],
+        ["image", "import", "i", "/x"],
+        ["mount", "/mnt"],
+    ],
+)
+def test_the_parser_imports_no_command_module(argv: list[str]) -> None:
+    code = "from casfs.cli.parser import parse\ntry:\n    parse(sys.argv[1:])\nexcept SystemExit:\n    pass"
+    assert loaded(code, *argv, probe=HEAVY + COMMAND_MODULES) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "absent"),
+    [
+        (["--version"], HEAVY),
+        (["volume", "ls"], HEAVY),
+        (["volume", "info", "v"], HEAVY),
+        (["snapshot", "ls", "v"], HEAVY),
+        (["image", "ls"], HEAVY),
+        (["snapshot", "create", "v"], HEAVY + NOT_FOR_A_CLONE),
+        (["volume", "create", "c", "--from", "img"], HEAVY + NOT_FOR_A_CLONE),
+        (["volume", "create", "c", "--from", "v@1"], HEAVY + NOT_FOR_A_CLONE),
+        (["volume", "rm", "v"], HEAVY + NOT_FOR_A_CLONE),
+    ],
+)
+def test_short_commands_load_only_what_they_use(
+    store: Path, tmp_path: Path, argv: list[str], absent: tuple[str, ...]
+) -> None:
+    """On a store of block volumes made from random bytes: their chunk maps do not
+    compress, so they are stored raw and a listing decodes nothing. (Listing directory
+    volumes reads their trees, which compress: that loads zstandard, as it must.)"""
+    raw = tmp_path / "img.raw"
+    raw.write_bytes(os.urandom(256 << 10))
+    for step in (["image", "import", "img", raw], ["volume", "create", "v", "--from", "img"]):
+        ok(store, *step)
+    ok(store, "snapshot", "create", "v")
+    code = (
+        "import runpy\nsys.argv = ['casfs', '-s', *sys.argv[1:]]\n"
+        "try:\n    runpy.run_module('casfs', run_name='__main__')\nexcept SystemExit as e:\n"
+        "    assert not e.code, e.code"
+    )
+    assert loaded(code, str(store), *argv, probe=absent) == []
