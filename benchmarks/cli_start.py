@@ -2,14 +2,13 @@
 """How long does a short `casfs` command take, next to `qemu-img create -b` and the
 interpreter doing nothing?
 
-    python benchmarks/cli_start.py [--runs 20] [--casfs CMD] [--workdir DIR] [--json]
+    python benchmarks/cli_start.py [--runs 20] [--casfs CMD ...] [--workdir DIR] [--json]
 
 Orchestrators run the CLI once per volume, so its start-up is most of what a clone
 costs them. Sets up a store (a 16 MiB raw image, a volume made from it with one
-snapshot) and a qcow2 copy of the same image, then times wall-clock, median of --runs
-rounds after a warm-up round, each round running every command once in turn (so
-drift weighs on all alike), and the CPU time (user + system) each took, which a busy
-machine inflates less:
+snapshot) and a qcow2 copy of the same image, then times, median of --runs rounds
+after an untimed warm-up round, each round running every command once in turn (so
+drift weighs on all alike):
 
     python -I -S -c pass          the bare interpreter (no site-packages)
     python -c pass                the interpreter with its site-packages' .pth files
@@ -17,14 +16,21 @@ machine inflates less:
     casfs volume ls               open the store, list
     casfs snapshot ls VOL         open the store, list a volume's snapshots
     casfs volume create --from    a clone of the image (removed again, untimed)
-    casfs volume rm               removing such a clone
+    casfs volume rm               removing such a clone (made again, untimed)
     qemu-img create -b            a qcow2 overlay on the qcow2 copy (removed, untimed)
 
-and prints each (wall median and minimum, CPU median) beside its wall ratio to
-`qemu-img create -b` and to `python -c pass`.
-`--casfs` names the command to time (default: the `casfs` script beside this Python,
-else `python -m casfs`): e.g. a venv installed another way. `python` is the one the
-casfs script runs.
+Each figure is wall-clock (median and minimum) and the CPU time (user + system, which
+a busy machine inflates less), with the wall median's ratio to `qemu-img create -b`.
+`python` is the interpreter the casfs command runs.
+
+--casfs CMD (repeatable) names a casfs to time, default the `casfs` script beside this
+Python (else `python -m casfs`); leading VAR=VALUE words set its environment. Several
+are timed interleaved, each with its own store, e.g. an install before and after:
+
+    --casfs 'PYTHONPATH=/tmp/old /work/main/.venv/bin/casfs' --casfs /tmp/venv/bin/casfs
+
+Bytecode is cached (PYTHONDONTWRITEBYTECODE is dropped; the warm-up round writes it),
+as for a user's casfs.
 """
 
 from __future__ import annotations
@@ -42,20 +48,51 @@ from typing import Any
 from benchlib import arguments, emit, scratch, sh
 
 SIZE = 16 << 20
+QEMU = "qemu-img create -b"
 
 
-def _default_casfs() -> list[str]:
+class Casfs:
+    """One casfs to time: its command, its environment, its interpreter, its store."""
+
+    def __init__(self, spec: str, store: Path, base_env: dict[str, str]) -> None:
+        words = shlex.split(spec)
+        self.env = dict(base_env)
+        while words and "=" in words[0] and not words[0].startswith(("/", ".")):
+            key, _, value = words.pop(0).partition("=")
+            self.env[key] = value
+        self.spec, self.cmd, self.store = spec, words, store
+        self.python = _python_of(words)
+
+    def cli(self, *args: str | Path) -> list[str]:
+        return [*self.cmd, "-s", str(self.store), *map(str, args)]
+
+    def steps(self) -> list[tuple[str, list[str], list[str] | None, list[str] | None]]:
+        """(name, command, untimed before, untimed after)."""
+        clone = self.cli("volume", "create", "c", "--from", "img")
+        remove = self.cli("volume", "rm", "c")
+        return [
+            ("python -I -S -c pass", [self.python, "-I", "-S", "-c", "pass"], None, None),
+            ("python -c pass", [self.python, "-c", "pass"], None, None),
+            ("casfs --version", [*self.cmd, "--version"], None, None),
+            ("casfs volume ls", self.cli("volume", "ls"), None, None),
+            ("casfs snapshot ls", self.cli("snapshot", "ls", "v"), None, None),
+            ("casfs volume create", clone, None, remove),
+            ("casfs volume rm", remove, clone, None),
+        ]
+
+
+def _default_casfs() -> str:
     script = Path(sys.executable).parent / "casfs"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "casfs"]
+    return shlex.quote(str(script)) if script.exists() else shlex.join([sys.executable, "-m", "casfs"])
 
 
-def _python_of(casfs: list[str]) -> str:
+def _python_of(cmd: list[str]) -> str:
     """The interpreter a casfs command runs: its script's #! line, or the command itself."""
-    if len(casfs) == 1:
-        first = Path(casfs[0]).read_text().splitlines()[0]
+    if len(cmd) == 1:
+        first = Path(cmd[0]).read_text().splitlines()[0]
         if first.startswith("#!"):
             return first[2:].strip().split()[0]
-    return casfs[0]
+    return cmd[0]
 
 
 def _cpu() -> float:
@@ -64,8 +101,7 @@ def _cpu() -> float:
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Wall and CPU (user + system) milliseconds of one command. (CPU time is what a busy
-    machine does not inflate: the two cores here are shared.)"""
+    """Wall and CPU milliseconds of one command, which must succeed."""
     cpu, t = _cpu(), time.perf_counter()
     done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, timeout=120)
     elapsed, cpu = time.perf_counter() - t, _cpu() - cpu
@@ -74,87 +110,99 @@ def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     return elapsed * 1000, cpu * 1000
 
 
-def run(casfs: list[str], runs: int, work: Path) -> dict[str, Any]:
-    # Without PYTHONDONTWRITEBYTECODE: a user's casfs runs from cached bytecode (the
-    # untimed warm-up round writes it), not by compiling every module at each start.
+def _figures(wall: list[float], cpu: list[float]) -> dict[str, float]:
+    return {
+        "median_ms": statistics.median(wall),
+        "min_ms": min(wall),
+        "cpu_median_ms": statistics.median(cpu),
+    }
+
+
+def run(specs: list[str], runs: int, work: Path) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASFS_")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    store = work / "store"
-    cli = [*casfs, "-s", str(store)]
     raw, base, over = work / "img.raw", work / "base.qcow2", work / "over.qcow2"
     raw.write_bytes(os.urandom(SIZE))
-    for args in (["init"], ["image", "import", "img", raw], ["volume", "create", "v", "--from", "img"]):
-        sh(*cli, *args, env=env)
-    sh(*cli, "snapshot", "create", "v", env=env)
     sh("qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, base)
-    python = _python_of(casfs)
-    steps: list[tuple[str, list[str], list[str] | None]] = [
-        ("python -I -S -c pass", [python, "-I", "-S", "-c", "pass"], None),
-        ("python -c pass", [python, "-c", "pass"], None),
-        ("casfs --version", [*casfs, "--version"], None),
-        ("casfs volume ls", [*cli, "volume", "ls"], None),
-        ("casfs snapshot ls", [*cli, "snapshot", "ls", "v"], None),
-        (
-            "casfs volume create",
-            [*cli, "volume", "create", "c", "--from", "img"],
-            [*cli, "volume", "rm", "c"],
-        ),
-        ("casfs volume rm", [*cli, "volume", "rm", "c"], None),
-        (
-            "qemu-img create -b",
-            ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "qcow2", str(over)],
-            ["rm", "-f", str(over)],
-        ),
-    ]
-    wall: dict[str, list[float]] = {name: [] for name, _, _ in steps}
-    cpu: dict[str, list[float]] = {name: [] for name, _, _ in steps}
+    qemu = ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "qcow2", str(over)]
+    casfses = [Casfs(spec, work / f"store{i}", env) for i, spec in enumerate(specs)]
+    for c in casfses:
+        for args in (["init"], ["image", "import", "img", raw], ["volume", "create", "v", "--from", "img"]):
+            sh(*c.cli(*args), env=c.env)
+        sh(*c.cli("snapshot", "create", "v"), env=c.env)
+    # (config index or None for qemu-img, name) -> wall and CPU times
+    wall: dict[tuple[int | None, str], list[float]] = {}
+    cpu: dict[tuple[int | None, str], list[float]] = {}
     for i in range(runs + 1):  # (round 0: the warm-up, untimed)
-        for name, cmd, after in steps:
-            if name == "casfs volume rm":  # (the clone it removes, made untimed)
-                _run([*cli, "volume", "create", "c", "--from", "img"], env)
-            w, c = _run(cmd, env)
+        timed: list[tuple[int | None, str, list[str], list[str] | None, list[str] | None, dict[str, str]]] = [
+            (k, name, cmd, before, after, c.env)
+            for k, c in enumerate(casfses)
+            for name, cmd, before, after in c.steps()
+        ]
+        timed.append((None, QEMU, qemu, None, ["rm", "-f", str(over)], env))
+        for k, name, cmd, before, after, cenv in timed:
+            if before is not None:
+                _run(before, cenv)
+            w, c_ms = _run(cmd, cenv)
             if i:
-                wall[name].append(w)
-                cpu[name].append(c)
+                wall.setdefault((k, name), []).append(w)
+                cpu.setdefault((k, name), []).append(c_ms)
             if after is not None:
-                _run(after, env)
+                _run(after, cenv)
     return {
         "runs": runs,
-        "casfs": shlex.join(casfs),
-        "python": python,
-        "commands": {name: shlex.join(cmd) for name, cmd, _ in steps},
-        "median_ms": {name: statistics.median(t) for name, t in wall.items()},
-        "min_ms": {name: min(t) for name, t in wall.items()},
-        "cpu_median_ms": {name: statistics.median(t) for name, t in cpu.items()},
+        "qemu": {"command": shlex.join(qemu), **_figures(wall[None, QEMU], cpu[None, QEMU])},
+        "casfs": [
+            {
+                "casfs": c.spec,
+                "python": c.python,
+                "commands": {
+                    name: {"command": shlex.join(cmd), **_figures(wall[k, name], cpu[k, name])}
+                    for name, cmd, _, _ in c.steps()
+                },
+            }
+            for k, c in enumerate(casfses)
+        ],
     }
 
 
 def render(report: dict[str, Any]) -> str:
-    med, low, cpu = report["median_ms"], report["min_ms"], report["cpu_median_ms"]
-    qemu, floor = med["qemu-img create -b"], med["python -c pass"]
-    lines = [f"{'command':24} {'median ms':>10} {'min ms':>8} {'cpu ms':>8} {'/qemu-img':>10} {'/python':>8}"]
-    for name, ms in med.items():
-        lines.append(
-            f"{name:24} {ms:10.1f} {low[name]:8.1f} {cpu[name]:8.1f} {ms / qemu:9.2f}x {ms / floor:7.2f}x"
-        )
+    qemu = report["qemu"]
+    lines = []
+    for k, c in enumerate(report["casfs"]):
+        lines.append(f"[{k}] casfs = {c['casfs']}; python = {c['python']}")
+    head = f"{'command':22}" + "".join(
+        f" | [{k}] {'median':>7} {'min':>6} {'cpu':>6} {'/qemu':>6}" for k in range(len(report["casfs"]))
+    )
+    lines += ["", head + "   (ms)"]
+    for name in report["casfs"][0]["commands"]:
+        cells = ""
+        for c in report["casfs"]:
+            f = c["commands"][name]
+            ratio = f["median_ms"] / qemu["median_ms"]
+            cells += (
+                f" |     {f['median_ms']:7.1f} {f['min_ms']:6.1f} {f['cpu_median_ms']:6.1f} {ratio:5.2f}x"
+            )
+        lines.append(f"{name:22}{cells}")
+    q = qemu
+    lines.append(
+        f"{QEMU:22} |     {q['median_ms']:7.1f} {q['min_ms']:6.1f} {q['cpu_median_ms']:6.1f} {1:5.2f}x"
+    )
     return "\n".join(lines)
 
 
 def main() -> None:
     p = arguments(__doc__)
     p.add_argument("--runs", type=int, default=20)
-    p.add_argument("--casfs", help="the casfs command to time (default: %(default)s)")
+    p.add_argument("--casfs", action="append", metavar="CMD", help="a casfs to time (repeatable)")
     a = p.parse_args()
-    casfs = shlex.split(a.casfs) if a.casfs else _default_casfs()
     with scratch(a.workdir, "casfs-cli-start-", mounts=()) as work:
-        report = run(casfs, a.runs, work)
+        report = run(a.casfs or [_default_casfs()], a.runs, work)
     emit(
         report,
         a.json,
-        f"CLI start-up: wall ms, median of {report['runs']} interleaved rounds "
-        f"(casfs = {report['casfs']}; python = {report['python']})",
-        "",
-        render(report),
+        f"CLI start-up, ms: wall median and minimum, CPU median, of {report['runs']} interleaved rounds",
+        *render(report).splitlines(),
     )
 
 
