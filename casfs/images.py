@@ -19,7 +19,6 @@ in an "-ing" phase for casfs.lifecycle.recovery to remove.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from collections.abc import Callable
@@ -175,7 +174,9 @@ def import_image(
         raise UsageError(f"invalid format {fmt!r}: one of {', '.join(FORMATS)}")
     if chunk_size < 4096 or chunk_size > (4 << 20) or chunk_size & (chunk_size - 1):
         raise UsageError("chunk size must be a power of two from 4 KiB to 4 MiB")
-    from casfs.lifecycle.queue import job_slot  # (imports only: not a clone's start-up)
+    import json
+
+    from casfs.lifecycle.queue import job_slot  # (imports only: not a clone's or a listing's start-up)
     from casfs.store.verify import parse_expect
 
     expected = parse_expect(expect) if expect else None

@@ -8,7 +8,6 @@ everything that writes volumes (casfs.volumes at rest, casfs.vfs while mounted, 
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from typing import Any, NamedTuple
@@ -61,6 +60,8 @@ def generation(conn: sqlite3.Connection, name: str) -> tuple[object, ...]:
 
 def record_unsaved(conn: sqlite3.Connection, name: str, note: dict[str, Any] | None) -> None:
     """Record what a read/write mount could not save as it ended (None: it saved all)."""
+    import json  # (here: listings and clones do not load json for this)
+
     conn.execute("UPDATE volumes SET unsaved = ? WHERE name = ?", (json.dumps(note) if note else None, name))
 
 

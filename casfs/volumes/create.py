@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import stat
@@ -54,6 +53,8 @@ def create_volume(
     """Create a volume; returns (info, created). Repeating an identical create
     succeeds and changes nothing (created False); a different one is a Conflict.
     With `grace_s` the volume is ephemeral: gc removes it once unused that long."""
+    import json  # (here: of the commands that import this module, only a create needs it)
+
     check_name(name, "volume")
     if source.snapshot is not None:
         wait_folded(repo, *parse_snapshot_ref(source.snapshot))

@@ -3,7 +3,6 @@ volume comes from (Source), and the checks every at-rest operation makes."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from dataclasses import asdict, dataclass, field
@@ -63,6 +62,12 @@ class Source:
     blank_block: int | None = None
 
 
+def _json(text: str) -> Any:
+    import json  # (here, not at import: a listing needs it only for a note of unsaved changes)
+
+    return json.loads(text)
+
+
 def _info(conn: sqlite3.Connection, row: VolumeRow) -> VolumeInfo:
     return VolumeInfo(
         row.name,
@@ -78,7 +83,7 @@ def _info(conn: sqlite3.Connection, row: VolumeRow) -> VolumeInfo:
         row.owner_pid,
         row.grace_s,
         row.last_used,
-        json.loads(row.unsaved) if row.unsaved else None,
+        _json(row.unsaved) if row.unsaved else None,
     )
 
 

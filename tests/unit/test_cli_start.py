@@ -4,7 +4,8 @@ tests check the modules loaded, not the time, so they hold on a busy machine.
 
     the parser alone imports no command's module (each is imported when its command runs)
     and none of the mount's or the codecs' libraries
-    commands that read no compressed blob import neither trio, pyfuse3 nor zstandard
+    commands that read no compressed blob import neither trio, pyfuse3 nor zstandard;
+    listings without --json and a delete not json
     a clone, a snapshot at rest or a delete loads neither the tree and map codecs, gc
     nor the job queue
 """
@@ -70,14 +71,14 @@ def test_the_parser_imports_no_command_module(argv: list[str]) -> None:
     ("argv", "absent"),
     [
         (["--version"], HEAVY),
-        (["volume", "ls"], HEAVY),
-        (["volume", "info", "v"], HEAVY),
-        (["snapshot", "ls", "v"], HEAVY),
+        (["volume", "ls"], (*HEAVY, "json")),
+        (["volume", "info", "v"], (*HEAVY, "json")),
+        (["snapshot", "ls", "v"], (*HEAVY, "json")),
         (["image", "ls"], HEAVY),
         (["snapshot", "create", "v"], HEAVY + NOT_FOR_A_CLONE),
         (["volume", "create", "c", "--from", "img"], HEAVY + NOT_FOR_A_CLONE),
         (["volume", "create", "c", "--from", "v@1"], HEAVY + NOT_FOR_A_CLONE),
-        (["volume", "rm", "v"], HEAVY + NOT_FOR_A_CLONE),
+        (["volume", "rm", "v"], (*HEAVY, *NOT_FOR_A_CLONE, "json")),
     ],
 )
 def test_short_commands_load_only_what_they_use(
