@@ -2,7 +2,7 @@
 """How long does a short `casfs` command take, next to `qemu-img create -b` and the
 interpreter doing nothing?
 
-    python benchmarks/cli_start.py [--runs 20] [--casfs CMD ...] [--workdir DIR] [--json]
+    python benchmarks/cli_start.py [--runs 20] [--casfs CMD ...] [--instructions] [--workdir DIR] [--json]
 
 Orchestrators run the CLI once per volume, so its start-up is most of what a clone
 costs them. Sets up a store (a 16 MiB raw image, a volume made from it with one
@@ -30,7 +30,9 @@ are timed interleaved, each with its own store, e.g. an install before and after
     --casfs 'PYTHONPATH=/tmp/old /work/main/.venv/bin/casfs' --casfs /tmp/venv/bin/casfs
 
 Bytecode is cached (PYTHONDONTWRITEBYTECODE is dropped; the warm-up round writes it),
-as for a user's casfs.
+as for a user's casfs. --instructions also runs each command once under valgrind
+(callgrind) and reports the instructions it executed: a figure that a busy machine
+does not move, for comparing installs when the times are noisy.
 """
 
 from __future__ import annotations
@@ -110,6 +112,19 @@ def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     return elapsed * 1000, cpu * 1000
 
 
+def _instructions(cmd: list[str], env: dict[str, str]) -> float:
+    """Millions of instructions one command executes (valgrind's count: the same on a
+    busy machine as on an idle one, unlike any time)."""
+    grind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+    done = subprocess.run(
+        [*grind, *cmd], capture_output=True, text=True, env={**env, "PYTHONHASHSEED": "0"}, timeout=600
+    )
+    found = [line for line in done.stderr.splitlines() if "Collected :" in line]
+    if done.returncode != 0 or not found:
+        raise RuntimeError(f"valgrind {shlex.join(cmd)}: exit {done.returncode}: {done.stderr.strip()}")
+    return int(found[-1].split(":")[-1]) / 1e6
+
+
 def _figures(wall: list[float], cpu: list[float]) -> dict[str, float]:
     return {
         "median_ms": statistics.median(wall),
@@ -118,7 +133,7 @@ def _figures(wall: list[float], cpu: list[float]) -> dict[str, float]:
     }
 
 
-def run(specs: list[str], runs: int, work: Path) -> dict[str, Any]:
+def run(specs: list[str], runs: int, work: Path, instructions: bool) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASFS_")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     raw, base, over = work / "img.raw", work / "base.qcow2", work / "over.qcow2"
@@ -149,15 +164,30 @@ def run(specs: list[str], runs: int, work: Path) -> dict[str, Any]:
                 cpu.setdefault((k, name), []).append(c_ms)
             if after is not None:
                 _run(after, cenv)
+    minstr: dict[tuple[int | None, str], float] = {}
+    for k, name, cmd, before, after, cenv in timed if instructions else ():
+        if before is not None:
+            _run(before, cenv)
+        minstr[k, name] = _instructions(cmd, cenv)
+        if after is not None:
+            _run(after, cenv)
     return {
         "runs": runs,
-        "qemu": {"command": shlex.join(qemu), **_figures(wall[None, QEMU], cpu[None, QEMU])},
+        "qemu": {
+            "command": shlex.join(qemu),
+            **_figures(wall[None, QEMU], cpu[None, QEMU]),
+            **({"minstr": minstr[None, QEMU]} if instructions else {}),
+        },
         "casfs": [
             {
                 "casfs": c.spec,
                 "python": c.python,
                 "commands": {
-                    name: {"command": shlex.join(cmd), **_figures(wall[k, name], cpu[k, name])}
+                    name: {
+                        "command": shlex.join(cmd),
+                        **_figures(wall[k, name], cpu[k, name]),
+                        **({"minstr": minstr[k, name]} if instructions else {}),
+                    }
                     for name, cmd, _, _ in c.steps()
                 },
             }
@@ -168,6 +198,7 @@ def run(specs: list[str], runs: int, work: Path) -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> str:
     qemu = report["qemu"]
+    n = len(report["casfs"])
     lines = []
     for k, c in enumerate(report["casfs"]):
         lines.append(f"[{k}] casfs = {c['casfs']}; python = {c['python']}")
@@ -188,6 +219,16 @@ def render(report: dict[str, Any]) -> str:
     lines.append(
         f"{QEMU:22} |     {q['median_ms']:7.1f} {q['min_ms']:6.1f} {q['cpu_median_ms']:6.1f} {1:5.2f}x"
     )
+    if "minstr" in q:
+        lines += [
+            "",
+            f"{'instructions (M)':22}" + "".join(f" | [{k}] {'':>9} {'/qemu':>6}" for k in range(n)),
+        ]
+        for name in report["casfs"][0]["commands"]:
+            counts = [c["commands"][name]["minstr"] for c in report["casfs"]]
+            cells = "".join(f" |     {m:9.1f} {m / q['minstr']:5.2f}x" for m in counts)
+            lines.append(f"{name:22}{cells}")
+        lines.append(f"{QEMU:22} |     {q['minstr']:9.1f} {1:5.2f}x")
     return "\n".join(lines)
 
 
@@ -195,9 +236,12 @@ def main() -> None:
     p = arguments(__doc__)
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--casfs", action="append", metavar="CMD", help="a casfs to time (repeatable)")
+    p.add_argument(
+        "--instructions", action="store_true", help="also count each command's instructions under valgrind"
+    )
     a = p.parse_args()
     with scratch(a.workdir, "casfs-cli-start-", mounts=()) as work:
-        report = run(a.casfs or [_default_casfs()], a.runs, work)
+        report = run(a.casfs or [_default_casfs()], a.runs, work, a.instructions)
     emit(
         report,
         a.json,
