@@ -38,6 +38,8 @@ class _Module:
         self.name = name
 
     def __getattr__(self, func: str) -> Command:
+        if func.startswith("__"):  # (copy, pickle and friends probe for these: not commands)
+            raise AttributeError(func)
         return LazyCommand(self.name, func)
 
 
