@@ -17,20 +17,12 @@ from pathlib import Path
 from casfs import volumes
 from casfs.repo import Repository
 from tests.helpers.cli import casfs
-from tests.helpers.mount import mounted, running, wait_gone
+from tests.helpers.mount import fsync, mounted, running, wait_gone
 
 BLOCK = 4096
 SEED = int(os.environ.get("CASFS_DIR_CRASH_SEED", random.randrange(1 << 30)))
 ROUNDS = int(os.environ.get("CASFS_DIR_CRASH_ROUNDS", "4"))
 FILES = 6
-
-
-def fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def blocks(data: bytes) -> list[bytes]:

@@ -24,7 +24,7 @@ from casfs.lifecycle.queue import acquire_slot, queue_limit
 from casfs.repo import Repository
 from tests.helpers.cli import casfs, run
 from tests.helpers.fsck import fsck_clean
-from tests.helpers.mount import is_mounted, mounted, running, wait_gone
+from tests.helpers.mount import fsync, is_mounted, mounted, running, wait_gone
 
 
 @pytest.fixture
@@ -56,14 +56,6 @@ def blobs_refused(store: Path) -> Iterator[None]:
         yield
     finally:
         subprocess.run(["chattr", "-i", str(store / "tmp")], check=True)
-
-
-def fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def test_a_failed_fsync_then_a_good_one_keeps_everything_after_kill_9(store: Path, tmp_path: Path) -> None:
