@@ -221,6 +221,13 @@ def _migrate_6_to_7(conn: sqlite3.Connection) -> None:
     conn.execute(UPPERS_SCHEMA)
 
 
+# Format 8: a directory volume's changed files live in upper files, one per inode
+# (casfs.vfs.overlay.files), named by the overlay row's new `upper` column. Rows of
+# format 7 keep NULL (their data is in overlay_chunks, read and folded as before).
+def _migrate_7_to_8(conn: sqlite3.Connection) -> None:
+    conn.execute("ALTER TABLE overlay_inodes ADD COLUMN upper INTEGER")
+
+
 Migration = Callable[[sqlite3.Connection], None]
 MIGRATIONS: dict[int, Migration] = {
     1: _migrate_1_to_2,
@@ -229,4 +236,5 @@ MIGRATIONS: dict[int, Migration] = {
     4: _migrate_4_to_5,
     5: _migrate_5_to_6,
     6: _migrate_6_to_7,
+    7: _migrate_7_to_8,
 }

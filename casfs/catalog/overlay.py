@@ -73,7 +73,7 @@ def delete_inode(conn: sqlite3.Connection, volume: str, ino: InodeNo, from_chunk
     return olds
 
 
-_UPSERT_INODE = "INSERT OR REPLACE INTO overlay_inodes VALUES (" + ", ".join("?" * 17) + ")"
+_UPSERT_INODE = "INSERT OR REPLACE INTO overlay_inodes VALUES (" + ", ".join("?" * 18) + ")"
 
 
 def put_inodes(conn: sqlite3.Connection, rows: Iterable[tuple[object, ...]]) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 
 IMAGE_PHASES = ("queued", "importing", "verifying", "ready", "failed")
 VOLUME_PHASES = ("creating", "ready", "mounted", "snapshotting", "deleting")
@@ -131,6 +131,9 @@ CREATE TABLE overlay_inodes (
     listing    BLOB,               -- directory: non-NULL once copied up: the listing's header
                                    -- (next readdir cookie, 8 bytes little-endian), its entries
                                    -- in overlay_entries; NULL: the base subtree's entries
+    upper      INTEGER,            -- file of a directory volume: its whole content is the
+                                   -- upper file STORE/upper/<volume>/i<ino>.<upper>; NULL: the
+                                   -- base content and overlay_chunks
     PRIMARY KEY (volume, ino)
 ) WITHOUT ROWID;
 

@@ -81,6 +81,7 @@ class _Mounted:
     clean: bool = False  # the main loop ended by an unmount, not an error
     snapshots: list[str] = field(default_factory=list)
     unsaved: dict[str, dict[str, object]] = field(default_factory=dict)  # volume -> what it lost
+    unsnapshotted: list[str] = field(default_factory=list)  # saved, but the unmount's snapshot failed
 
     async def flush_all(self) -> None:
         """Save every read/write view (the first error is raised, after trying all)."""
@@ -225,11 +226,16 @@ async def serve(cfg: Config) -> int:
             mounted.clean = True
     saved = not mounted.unsaved
     lost = sorted(mounted.unsaved)
-    launcher.write_run_file(
-        cfg, {"state": "exited", "clean": saved, "snapshots": mounted.snapshots, "unsaved": lost}
-    )
+    record: launcher.RunRecord = {
+        "state": "exited",
+        "clean": saved,
+        "snapshots": mounted.snapshots,
+        "unsaved": lost,
+        "unsnapshotted": sorted(mounted.unsnapshotted),
+    }
+    launcher.write_run_file(cfg, record)
     log.info("unmounted %s%s", cfg.mountpoint, "".join(f"; snapshot {s}" for s in mounted.snapshots))
-    return 0 if saved else 1
+    return 0 if saved and not mounted.unsnapshotted else 1
 
 
 def _root_view(
@@ -377,12 +383,23 @@ def _close_views(mounted: _Mounted) -> None:
 
 
 def _record_unsaved(mounted: _Mounted, name: str, view: Volume, error: Exception) -> None:
-    """The last flush failed as the mount ended: say exactly what is lost, in the log
-    now and on the volume (the next mount and `casfs volume info` show it)."""
+    """The last flush or the snapshot failed as the mount ended. If the flush had
+    committed, nothing is lost: the overlay holds every change, and whoever uses the
+    volume next folds it into the snapshot. Otherwise say exactly what is lost, in the
+    log now and on the volume (the next mount and `casfs volume info` show it)."""
     unsaved = view.unsaved()
+    if not unsaved:
+        log.error(
+            "volume %s: the snapshot at unmount failed; every change is saved in its "
+            "overlay, folded into a snapshot by its next mount or `casfs snapshot create`: %s",
+            name,
+            error,
+        )
+        mounted.unsnapshotted.append(name)
+        return
     log.error("volume %s: the final flush failed, changes NOT saved: %s", name, error)
     for path, size in unsaved:
-        log.error("volume %s: not saved: %s (%d buffered bytes)", name, path, size)
+        log.error("volume %s: not saved: %s (%d bytes)", name, path, size)
     mounted.unsaved[name] = {"time": time.time(), "pid": os.getpid(), "error": str(error), "unsaved": unsaved}
 
 

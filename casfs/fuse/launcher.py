@@ -240,6 +240,7 @@ class RunRecord(TypedDict, total=False):
     clean: bool  # exited having saved every change
     snapshots: list[str]  # "volume@n", taken by the unmount
     unsaved: list[str]  # volumes whose changes could not be saved
+    unsnapshotted: list[str]  # volumes saved whose snapshot at unmount failed
 
 
 def write_run_file(cfg: Config, extra: RunRecord) -> None:
@@ -302,6 +303,12 @@ def umount_main(args: argparse.Namespace) -> int:
     if not after.get("clean", False):
         lost = ", ".join(after.get("unsaved", [])) or "some volumes"
         raise CasfsError(f"{mountpoint} unmounted, but changes to {lost} could not be saved; see {where}")
+    if after.get("unsnapshotted"):
+        which = ", ".join(after["unsnapshotted"])
+        raise CasfsError(
+            f"{mountpoint} unmounted and every change saved, but the snapshot of {which} failed "
+            f"(the next mount or `casfs snapshot create` takes it); see {where}"
+        )
     return 0
 
 

@@ -22,7 +22,7 @@ import trio
 from casfs.ids import SnapshotNo
 from casfs.lifecycle.queue import acquire_slot
 from casfs.store.ids import BlobId
-from casfs.vfs.api import ROOT_INO, Fetched, NeedChunks, RwView, View
+from casfs.vfs.api import ROOT_INO, Fetched, NeedChunks, NeedWork, RwView, View
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,9 @@ async def mutate(
     dirty_limit_bytes: int,
 ) -> R:
     """Run one change under the view's lock. A change that needs chunks it does not have
-    (NeedChunks) is retried once they are fetched; the fetch awaits inside the lock on
-    purpose: the change must see them unchanged."""
+    (NeedChunks), or slow local work done first (NeedWork: a copy-up), is retried once
+    they are fetched or done; that awaits inside the lock on purpose: the change must
+    see them unchanged."""
     fetched: Fetched = {}
     held = lock(view)
     try:
@@ -71,6 +72,9 @@ async def mutate(
                 return change(fetched)
             except NeedChunks as e:
                 fetched.update(await fetch(e.ids))
+            except NeedWork as e:
+                await trio.to_thread.run_sync(e.run)
+                e.apply()
     finally:
         held.release()
 

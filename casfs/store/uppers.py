@@ -1,5 +1,6 @@
-"""Where read/write block volumes keep their upper files: STORE/upper/<volume>/, one
-pair of files per epoch (casfs.vfs.overlay.upper reads and writes them). Here only
+"""Where read/write volumes keep their upper files: STORE/upper/<volume>/, for a block
+volume one pair of files per epoch (casfs.vfs.overlay.upper), for a directory volume
+one file per changed inode, `i<ino>.<generation>` (casfs.vfs.overlay.files). Here only
 the layout: finding, sizing and deleting them."""
 
 from __future__ import annotations
@@ -49,10 +50,15 @@ def remove_unknown(store: Path, volumes: set[str]) -> int:
 
 
 def local_bytes(store: Path, volume: str, epochs: Iterable[int]) -> int:
-    """Disk space the data written into the volume's upper files of these epochs takes
-    (allocated, not size; their maps are bookkeeping, as catalog rows are)."""
+    """Disk space the data written into the volume's upper files takes: a block
+    volume's of these epochs, and a directory volume's files (allocated, not size; the
+    maps are bookkeeping, as catalog rows are)."""
+    folder = upper_dir(store, volume)
+    names = [f"{epoch}.data" for epoch in epochs]
+    with contextlib.suppress(FileNotFoundError):
+        names += [n for n in os.listdir(folder) if n.startswith("i")]
     total = 0
-    for epoch in epochs:
+    for name in names:
         with contextlib.suppress(FileNotFoundError):
-            total += os.stat(upper_dir(store, volume) / f"{epoch}.data").st_blocks * 512
+            total += os.stat(folder / name).st_blocks * 512
     return total

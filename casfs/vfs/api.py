@@ -133,6 +133,17 @@ class NeedChunks(Exception):
         self.ids = ids
 
 
+class NeedWork(Exception):
+    """A write or truncate needs slow local work first (a file's content copied into
+    its upper file): run `run` in a worker thread, then `apply` on the view's thread
+    (with the lock still held), then call again."""
+
+    def __init__(self, what: str, run: Callable[[], None], apply: Callable[[], None]) -> None:
+        super().__init__(what)
+        self.run = run
+        self.apply = apply
+
+
 Fetched = dict[BlobId, bytes]
 
 

@@ -32,12 +32,15 @@ CHUNK = 64 << 10
 
 @contextlib.contextmanager
 def store_refuses_writes(repo: Repository) -> Iterator[None]:
-    tmp = str(repo.path / "tmp")
-    subprocess.run(["chattr", "+i", tmp], check=True)
+    """The store's disk refuses new bytes: blob staging, and the upper files (new ones
+    and writes into those there), as a full disk would; the catalog still commits."""
+    (repo.path / "upper").mkdir(exist_ok=True)
+    where = [str(repo.path / "tmp"), str(repo.path / "upper")]
+    subprocess.run(["chattr", "-R", "+i", *where], check=True)
     try:
         yield
     finally:
-        subprocess.run(["chattr", "-i", tmp], check=True)
+        subprocess.run(["chattr", "-R", "-i", *where], check=True)
 
 
 def read(v: Volume, ino: InodeNo) -> bytes:
@@ -79,16 +82,20 @@ def test_a_failed_flush_keeps_deletions_and_truncations(repo: Repository) -> Non
     v.write_sync(keep.ino, 0, data)
     v.write_sync(gone.ino, 0, b"x" * 100)
     v.flush_sync()
+    v.truncate_sync(keep.ino, CHUNK + 7)  # (a cut needs a new upper file: not while refused)
     with store_refuses_writes(repo):
-        v.truncate_sync(keep.ino, CHUNK + 7)
+        with pytest.raises(OSError):
+            v.truncate_sync(keep.ino, CHUNK)  # refused in its own call, nothing changed
+        v.write_sync(keep.ino, CHUNK + 7, b"!")  # kept in memory, for the next flush
         v.unlink(ROOT_INO, b"gone")
         v.forget(gone.ino)
         with pytest.raises(OSError):
             v.flush_sync()
+        assert names(v) == {b"keep": data[: CHUNK + 7] + b"!"}
     v.flush_sync()
     again = open_volume(repo, "v")
-    assert names(again) == {b"keep": data[: CHUNK + 7]}
-    assert again.logical == CHUNK + 7
+    assert names(again) == {b"keep": data[: CHUNK + 7] + b"!"}
+    assert again.logical == CHUNK + 8
     rows = repo.conn.execute("SELECT count(*) FROM overlay_inodes WHERE ino = ?", (gone.ino,)).fetchone()
     assert rows[0] == 0
 

@@ -241,3 +241,12 @@ def mounted(
         finally:
             if is_mounted(m.path) or alive(m.pid):
                 force_cleanup(m)
+
+
+def fsync(path: Path) -> None:
+    """fsync(2) of a file by path (opened read-only: fsync needs no write access)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

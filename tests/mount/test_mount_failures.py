@@ -24,7 +24,7 @@ from casfs.lifecycle.queue import acquire_slot, queue_limit
 from casfs.repo import Repository
 from tests.helpers.cli import casfs, run
 from tests.helpers.fsck import fsck_clean
-from tests.helpers.mount import is_mounted, mounted, running, wait_gone
+from tests.helpers.mount import fsync, is_mounted, mounted, running, wait_gone
 
 
 @pytest.fixture
@@ -37,19 +37,25 @@ def store(store: Path) -> Path:
 
 @contextlib.contextmanager
 def store_refuses_writes(store: Path) -> Iterator[None]:
+    """The store's disk refuses every new byte: blob staging, and the upper files
+    (new ones, and writes into those there), as a full disk would."""
+    (store / "upper").mkdir(exist_ok=True)
+    where = [str(store / "tmp"), str(store / "upper")]
+    subprocess.run(["chattr", "-R", "+i", *where], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-R", "-i", *where], check=True)
+
+
+@contextlib.contextmanager
+def blobs_refused(store: Path) -> Iterator[None]:
+    """Only new blobs are refused (their staging directory): the upper files take writes."""
     subprocess.run(["chattr", "+i", str(store / "tmp")], check=True)
     try:
         yield
     finally:
         subprocess.run(["chattr", "-i", str(store / "tmp")], check=True)
-
-
-def fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def test_a_failed_fsync_then_a_good_one_keeps_everything_after_kill_9(store: Path, tmp_path: Path) -> None:
@@ -80,8 +86,8 @@ def test_umount_refuses_when_it_cannot_save_and_loses_nothing(store: Path, tmp_p
     mnt = tmp_path / "mnt"
     data = os.urandom(300_000)
     with running(store, mnt, volume="v") as m:
-        (mnt / "unsynced").write_bytes(data)  # no fsync: buffered in the daemon
         with store_refuses_writes(store):
+            (mnt / "unsynced").write_bytes(data)  # no fsync: kept in the daemon's memory
             done = casfs(store, "umount", mnt)
             assert done.returncode == 1, done
             assert "not unmounting" in done.stderr and "Operation not permitted" in done.stderr
@@ -104,14 +110,14 @@ def test_a_forced_unmount_that_cannot_save_says_what_was_lost(store: Path, tmp_p
     with running(store, mnt, volume="v") as m:
         (mnt / "saved").write_bytes(b"safe")
         fsync(mnt / "saved")
-        (mnt / "lost").write_bytes(b"x" * 5000)
         with store_refuses_writes(store):
+            (mnt / "lost").write_bytes(b"x" * 5000)
             assert run(["fusermount3", "-u", mnt]).returncode == 0
             assert wait_gone(m.pid, m.proc, 30)
         assert m.proc is not None and m.proc.returncode == 1
         runs = [json.loads(p.read_text()) for p in (store / "run").glob("*.json")]
         assert [(r["clean"], r["unsaved"]) for r in runs] == [(False, ["v"])]
-        assert "not saved: /lost (5000 buffered bytes)" in m.log()
+        assert "not saved: /lost (5000 bytes)" in m.log()
     info = json.loads(casfs(store, "volume", "info", "v", "--json").stdout)
     assert info["unsaved"]["unsaved"] == [["/lost", 5000]]
     assert "could not save /lost (5000 bytes)" in casfs(store, "volume", "info", "v").stdout
@@ -124,6 +130,40 @@ def test_a_forced_unmount_that_cannot_save_says_what_was_lost(store: Path, tmp_p
         assert casfs(store, "umount", mnt).returncode == 0
     # a clean unmount clears the note
     assert json.loads(casfs(store, "volume", "info", "v", "--json").stdout)["unsaved"] is None
+
+
+def test_a_forced_unmount_whose_snapshot_fails_loses_nothing(store: Path, tmp_path: Path) -> None:
+    """Issue 7, defect 3, since files live in upper files: fusermount3 -u while the
+    store refuses new blobs. The final flush needs none (it commits the rows naming the
+    upper files), so every change is saved; the unmount's snapshot needs blobs and
+    fails. The daemon exits non-zero and says so, nothing is recorded as lost, the next
+    mount reads every change, and its unmount takes the snapshot."""
+    mnt = tmp_path / "mnt"
+    with running(store, mnt, volume="v") as m:
+        (mnt / "saved").write_bytes(b"safe")
+        fsync(mnt / "saved")
+        (mnt / "lost").write_bytes(b"x" * 5000)  # never fsynced: the final flush saves it
+        with blobs_refused(store):
+            assert run(["fusermount3", "-u", mnt]).returncode == 0
+            assert wait_gone(m.pid, m.proc, 30)
+        assert m.proc is not None and m.proc.returncode == 1
+        runs = [json.loads(p.read_text()) for p in (store / "run").glob("*.json")]
+        assert [(r["clean"], r["unsaved"], r["unsnapshotted"]) for r in runs] == [(True, [], ["v"])]
+        assert "the snapshot at unmount failed; every change is saved" in m.log()
+        assert "not saved" not in m.log()
+    info = json.loads(casfs(store, "volume", "info", "v", "--json").stdout)
+    assert info["unsaved"] is None and info["snapshots"] == []
+    done = casfs(store, "mount", mnt, "--volume", "v")
+    try:
+        assert done.returncode == 0, done.stderr
+        assert (mnt / "saved").read_bytes() == b"safe"
+        assert (mnt / "lost").read_bytes() == b"x" * 5000
+    finally:
+        out = casfs(store, "umount", mnt)
+        assert out.returncode == 0, out.stderr
+    assert "snapshot v@1" in out.stdout
+    casfs(store, "snapshot", "export", "v@1", tmp_path / "v1")
+    assert (tmp_path / "v1" / "lost").read_bytes() == b"x" * 5000
 
 
 def test_a_snapshot_waiting_for_a_job_slot_does_not_stall_writers(store: Path, tmp_path: Path) -> None:

@@ -7,19 +7,20 @@ from __future__ import annotations
 import bisect
 import errno
 import stat
-from collections.abc import Iterator
-from typing import Unpack
+from collections.abc import Callable, Iterator
+from typing import TypeVar, Unpack
 
 from casfs.ids import ChunkNo, InodeNo
 from casfs.snapshots import chunkmap
 from casfs.store.ids import ZERO_ID, BlobId
-from casfs.vfs.api import Changes, Fetched, NeedChunks, Piece, Stat, fs_error
+from casfs.vfs.api import Changes, Fetched, NeedChunks, NeedWork, Piece, Stat, fs_error
 from casfs.vfs.overlay.nodes import Node
 from casfs.vfs.overlay.writeback import RwVolume, now_ns
 
 XATTR_CREATE = 1
 XATTR_REPLACE = 2
 _XATTR_NAMESPACES = (b"user.", b"trusted.", b"security.")
+R = TypeVar("R")
 
 
 class Data(RwVolume):
@@ -259,21 +260,24 @@ class Data(RwVolume):
         return data
 
     def write_sync(self, ino: InodeNo, offset: int, data: bytes) -> int:
-        """write(), fetching needed chunks in this thread (tests, offline tools)."""
-        fetched: Fetched = {}
-        while True:
-            try:
-                return self.write(ino, offset, data, fetched)
-            except NeedChunks as e:
-                fetched.update((i, self.repo.get(i)) for i in e.ids)
+        """write(), fetching needed chunks and doing needed work in this thread (tests,
+        offline tools)."""
+        return self._retrying(lambda fetched: self.write(ino, offset, data, fetched))
 
     def truncate_sync(self, ino: InodeNo, size: int) -> Stat:
+        return self._retrying(lambda fetched: self.setattr(ino, size=size, fetched=fetched))
+
+    def _retrying(self, change: Callable[[Fetched], R]) -> R:
+        """A change, retried in this thread after each NeedChunks or NeedWork."""
         fetched: Fetched = {}
         while True:
             try:
-                return self.setattr(ino, size=size, fetched=fetched)
+                return change(fetched)
             except NeedChunks as e:
                 fetched.update((i, self.repo.get(i)) for i in e.ids)
+            except NeedWork as e:
+                e.run()
+                e.apply()
 
 
 def chunk_spans(offset: int, end: int, chunk_size: int) -> Iterator[tuple[ChunkNo, int, int]]:

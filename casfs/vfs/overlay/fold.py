@@ -32,7 +32,9 @@ from casfs.snapshots import chunkmap
 from casfs.snapshots.tree import Entry, Tree, dir_entry
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import ROOT_INO
+from casfs.vfs.overlay.files import FileSync, FileUppers, Key
 from casfs.vfs.overlay.nodes import NO_LIMIT, Node
+from casfs.vfs.overlay.spill import SpillJob
 from casfs.vfs.overlay.stack import Frozen
 from casfs.vfs.overlay.upper import BLOCK, Sync, Upper
 
@@ -55,6 +57,8 @@ class FlushJob:
     entries: list[tuple[InodeNo, bytes, int, InodeNo]] = field(default_factory=list)  # dir, name, cookie, ino
     gone: list[tuple[InodeNo, bytes]] = field(default_factory=list)  # dir, name
     upper: Sync | None = None  # a block volume's upper file to make durable
+    files: FileSync | None = None  # a directory volume's upper files to make durable
+    spilled: SpillJob | None = None  # writes a directory volume kept in memory, to store
 
     @property
     def has_rows(self) -> bool:
@@ -73,6 +77,8 @@ class FoldJob:
     snapshot: SnapshotNo = _NOT_YET  # set by the fold
     bases: dict[InodeNo, BlobId] = field(default_factory=dict)  # ino -> its id in the new root
     parents: dict[InodeNo, InodeNo] = field(default_factory=dict)  # ino -> a directory naming it there
+    files: FileUppers | None = None  # a directory volume's upper files
+    folded_files: list[Key] = field(default_factory=list)  # upper files now in blobs
 
 
 def delete_inode_rows(conn: sqlite3.Connection, volume: str, ino: InodeNo, from_chunk: int = 0) -> None:
@@ -81,25 +87,31 @@ def delete_inode_rows(conn: sqlite3.Connection, volume: str, ino: InodeNo, from_
 
 
 def run_flush(repo: Repository, volume: str, job: FlushJob) -> None:
-    """Store the job's chunks as blobs, then write its rows in one transaction."""
+    """Store the job's chunks as blobs, then write its rows in one transaction. A job
+    without chunks (a directory volume's data is in its upper files) touches no blob:
+    it still commits while the store refuses new blobs."""
+
+    def write_rows(conn: sqlite3.Connection) -> None:
+        for ino in job.deleted:
+            delete_inode_rows(conn, volume, ino)
+        for ino, cut in job.cuts.items():
+            if ino not in job.deleted:
+                delete_inode_rows(conn, volume, ino, from_chunk=cut)
+        overlay.put_inodes(conn, job.rows)
+        overlay.put_entries(conn, volume, job.whole_dirs, job.gone, job.entries)
+        for (ino, n), bid in job.ids.items():
+            old = overlay.put_chunk(conn, volume, ino, n, bid)
+            if old is not None:
+                ledger.release(conn, [old])
+            ledger.retain(conn, [bid])
+        overlay.flushed(conn, volume, job.next_ino, job.logical)
+
+    if not job.chunks:
+        with transaction(repo.conn) as conn:  # (releases only: no lock against gc needed)
+            write_rows(conn)
+        return
     with repo.batch() as batch:
         job.ids.update(_put_all(batch, (((ino, n), data) for ino, n, data, _ in job.chunks)))
-
-        def write_rows(conn: sqlite3.Connection) -> None:
-            for ino in job.deleted:
-                delete_inode_rows(conn, volume, ino)
-            for ino, cut in job.cuts.items():
-                if ino not in job.deleted:
-                    delete_inode_rows(conn, volume, ino, from_chunk=cut)
-            overlay.put_inodes(conn, job.rows)
-            overlay.put_entries(conn, volume, job.whole_dirs, job.gone, job.entries)
-            for (ino, n), bid in job.ids.items():
-                old = overlay.put_chunk(conn, volume, ino, n, bid)
-                if old is not None:
-                    ledger.release(conn, [old])
-                ledger.retain(conn, [bid])
-            overlay.flushed(conn, volume, job.next_ino, job.logical)
-
         batch.commit(then=write_rows)
 
 
@@ -323,6 +335,8 @@ class _Folder:
         return Entry(name, node.tree_attrs(), node.target if stat.S_ISLNK(node.attrs.mode) else b"")
 
     def _content(self, node: Node) -> BlobId:
+        if node.upper is not None:
+            return self._upper_content(node, node.upper)
         changes = dict(self.job.chunk_ids.get(node.ino, {}))
         count = chunkmap.n_chunks(node.attrs.size, self.cs)
         for n in map(ChunkNo, range(min(node.base_limit, count), count)):
@@ -338,3 +352,54 @@ class _Folder:
         if not changes and uncut and mapped == chunkmap.is_mapped(node.base, node.attrs.size, self.cs):
             return node.base
         return content.rewrite(self.batch.put_kind, changes, node.attrs.size)
+
+    def _upper_content(self, node: Node, gen: int) -> BlobId:
+        """A file whose content is its upper file: its chunks holding data stored as
+        blobs (holes read nothing), then its map."""
+        assert self.job.files is not None
+        key = (node.ino, gen)
+        size, cs = node.attrs.size, self.cs
+        ids = [ZERO_ID] * chunkmap.n_chunks(size, cs)
+        with open(self.job.files.path(key), "rb", buffering=0) as f:
+            upper = UpperReader(f.fileno(), size, cs)
+            ids_by_n = _put_all(self.batch, upper.chunks())
+        for n, bid in ids_by_n.items():
+            ids[n] = bid
+        self.job.folded_files.append(key)
+        return chunkmap.build_content(self.batch.put_kind, ids, size, cs)
+
+
+@dataclass
+class UpperReader:
+    """The chunks of an upper file that hold data, in canonical form (whole, or to the
+    end of the file for the last: equal data dedups with what an import stores)."""
+
+    fd: int
+    size: int
+    chunk_size: int
+
+    def chunks(self) -> Iterator[tuple[ChunkNo, bytes]]:
+        cs = self.chunk_size
+        last = -1
+        for start, end in _data_ranges(self.fd, self.size):
+            for n in range(max(start // cs, last + 1), -(-end // cs)):
+                want = min(cs, self.size - n * cs)
+                data = os.pread(self.fd, want, n * cs)
+                yield ChunkNo(n), data + bytes(want - len(data))
+                last = n
+
+
+def _data_ranges(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """[start, end) of each run of data below `size` (SEEK_DATA/SEEK_HOLE: a sparse
+    file folds in time for what it holds, not for its size)."""
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError:  # ENXIO: no data past pos
+            return
+        if start >= size:
+            return
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        yield start, end
+        pos = end

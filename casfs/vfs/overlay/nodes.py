@@ -107,6 +107,7 @@ class Node(Typed):
     target: bytes = b""
     parent: InodeNo = NO_INO
     listing: Listing | None = None  # directories whose entries changed
+    upper: int | None = None  # a directory volume's file: the generation of its upper file
 
     @property
     def ino(self) -> InodeNo:
@@ -132,15 +133,35 @@ class Node(Typed):
             self.target,
             self.parent,
             self.listing.header() if self.listing is not None else None,
+            self.upper,
         )  # fmt: skip
 
     @staticmethod
     def from_row(row: tuple[Any, ...], entries: dict[bytes, tuple[int, InodeNo]] | None = None) -> Node:
         """A node from its overlay row; a directory's `entries` come from overlay_entries."""
-        _, ino, mode, uid, gid, rdev, size, at, mt, ct, nlink, xattrs, base, limit, target, parent, lst = row
+        (
+            _,
+            ino,
+            mode,
+            uid,
+            gid,
+            rdev,
+            size,
+            at,
+            mt,
+            ct,
+            nlink,
+            xattrs,
+            base,
+            limit,
+            target,
+            parent,
+            lst,
+            up,
+        ) = row
         listing = Listing.from_header(lst, entries or {}) if lst is not None else None
         attrs = Attrs(mode, uid, gid, rdev, size, at, mt, ct, InodeNo(ino), nlink)
-        return Node(attrs, decode_xattrs(xattrs), BlobId(base), limit, target, InodeNo(parent), listing)
+        return Node(attrs, decode_xattrs(xattrs), BlobId(base), limit, target, InodeNo(parent), listing, up)
 
     def copy(self) -> Node:
         """A copy the fold can read while this one changes (listing and xattrs too)."""

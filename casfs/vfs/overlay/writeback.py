@@ -271,16 +271,22 @@ class RwVolume(ABC):
         return f"volume {self.name}: {self.path_of(ino)}"
 
     def unsaved(self) -> list[tuple[str, int]]:
-        """What is not yet committed: (path, buffered bytes) per changed file, symlink
-        or device (a directory's own change is its entries', which these name)."""
-        held: dict[InodeNo, int] = {}
-        for (ino, _), buf in self.buffers.items():
-            held[ino] = held.get(ino, 0) + len(buf)
+        """What is not yet committed: (path, bytes written since the last flush) per
+        changed file, symlink or device (a directory's own change is its entries',
+        which these name)."""
+        held = self._unsaved_bytes()
         for ino in self.dirty_nodes | self.deleted:
             node = self.nodes.get(ino)
             if node is None or not node.is_dir:
                 held.setdefault(ino, 0)
         return sorted((self.path_of(ino), n) for ino, n in held.items())
+
+    def _unsaved_bytes(self) -> dict[InodeNo, int]:
+        """Bytes not yet committed, per inode (a kind with upper files adds theirs)."""
+        held: dict[InodeNo, int] = {}
+        for (ino, _), buf in self.buffers.items():
+            held[ino] = held.get(ino, 0) + len(buf)
+        return held
 
     # -- flushing: prepare (trio thread) / run (worker) / apply (trio thread) ----------
 
