@@ -54,7 +54,8 @@ def test_a_first_write_copies_the_file_up_and_a_snapshot_folds_it(repo: Reposito
     assert read(v, big) == want
     assert upper_files(repo, "v") == [f"i{big}.1"]
     # The copy keeps the hole: the upper file holds two chunks and a page, not three and a bit.
-    assert v.getattr(big).blocks is not None and v.getattr(big).blocks * 512 < len(content)
+    blocks = v.getattr(big).blocks
+    assert blocks is not None and blocks * 512 < len(content)
     v.flush_sync()
     again = dir_volume(repo, "v")  # a crash now: the committed row names the upper file
     assert read(again, again.lookup(ROOT_INO, b"big").ino) == want
