@@ -27,13 +27,14 @@ if [[ ! -x .venv/bin/python ]]; then
     "$PYTHON" -m venv .venv
 fi
 
+# compat: a plain path .pth; the default (an import hook, setuptools' editable finder)
+# costs every `casfs` command 20-40 ms of start-up (pathlib, urllib, importlib.util).
+PIP_INSTALL=(-e '.[test]' --config-settings editable_mode=compat)
 stamp=.venv/.casfs-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$( (cat pyproject.toml; echo "${PIP_INSTALL[*]}") | sha256sum | cut -d' ' -f1)  # a new way reinstalls too
 if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
-    # compat: a plain path .pth; the default (an import hook, setuptools' editable finder)
-    # costs every `casfs` command 20-40 ms of start-up (pathlib, urllib, importlib.util).
-    .venv/bin/python -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
+    .venv/bin/python -m pip install --quiet "${PIP_INSTALL[@]}"
     echo "$want" > "$stamp"
 fi
 # The mount(8) helper, so `mount -t fuse.casfs STORE:VOLUME MNT` and fstab lines work. A
