@@ -26,13 +26,14 @@ class ImageRow(NamedTuple):
     error: str | None
     owner_pid: int | None
     spec: str | None
+    oci: str | None  # JSON: what an OCI image remembers (catalog.schema)
 
 
 _IMAGE = "SELECT " + ", ".join(ImageRow._fields) + " FROM images"
 
 
 def _image(row: tuple[Any, ...]) -> ImageRow:
-    name, kind, phase, size, chunk_size, next_ino, source, digest, root, created, error, pid, spec = row
+    name, kind, phase, size, chunk_size, next_ino, source, digest, root, created, error, pid, spec, oci = row
     root_id = BlobId(bytes(root)) if root is not None else None
     return ImageRow(
         name,
@@ -48,6 +49,7 @@ def _image(row: tuple[Any, ...]) -> ImageRow:
         error,
         pid,
         spec,
+        oci,
     )
 
 
@@ -89,14 +91,26 @@ def finish(
     size: int,
     next_ino: InodeNo,
     digest: str | None,
+    oci: str | None = None,
 ) -> bool:
     """Phase ready with its root, if `owner_pid` still owns the import."""
     done = conn.execute(
-        "UPDATE images SET phase = 'ready', root = ?, size = ?, next_ino = ?, digest = ?, "
+        "UPDATE images SET phase = 'ready', root = ?, size = ?, next_ino = ?, digest = ?, oci = ?, "
         "owner_pid = NULL WHERE name = ? AND owner_pid = ?",
-        (root, size, next_ino, digest, name, owner_pid),
+        (root, size, next_ino, digest, oci, name, owner_pid),
     )
     return done.rowcount == 1
+
+
+def chain_root(conn: sqlite3.Connection, chain_id: str, chunk_size: int, devices: bool) -> BlobId | None:
+    """The root of a ready OCI image whose layers have `chain_id`, made with `chunk_size`
+    (and without device nodes unless `devices`), if there is one."""
+    row = conn.execute(
+        "SELECT root FROM images WHERE phase = 'ready' AND chunk_size = ? AND root IS NOT NULL "
+        "AND json_extract(oci, '$.chain_id') = ? AND (? OR NOT json_extract(oci, '$.devices')) LIMIT 1",
+        (chunk_size, chain_id, devices),
+    ).fetchone()
+    return None if row is None else BlobId(bytes(row[0]))
 
 
 def fail(conn: sqlite3.Connection, name: str, owner_pid: int, reason: str) -> None:

@@ -221,6 +221,16 @@ def _migrate_6_to_7(conn: sqlite3.Connection) -> None:
     conn.execute(UPPERS_SCHEMA)
 
 
+# Format 8: what an OCI image remembers (casfs.importers.oci): one JSON column.
+OCI_SCHEMA = """
+ALTER TABLE images ADD COLUMN oci TEXT
+"""
+
+
+def _migrate_7_to_8(conn: sqlite3.Connection) -> None:
+    conn.execute(OCI_SCHEMA)
+
+
 Migration = Callable[[sqlite3.Connection], None]
 MIGRATIONS: dict[int, Migration] = {
     1: _migrate_1_to_2,
@@ -229,4 +239,5 @@ MIGRATIONS: dict[int, Migration] = {
     4: _migrate_4_to_5,
     5: _migrate_5_to_6,
     6: _migrate_6_to_7,
+    7: _migrate_7_to_8,
 }

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 
 IMAGE_PHASES = ("queued", "importing", "verifying", "ready", "failed")
 VOLUME_PHASES = ("creating", "ready", "mounted", "snapshotting", "deleting")
@@ -60,7 +60,12 @@ CREATE TABLE images (
     spec       TEXT,               -- JSON of the request, so a repeat can be told from a conflict
     error      TEXT,               -- why it failed (phase failed)
     owner_pid  INTEGER,            -- the process doing the current phase's work; NULL at rest
-    created    REAL NOT NULL       -- unix time
+    created    REAL NOT NULL,      -- unix time
+    -- An OCI image's (casfs.importers.oci): JSON of its manifest, index and config digests,
+    -- its layers' chain id (a later import sharing those layers starts from this root),
+    -- its layers, and the config a runtime needs (entrypoint, cmd, env, workdir, user,
+    -- labels, platform). NULL: not imported from an OCI image.
+    oci        TEXT
 );
 -- Start-up recovery looks up the "-ing" phases: one indexed query when there are none.
 CREATE INDEX images_phase ON images (phase);

@@ -84,13 +84,26 @@ GRAMMAR = (
         "image",
         "import",
         images.cmd_import,
-        "import a raw disk image, a directory or a tar archive",
+        "import a raw disk image, a directory, a tar archive or an OCI image",
         [
             NAME,
             Arg(
-                "source", metavar="SOURCE", help="a raw file, a directory, or a tar (.tar, .tar.gz, .tar.zst)"
+                "source",
+                metavar="SOURCE",
+                help="a raw file, a directory, a tar (.tar, .tar.gz, .tar.zst), or an OCI image: "
+                "oci:LAYOUT_DIR[:TAG] or docker-archive:FILE[:TAG]",
             ),
-            Arg("--expect", metavar="ALGO:HEX", help="sha256:HEX or blake3:HEX the source must match"),
+            Arg(
+                "--expect",
+                metavar="ALGO:HEX",
+                help="sha256:HEX or blake3:HEX the source must match (an OCI image: its manifest's "
+                "sha256, or the index its tag names; a docker-archive: its image id)",
+            ),
+            Arg(
+                "--platform",
+                metavar="OS/ARCH[/VARIANT]",
+                help="the manifest to pick from an OCI image index (default: linux/amd64)",
+            ),
             Arg(
                 "--format",
                 choices=("auto", "raw", "tar", "dir"),
@@ -106,7 +119,9 @@ GRAMMAR = (
             Arg("--allow-devices", action="store_true", help="keep device nodes found in a tar archive"),
         ],
         "Import SOURCE as image NAME. Nothing is stored unless all of it was read and, with\n"
-        "--expect, its digest matched. Repeating an identical import succeeds and does nothing.",
+        "--expect, its digest matched. Repeating an identical import succeeds and does nothing.\n"
+        "An OCI image has every blob checked against its digest and each layer's content\n"
+        "against its diff_id, and its layers applied in order (whiteouts, opaque directories).",
     ),
     Row("image", "ls", images.cmd_ls, "list images with their logical, stored and unique bytes", [JSON_LIST]),
     Row("image", "info", images.cmd_info, "show one image", [NAME, JSON_OBJECT]),

@@ -111,7 +111,7 @@ def build_cli(version: int, store: Path, work: Path) -> dict[str, Any]:
         os.close(dfd)
         if version >= 6:  # while vdir's daemon lives (a new daemon recovers a dead one's mount)
             before = (work / "export" / "vraw").read_bytes()
-            expected["block_overlay"] = kill_block_mount(store, work, before)
+            expected["block_overlay"] = kill_block_mount(store, work, before, version)
     expected["overlay"] = {
         "volume": "vdir",
         "file": OVERLAY_FILE,
@@ -127,9 +127,10 @@ def block_writes() -> list[tuple[int, bytes]]:
     return [(CHUNK - 1000, pattern[:3000]), (2 * CHUNK, pattern[::-1])]
 
 
-def kill_block_mount(store: Path, work: Path, before: bytes) -> dict[str, Any]:
-    """Mount `vraw` on a file, write and fsync, SIGKILL: format <= 6 left the written
-    chunks as overlay_chunks rows, the old form of a block volume's overlay."""
+def kill_block_mount(store: Path, work: Path, before: bytes, version: int) -> dict[str, Any]:
+    """Mount `vraw` on a file, write and fsync, SIGKILL: format 6 left the written
+    chunks as overlay_chunks rows, the old form of a block volume's overlay; format 7
+    an upper file (an `uppers` row and STORE/upper/vraw/)."""
     disk = bytearray(before)
     mnt = work / "vraw.img"
     mnt.touch()
@@ -141,12 +142,15 @@ def kill_block_mount(store: Path, work: Path, before: bytes) -> dict[str, Any]:
         os.fsync(fd)
         os.close(fd)
     conn = sqlite3.connect(store / "catalog.db")
-    (rows,) = conn.execute("SELECT count(*) FROM overlay_chunks WHERE volume = 'vraw'").fetchone()
+    form = "rows" if version < 7 else "upper"
+    table = "overlay_chunks" if form == "rows" else "uppers"
+    (rows,) = conn.execute(f"SELECT count(*) FROM {table} WHERE volume = 'vraw'").fetchone()
     conn.close()
-    if rows < 3:  # chunks 0, 1 and 2 were written
-        raise RuntimeError(f"the killed block mount left {rows} overlay_chunks rows, not 3")
+    if rows < (3 if form == "rows" else 1):  # chunks 0, 1 and 2 were written
+        raise RuntimeError(f"the killed block mount left {rows} {table} rows")
     return {
         "volume": "vraw",
+        "form": form,
         "writes": [[o, len(d), hashlib.sha256(d).hexdigest()] for o, d in block_writes()],
         "size": len(disk),
         "sha256": hashlib.sha256(disk).hexdigest(),
