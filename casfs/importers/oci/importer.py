@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from casfs.errors import DigestMismatch
+from casfs.errors import DigestMismatch, HostileArchive, UsageError
 from casfs.importers import Built, Readable
 from casfs.importers.oci.digests import Hasher, check, check_stream, digest_of
 from casfs.importers.oci.layers import LayerApplier
@@ -110,6 +110,8 @@ def import_oci(
                 applier.apply(f, hashed.wrap, progress)
             except tarfile.TarError as e:  # (a docker-archive member cut short)
                 raise DigestMismatch(f"{layer.what} cannot be read: {e}") from None
+            except (HostileArchive, UsageError) as e:  # which layer said it
+                raise type(e)(f"{layer.what}: {e}") from None
         assert hashed.hasher is not None
         check(hashed.hasher.digest(), layer.diff_id, f"the uncompressed {layer.what} (diff_id)")
     check_symlinks(b)
