@@ -15,7 +15,7 @@ import functools
 from typing import TYPE_CHECKING
 
 from casfs import __version__
-from casfs.cli import images, maintenance, mounts, snapshots, volumes
+from casfs.cli import bundle, images, maintenance, mounts, snapshots, volumes
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -215,6 +215,24 @@ GRAMMAR = (
         [NAME, DEST, EXPORT_FORMAT],
         "Write out the volume's base: its state at the last snapshot or unmount (changes\n"
         "not yet folded by a mounted read/write daemon are not included).",
+    ),
+    Row(
+        "volume",
+        "bundle",
+        bundle.cmd_bundle,
+        "write an OCI runtime bundle (config.json) for a volume made from an OCI image",
+        [
+            NAME,
+            Arg("dir", metavar="DIR", help="the bundle directory (made if absent)"),
+            Arg(
+                "--rootfs",
+                metavar="PATH",
+                help="where the volume is mounted already (default: mount it at DIR/rootfs)",
+            ),
+        ],
+        "Mount volume NAME at DIR/rootfs (unless --rootfs says where it is mounted) and write\n"
+        "DIR/config.json: the image's entrypoint + cmd, env, working dir and user, root.path the\n"
+        "mount. Then `runc run -b DIR ID`; `casfs umount DIR/rootfs` once the container is gone.",
     ),
     Row(
         "snapshot",

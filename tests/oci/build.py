@@ -30,6 +30,8 @@ from typing import Any
 import zstandard
 
 GREETING = "hello from casfs"
+# What the image's entrypoint + cmd print (dash alone: no cat, no id).
+PRINTS = f"{GREETING}: args=one two cwd=/data motd=second motd\n"
 
 
 def run(*cmd: str | Path) -> str:
@@ -65,7 +67,9 @@ def _layer1(rootfs: Path) -> None:
     (rootfs / "bin" / "sh").symlink_to("dash")
     app = rootfs / "app"
     app.mkdir()
-    (app / "run.sh").write_text('#!/bin/sh\necho "$GREETING: args=$* cwd=$(pwd) motd=$(cat /etc/motd)"\n')
+    (app / "run.sh").write_text(
+        '#!/bin/sh\nread motd < /etc/motd\necho "$GREETING: args=$* cwd=$(pwd) motd=$motd"\n'
+    )
     (app / "run.sh").chmod(0o755)
     etc = rootfs / "etc"
     etc.mkdir(exist_ok=True)
