@@ -64,9 +64,13 @@ def cmd_import(args: argparse.Namespace) -> int:
             print(f"image {info.name} already imported")
             return 0
         new = image_usage(repo, info.name).unique
+        shared = ""
+        if info.oci is not None and info.oci["layers_reused"]:
+            reused, layers = info.oci["layers_reused"], len(info.oci["layers"])
+            shared = f", {reused} of {layers} layers shared with a stored image"
         print(
             f"imported image {info.name}: {format_size(info.size)} ({info.kind}), "
-            f"stored {format_size(new)} new, digest {info.digest or '-'}"
+            f"stored {format_size(new)} new, digest {info.digest or '-'}{shared}"
         )
     return 0
 
@@ -143,7 +147,10 @@ def _oci_lines(oci: dict[str, Any] | None) -> list[tuple[str, str | None]]:
         ("index", oci["index_digest"]),
         ("config", oci["config_digest"]),
         ("platform", platform or None),
-        ("layers", str(len(oci["layers"]))),
+        (
+            "layers",
+            f"{len(oci['layers'])} ({oci['layers_reused']} taken from a stored image's tree at import)",
+        ),
         ("entrypoint", json.dumps(oci["entrypoint"])),
         ("cmd", json.dumps(oci["cmd"])),
         ("env", " ".join(oci["env"])),

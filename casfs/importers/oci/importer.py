@@ -116,7 +116,7 @@ def import_oci(
         check(hashed.hasher.digest(), layer.diff_id, f"the uncompressed {layer.what} (diff_id)")
     check_symlinks(b)
     built = b.finish()
-    return Imported(built, _meta(plan, chains, allow_devices), start)
+    return Imported(built, {**_meta(plan, chains, allow_devices), "layers_reused": start}, start)
 
 
 class _Tap:
