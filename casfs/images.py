@@ -24,6 +24,7 @@ import functools
 import json
 import os
 import sqlite3
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -300,8 +301,10 @@ def _do_import_oci(
             oci = json.dumps(meta, sort_keys=True)
             if not rows.finish(conn, name, os.getpid(), built.root, built.size, built.next_ino, digest, oci):
                 raise Busy(f"image {name!r} was taken over by another process during the import")
+            rows.insert_chains(conn, name, done.chains)
 
-        batch.commit({built.root: 1}, then=finish)
+        roots = Counter([built.root, *(root for _, _, root in done.chains)])
+        batch.commit(roots, then=finish)
 
 
 def _unclaim(repo: Repository, name: str) -> None:
@@ -410,7 +413,7 @@ def remove_image(repo: Repository, name: str, if_exists: bool = False) -> bool:
         if users:
             raise Busy(f"image {name!r} is in use by volume(s): {', '.join(users)}")
         if row.root is not None:
-            ledger.release(conn, [row.root])
+            ledger.release(conn, [row.root, *rows.chain_roots(conn, name)])
         rows.delete(conn, name)
     return True
 

@@ -103,14 +103,32 @@ def finish(
 
 
 def chain_root(conn: sqlite3.Connection, chain_id: str, chunk_size: int, devices: bool) -> BlobId | None:
-    """The root of a ready OCI image whose layers have `chain_id`, made with `chunk_size`
-    (and without device nodes unless `devices`), if there is one."""
+    """The tree of layers with `chain_id`, kept by a ready OCI image made with
+    `chunk_size` (and without device nodes unless `devices`), if there is one: all of
+    its layers (its root) or its first ones (image_chains)."""
+    ready = "i.phase = 'ready' AND i.chunk_size = ? AND (? OR NOT json_extract(i.oci, '$.devices'))"
     row = conn.execute(
-        "SELECT root FROM images WHERE phase = 'ready' AND chunk_size = ? AND root IS NOT NULL "
-        "AND json_extract(oci, '$.chain_id') = ? AND (? OR NOT json_extract(oci, '$.devices')) LIMIT 1",
-        (chunk_size, chain_id, devices),
+        "SELECT c.root FROM image_chains c JOIN images i ON i.name = c.image "
+        f"WHERE c.chain_id = ? AND {ready} "
+        f"UNION ALL SELECT i.root FROM images i WHERE json_extract(i.oci, '$.chain_id') = ? "
+        f"AND i.root IS NOT NULL AND {ready} LIMIT 1",
+        (chain_id, chunk_size, devices, chain_id, chunk_size, devices),
     ).fetchone()
     return None if row is None else BlobId(bytes(row[0]))
+
+
+def insert_chains(conn: sqlite3.Connection, name: str, chains: list[tuple[int, str, BlobId]]) -> None:
+    """An image's (layers, chain id, root) rows (the caller counts their references)."""
+    conn.executemany(
+        "INSERT INTO image_chains (image, layers, chain_id, root) VALUES (?, ?, ?, ?)",
+        [(name, k, chain_id, root) for k, chain_id, root in chains],
+    )
+
+
+def chain_roots(conn: sqlite3.Connection, name: str) -> list[BlobId]:
+    return [
+        BlobId(bytes(r)) for (r,) in conn.execute("SELECT root FROM image_chains WHERE image = ?", (name,))
+    ]
 
 
 def fail(conn: sqlite3.Connection, name: str, owner_pid: int, reason: str) -> None:
@@ -135,7 +153,8 @@ def delete_unready(
 
 
 def delete(conn: sqlite3.Connection, name: str) -> None:
-    """Remove an image's row (the caller released its root)."""
+    """Remove an image's row and its chains (the caller released their roots)."""
+    conn.execute("DELETE FROM image_chains WHERE image = ?", (name,))
     conn.execute("DELETE FROM images WHERE name = ?", (name,))
 
 

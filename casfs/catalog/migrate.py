@@ -221,14 +221,24 @@ def _migrate_6_to_7(conn: sqlite3.Connection) -> None:
     conn.execute(UPPERS_SCHEMA)
 
 
-# Format 8: what an OCI image remembers (casfs.importers.oci): one JSON column.
+# Format 8: what an OCI image remembers (casfs.importers.oci): a JSON column, and the
+# trees of its first layers, which later imports sharing those layers start from.
 OCI_SCHEMA = """
-ALTER TABLE images ADD COLUMN oci TEXT
+ALTER TABLE images ADD COLUMN oci TEXT;
+CREATE TABLE image_chains (
+    image    TEXT NOT NULL REFERENCES images (name),
+    layers   INTEGER NOT NULL,
+    chain_id TEXT NOT NULL,
+    root     BLOB NOT NULL,
+    PRIMARY KEY (image, layers)
+) WITHOUT ROWID;
+CREATE INDEX image_chains_chain ON image_chains (chain_id)
 """
 
 
 def _migrate_7_to_8(conn: sqlite3.Connection) -> None:
-    conn.execute(OCI_SCHEMA)
+    for statement in _statements(OCI_SCHEMA):
+        conn.execute(statement)
 
 
 Migration = Callable[[sqlite3.Connection], None]

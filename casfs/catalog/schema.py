@@ -70,6 +70,18 @@ CREATE TABLE images (
 -- Start-up recovery looks up the "-ing" phases: one indexed query when there are none.
 CREATE INDEX images_phase ON images (phase);
 
+-- The trees of an OCI image's first k layers (k = 1 .. layers - 1; all of them is the
+-- image's root), so that an import of another image with those layers starts there
+-- (casfs.importers.oci.importer). Each root holds one reference; removed with the image.
+CREATE TABLE image_chains (
+    image    TEXT NOT NULL REFERENCES images (name),
+    layers   INTEGER NOT NULL,     -- k
+    chain_id TEXT NOT NULL,        -- sha256:HEX, the chain id of those layers (image-spec config.md)
+    root     BLOB NOT NULL,        -- their tree
+    PRIMARY KEY (image, layers)
+) WITHOUT ROWID;
+CREATE INDEX image_chains_chain ON image_chains (chain_id);
+
 -- Named, mountable state: a base root plus (while mounted read/write) an overlay.
 CREATE TABLE volumes (
     name          TEXT PRIMARY KEY,

@@ -178,7 +178,12 @@ class TreeBuilder:
     # -- finishing -------------------------------------------------------------
 
     def finish(self) -> Built:
-        """Number the inodes and write every tree, children before parents."""
+        """Number the inodes and write every tree, children before parents. May be called
+        again after more entries are added (an OCI image's tree after each layer)."""
+        for d in _postorder(self.root):
+            for c in d.entries.values():
+                if isinstance(c, Node):
+                    c.links = 0
         next_ino, size = self._number()
         for d in _postorder(self.root):
             subdirs = sum(isinstance(c, Dir) for c in d.entries.values())

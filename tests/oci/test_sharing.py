@@ -38,6 +38,20 @@ def test_a_shared_base_is_read_once_and_stored_once(store: Path, tmp_path: Path,
     ]
 
 
+def test_an_image_of_another_images_first_layers(store: Path, sample: Sample) -> None:
+    """v1 keeps the trees of its first one and two layers: l1 and l2 start from them,
+    read nothing and store nothing; removing v1 and gc leaves them whole."""
+    ok(store, "image", "import", "v1", f"oci:{sample.layout}:v1")
+    for tag, n in (("l2", 2), ("l1", 1)):
+        said = out(store, "image", "import", tag, f"oci:{sample.layout}:{tag}")
+        assert f"{n} of {n} layers shared" in said and "stored 0 B new" in said, said
+    ok(store, "image", "rm", "v1")
+    assert js(store, "gc")["blobs_freed"] > 0
+    ok(store, "volume", "create", "c", "--from", "l2")
+    ok(store, "volume", "export", "c", str(store.parent / "l2-tree"))
+    assert (store.parent / "l2-tree" / "layer2.txt").read_text() == "added by layer 2\n"
+
+
 def test_a_debian_app_image_over_its_base(store: Path, debian: Debian) -> None:
     ok(store, "image", "import", "base", f"oci:{debian.layout}:debian-base", timeout=600)
     said = out(store, "image", "import", "app", f"oci:{debian.layout}:debian", timeout=600)

@@ -11,11 +11,13 @@ nothing stored.
 
 Layer sharing: the chain id of layers 1..k (image-spec config.md: ChainID(L1) =
 DiffID(L1), ChainID(L1..Lk) = sha256(ChainID(L1..Lk-1) + " " + DiffID(Lk))) names the
-tree those layers make, whatever image they came in. An image keeps its chain id; an
-import whose first k layers have that chain id (and the same chunk size) starts from that
-image's tree, reading only its tree blobs: those layers' blobs are not read again. Their
-bytes were verified when they were first imported, and the chain id comes from the
-verified config.
+tree those layers make, whatever image they came in. An image keeps the tree of each
+stack of its first layers (catalog image_chains; all of them is its root), each holding
+a reference. An import whose first k layers have a kept chain id (and the same chunk
+size) starts from that tree, reading only its tree blobs: those layers' blobs are not
+read again. Their bytes were verified when they were first imported, and the chain id
+comes from the verified config. A tree kept per layer costs only the directories that
+differ from the final tree (the rest are the same blobs).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from casfs.errors import DigestMismatch, HostileArchive, UsageError
 from casfs.importers import Built, Readable
 from casfs.importers.oci.digests import Hasher, check, check_stream, digest_of
 from casfs.importers.oci.layers import LayerApplier
-from casfs.importers.oci.plan import Plan
+from casfs.importers.oci.plan import Layer, Plan
 from casfs.importers.oci.reference import Reference
 from casfs.importers.tarball import check_symlinks
 from casfs.importers.treebuilder import TreeBuilder
@@ -47,6 +49,7 @@ class Imported:
     built: Built
     meta: dict[str, Any]  # what the image remembers (catalog images.oci)
     reused_layers: int  # layers taken from a stored image's tree, not read
+    chains: list[tuple[int, str, BlobId]]  # (k, chain id, tree) of its first k layers, k < all
 
 
 def chain_ids(diff_ids: list[str]) -> list[str]:
@@ -91,32 +94,43 @@ def import_oci(
 ) -> Imported:
     diff_ids = [layer.diff_id for layer in plan.layers]
     chains = chain_ids(diff_ids)
+    found = [find_chain(c) for c in chains]
+    start = next((k for k in range(len(found), 0, -1) if found[k - 1] is not None), 0)
     b = TreeBuilder(batch, chunk_size)
-    start = 0
-    for k in range(len(chains), 0, -1):
-        root = find_chain(chains[k - 1])
-        if root is not None:
-            b.load(root, get_tree)
-            start = k
-            break
+    if start:
+        root = found[start - 1]
+        assert root is not None
+        b.load(root, get_tree)
+    # The trees of the first k layers, k < all, for later imports to start from.
+    kept = [
+        (k + 1, chains[k], r) for k, r in enumerate(found[: min(start, len(chains) - 1)]) if r is not None
+    ]
     applier = LayerApplier(b, chunk_size, allow_devices)
-    for layer in plan.layers[start:]:
-        if layer.digest is not None:
-            with layer.open() as f:
-                check_stream(f, layer.digest, layer.size, layer.what)
-        hashed = _Tap()
-        with layer.open() as f:
-            try:
-                applier.apply(f, hashed.wrap, progress)
-            except tarfile.TarError as e:  # (a docker-archive member cut short)
-                raise DigestMismatch(f"{layer.what} cannot be read: {e}") from None
-            except (HostileArchive, UsageError) as e:  # which layer said it
-                raise type(e)(f"{layer.what}: {e}") from None
-        assert hashed.hasher is not None
-        check(hashed.hasher.digest(), layer.diff_id, f"the uncompressed {layer.what} (diff_id)")
+    for i, layer in enumerate(plan.layers[start:], start):
+        _apply(applier, layer, progress)
+        if i + 1 < len(plan.layers):  # (its symlinks are checked where it ends an image)
+            kept.append((i + 1, chains[i], b.finish().root))
     check_symlinks(b)
     built = b.finish()
-    return Imported(built, {**_meta(plan, chains, allow_devices), "layers_reused": start}, start)
+    meta = {**_meta(plan, chains, allow_devices), "layers_reused": start}
+    return Imported(built, meta, start, kept)
+
+
+def _apply(applier: LayerApplier, layer: Layer, progress: Progress | None) -> None:
+    """Verify the layer's blob, then apply it, checking its diff_id."""
+    if layer.digest is not None:
+        with layer.open() as f:
+            check_stream(f, layer.digest, layer.size, layer.what)
+    hashed = _Tap()
+    with layer.open() as f:
+        try:
+            applier.apply(f, hashed.wrap, progress)
+        except tarfile.TarError as e:  # (a docker-archive member cut short)
+            raise DigestMismatch(f"{layer.what} cannot be read: {e}") from None
+        except (HostileArchive, UsageError) as e:  # which layer said it
+            raise type(e)(f"{layer.what}: {e}") from None
+    assert hashed.hasher is not None
+    check(hashed.hasher.digest(), layer.diff_id, f"the uncompressed {layer.what} (diff_id)")
 
 
 class _Tap:
