@@ -6,7 +6,6 @@ descriptor's digest and size before it is parsed; layers are checked by the impo
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,14 +36,10 @@ class Layout:
     def path(self, digest: object, what: str) -> Path:
         algo, hexdigest = parse_digest(digest, what)
         p = self.root / "blobs" / algo / hexdigest
-        try:
-            st = os.stat(p)
-        except FileNotFoundError:
-            raise UsageError(
-                f"the layout is incomplete: {what} ({digest}) is missing from {self.root}"
-            ) from None
-        if not os.path.isfile(p) or st.st_size < 0:
-            raise UsageError(f"the layout is invalid: {what} ({digest}) is not a regular file")
+        if not p.is_file():  # (a symlink is followed: what it names is hashed all the same)
+            if p.exists() or p.is_symlink():
+                raise UsageError(f"the layout is invalid: {what} ({digest}) is not a regular file")
+            raise UsageError(f"the layout is incomplete: {what} ({digest}) is missing from {self.root}")
         return p
 
     def json_blob(self, desc: dict[str, Any], what: str) -> dict[str, Any]:
@@ -76,7 +71,10 @@ class Layout:
 def read_layout(ref: Reference, platform: str | None) -> Plan:
     layout = Layout(ref.path)
     with open(layout.root / "index.json", "rb") as f:
-        index = load_json(f.read(MAX_JSON + 1), "index.json")
+        raw = f.read(MAX_JSON + 1)
+    if len(raw) > MAX_JSON:
+        raise UsageError(f"the layout is invalid: index.json is larger than {MAX_JSON} bytes")
+    index = load_json(raw, "index.json")
     desc = _by_tag(_descriptors(index, "index.json"), ref)
     index_digest = None
     for _ in range(4):  # an index may name an index; a few levels at most
