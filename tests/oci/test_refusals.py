@@ -47,7 +47,8 @@ def refused(store: Path, code: int, source: str, *extra: str) -> str:
 
 def layer_path(layout: Path, tag: str, n: int) -> Path:
     manifest = json.loads(build.read_blob(layout, build.tagged(layout, tag)["digest"]))
-    return layout / "blobs" / "sha256" / manifest["layers"][n]["digest"].split(":")[1]
+    digest: str = manifest["layers"][n]["digest"]
+    return layout / "blobs" / "sha256" / digest.split(":")[1]
 
 
 def damage(path: Path) -> None:
