@@ -1,4 +1,5 @@
-"""Images: immutable, verified content imported once from a raw file, a directory or a tar.
+"""Images: immutable, verified content imported once from a raw file, a directory, a tar,
+or an OCI image (`oci:DIR[:TAG]`, `docker-archive:FILE[:TAG]`: casfs.importers.oci).
 
 Phases: queued -> importing -> verifying -> ready, or failed. The row is written
 (phase queued, with the owner's pid) before any work, so a second caller sees the
@@ -19,8 +20,10 @@ in an "-ing" phase for casfs.lifecycle.recovery to remove.
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,6 +45,7 @@ from casfs.store.ids import BlobId
 from casfs.units import check_name
 
 if TYPE_CHECKING:  # (imported where an import runs: hashlib is not every command's)
+    from casfs.importers.oci.reference import Reference
     from casfs.store.verify import HashingReader
 
 DEFAULT_CHUNK_SIZE = 64 << 10
@@ -63,6 +67,7 @@ class ImageInfo:
     created: float
     error: str | None = None
     owner_pid: int | None = None  # the process doing the current phase's work
+    oci: dict[str, Any] | None = None  # an OCI image's digests and config (catalog.schema)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -139,7 +144,15 @@ def _info(row: ImageRow) -> ImageInfo:
         row.created,
         row.error,
         row.owner_pid,
+        _json_loads(row.oci) if row.oci else None,
     )
+
+
+def _json_loads(text: str) -> dict[str, Any]:
+    import json  # (only for OCI images: a listing of others loads no json)
+
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
 
 
 def list_images(repo: Repository) -> list[ImageInfo]:
@@ -160,15 +173,17 @@ def get_image(repo: Repository, name: str) -> ImageInfo:
 def import_image(
     repo: Repository,
     name: str,
-    source: Path,
+    source: Path | str,
     expect: str | None = None,
     fmt: str = "auto",
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     allow_devices: bool = False,
     progress: Progress | None = None,
+    platform: str | None = None,
 ) -> tuple[ImageInfo, bool]:
     """Import `source` as image `name`. Returns (info, created): created is False when
-    an identical import already exists (a repeat is not an error)."""
+    an identical import already exists (a repeat is not an error). A source string
+    `oci:…` or `docker-archive:…` is an OCI image (`platform` picks from an index)."""
     check_name(name, "image")
     if fmt not in FORMATS:
         raise UsageError(f"invalid format {fmt!r}: one of {', '.join(FORMATS)}")
@@ -180,6 +195,21 @@ def import_image(
     from casfs.store.verify import parse_expect
 
     expected = parse_expect(expect) if expect else None
+    if isinstance(source, str):
+        from casfs.importers.oci.reference import is_reference
+
+        if is_reference(source):
+            if fmt != "auto":
+                raise UsageError("--format does not apply to an oci: or docker-archive: source")
+            from casfs.importers.oci.plan import parse_platform
+
+            if platform is not None:
+                parse_platform(platform)
+            if expected is not None and expected[0] != "sha256":
+                raise UsageError("--expect names an OCI image by its sha256 digest")
+            return _oci_job(repo, name, source, expect, chunk_size, allow_devices, progress, platform)
+    if platform is not None:
+        raise UsageError("--platform applies to an oci: or docker-archive: source")
     source = Path(source)
     if not source.exists() and not source.is_symlink():
         raise NotFound(f"source {source} does not exist")
@@ -193,7 +223,23 @@ def import_image(
         {"source": str(source.resolve()), "format": fmt, "expect": expect, "chunk_size": chunk_size},
         sort_keys=True,
     )
-    existing = _claim(repo, name, kind, spec, str(source), chunk_size)
+    work = functools.partial(
+        _do_import, repo, name, source, fmt, expected, chunk_size, allow_devices, progress
+    )
+    return _run_import(repo, name, kind, spec, str(source), chunk_size, work)
+
+
+def _run_import(
+    repo: Repository,
+    name: str,
+    kind: VolumeKind,
+    spec: str,
+    source: str,
+    chunk_size: int,
+    work: Callable[[], None],
+) -> tuple[ImageInfo, bool]:
+    """Claim the name, wait for a job slot, do the work; on failure, unclaim or fail."""
+    existing = _claim(repo, name, kind, spec, source, chunk_size)
     if existing is not None:
         return existing, False
     fault_point("import:after-claim")
@@ -202,7 +248,7 @@ def import_image(
             _set_phase(repo, name, ImagePhase.QUEUED, ImagePhase.IMPORTING)
             fault_point("import:running")
             slow_import()
-            _do_import(repo, name, source, fmt, expected, chunk_size, allow_devices, progress)
+            work()
     except (CasfsError, KeyboardInterrupt, SystemExit):
         _unclaim(repo, name)
         raise
@@ -210,6 +256,67 @@ def import_image(
         _fail(repo, name, f"{type(e).__name__}: {e}")
         raise
     return get_image(repo, name), True
+
+
+def _oci_job(
+    repo: Repository,
+    name: str,
+    source: str,
+    expect: str | None,
+    chunk_size: int,
+    allow_devices: bool,
+    progress: Progress | None,
+    platform: str | None,
+) -> tuple[ImageInfo, bool]:
+    from casfs.importers.oci.reference import parse_reference
+
+    import json
+
+    ref = parse_reference(source)
+    request = {"source": str(ref), "format": ref.transport, "expect": expect, "chunk_size": chunk_size}
+    spec = json.dumps({**request, "platform": platform, "allow_devices": allow_devices}, sort_keys=True)
+
+    def work() -> None:
+        _do_import_oci(repo, name, ref, expect, chunk_size, allow_devices, progress, platform)
+
+    return _run_import(repo, name, VolumeKind.DIR, spec, str(ref), chunk_size, work)
+
+
+def _do_import_oci(
+    repo: Repository,
+    name: str,
+    ref: Reference,
+    expect: str | None,
+    chunk_size: int,
+    allow_devices: bool,
+    progress: Progress | None,
+    platform: str | None,
+) -> None:
+    """Verify and apply the image's layers (casfs.importers.oci.importer), then commit
+    the tree and what the image remembers in one transaction."""
+    from casfs.importers.oci.importer import check_expect, import_oci, open_plan
+
+    with open_plan(ref, platform) as plan, repo.batch() as batch:
+        check_expect(plan, expect)
+
+        def find_chain(chain_id: str) -> BlobId | None:
+            return rows.chain_root(repo.conn, chain_id, chunk_size, allow_devices)
+
+        done = import_oci(batch, plan, chunk_size, allow_devices, find_chain, repo.get_meta, progress)
+        _set_phase(repo, name, ImagePhase.IMPORTING, ImagePhase.VERIFYING)
+        built, meta = done.built, done.meta
+        digest = plan.manifest_digest or plan.config_digest
+
+        def finish(conn: sqlite3.Connection) -> None:
+            import json
+
+            oci = json.dumps(meta, sort_keys=True)
+            if not rows.finish(conn, name, os.getpid(), built.root, built.size, built.next_ino, digest, oci):
+                raise Busy(f"image {name!r} was taken over by another process during the import")
+            rows.insert_chains(conn, name, done.chains)
+
+        roots = Counter([built.root, *(root for _, _, root in done.chains)])
+        batch.commit(roots, then=finish)
 
 
 def _unclaim(repo: Repository, name: str) -> None:
@@ -318,7 +425,7 @@ def remove_image(repo: Repository, name: str, if_exists: bool = False) -> bool:
         if users:
             raise Busy(f"image {name!r} is in use by volume(s): {', '.join(users)}")
         if row.root is not None:
-            ledger.release(conn, [row.root])
+            ledger.release(conn, [row.root, *rows.chain_roots(conn, name)])
         rows.delete(conn, name)
     return True
 

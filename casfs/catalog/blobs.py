@@ -126,6 +126,7 @@ def totals(conn: sqlite3.Connection) -> tuple[int, int, int]:
 
 ROOT_QUERIES = (
     "SELECT root FROM images WHERE root IS NOT NULL",
+    "SELECT root FROM image_chains",
     "SELECT base FROM volumes",
     "SELECT root FROM snapshots",
     "SELECT chunk FROM overlay_chunks",

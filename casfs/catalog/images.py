@@ -26,13 +26,14 @@ class ImageRow(NamedTuple):
     error: str | None
     owner_pid: int | None
     spec: str | None
+    oci: str | None  # JSON: what an OCI image remembers (catalog.schema)
 
 
 _IMAGE = "SELECT " + ", ".join(ImageRow._fields) + " FROM images"
 
 
 def _image(row: tuple[Any, ...]) -> ImageRow:
-    name, kind, phase, size, chunk_size, next_ino, source, digest, root, created, error, pid, spec = row
+    name, kind, phase, size, chunk_size, next_ino, source, digest, root, created, error, pid, spec, oci = row
     root_id = BlobId(bytes(root)) if root is not None else None
     return ImageRow(
         name,
@@ -48,6 +49,7 @@ def _image(row: tuple[Any, ...]) -> ImageRow:
         error,
         pid,
         spec,
+        oci,
     )
 
 
@@ -89,14 +91,44 @@ def finish(
     size: int,
     next_ino: InodeNo,
     digest: str | None,
+    oci: str | None = None,
 ) -> bool:
     """Phase ready with its root, if `owner_pid` still owns the import."""
     done = conn.execute(
-        "UPDATE images SET phase = 'ready', root = ?, size = ?, next_ino = ?, digest = ?, "
+        "UPDATE images SET phase = 'ready', root = ?, size = ?, next_ino = ?, digest = ?, oci = ?, "
         "owner_pid = NULL WHERE name = ? AND owner_pid = ?",
-        (root, size, next_ino, digest, name, owner_pid),
+        (root, size, next_ino, digest, oci, name, owner_pid),
     )
     return done.rowcount == 1
+
+
+def chain_root(conn: sqlite3.Connection, chain_id: str, chunk_size: int, devices: bool) -> BlobId | None:
+    """The tree of layers with `chain_id`, kept by a ready OCI image made with
+    `chunk_size` (and without device nodes unless `devices`), if there is one: all of
+    its layers (its root) or its first ones (image_chains)."""
+    ready = "i.phase = 'ready' AND i.chunk_size = ? AND (? OR NOT json_extract(i.oci, '$.devices'))"
+    row = conn.execute(
+        "SELECT c.root FROM image_chains c JOIN images i ON i.name = c.image "
+        f"WHERE c.chain_id = ? AND {ready} "
+        f"UNION ALL SELECT i.root FROM images i WHERE json_extract(i.oci, '$.chain_id') = ? "
+        f"AND i.root IS NOT NULL AND {ready} LIMIT 1",
+        (chain_id, chunk_size, devices, chain_id, chunk_size, devices),
+    ).fetchone()
+    return None if row is None else BlobId(bytes(row[0]))
+
+
+def insert_chains(conn: sqlite3.Connection, name: str, chains: list[tuple[int, str, BlobId]]) -> None:
+    """An image's (layers, chain id, root) rows (the caller counts their references)."""
+    conn.executemany(
+        "INSERT INTO image_chains (image, layers, chain_id, root) VALUES (?, ?, ?, ?)",
+        [(name, k, chain_id, root) for k, chain_id, root in chains],
+    )
+
+
+def chain_roots(conn: sqlite3.Connection, name: str) -> list[BlobId]:
+    return [
+        BlobId(bytes(r)) for (r,) in conn.execute("SELECT root FROM image_chains WHERE image = ?", (name,))
+    ]
 
 
 def fail(conn: sqlite3.Connection, name: str, owner_pid: int, reason: str) -> None:
@@ -121,7 +153,8 @@ def delete_unready(
 
 
 def delete(conn: sqlite3.Connection, name: str) -> None:
-    """Remove an image's row (the caller released its root)."""
+    """Remove an image's row and its chains (the caller released their roots)."""
+    conn.execute("DELETE FROM image_chains WHERE image = ?", (name,))
     conn.execute("DELETE FROM images WHERE name = ?", (name,))
 
 

@@ -221,11 +221,28 @@ def _migrate_6_to_7(conn: sqlite3.Connection) -> None:
     conn.execute(UPPERS_SCHEMA)
 
 
-# Format 8: a directory volume's changed files live in upper files, one per inode
-# (casfs.vfs.overlay.files), named by the overlay row's new `upper` column. Rows of
+# Format 8: what an OCI image remembers (casfs.importers.oci): a JSON column, and the
+# trees of its first layers, which later imports sharing those layers start from. And
+# a directory volume's changed files live in upper files, one per inode
+# (casfs.vfs.overlay.files), named by the overlay row's new `upper` column; rows of
 # format 7 keep NULL (their data is in overlay_chunks, read and folded as before).
+FORMAT_8_SCHEMA = """
+ALTER TABLE images ADD COLUMN oci TEXT;
+CREATE TABLE image_chains (
+    image    TEXT NOT NULL REFERENCES images (name),
+    layers   INTEGER NOT NULL,
+    chain_id TEXT NOT NULL,
+    root     BLOB NOT NULL,
+    PRIMARY KEY (image, layers)
+) WITHOUT ROWID;
+CREATE INDEX image_chains_chain ON image_chains (chain_id);
+ALTER TABLE overlay_inodes ADD COLUMN upper INTEGER
+"""
+
+
 def _migrate_7_to_8(conn: sqlite3.Connection) -> None:
-    conn.execute("ALTER TABLE overlay_inodes ADD COLUMN upper INTEGER")
+    for statement in _statements(FORMAT_8_SCHEMA):
+        conn.execute(statement)
 
 
 Migration = Callable[[sqlite3.Connection], None]

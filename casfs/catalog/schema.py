@@ -60,10 +60,27 @@ CREATE TABLE images (
     spec       TEXT,               -- JSON of the request, so a repeat can be told from a conflict
     error      TEXT,               -- why it failed (phase failed)
     owner_pid  INTEGER,            -- the process doing the current phase's work; NULL at rest
-    created    REAL NOT NULL       -- unix time
+    created    REAL NOT NULL,      -- unix time
+    -- An OCI image's (casfs.importers.oci): JSON of its manifest, index and config digests,
+    -- its layers' chain id (a later import sharing those layers starts from this root),
+    -- its layers, and the config a runtime needs (entrypoint, cmd, env, workdir, user,
+    -- labels, platform). NULL: not imported from an OCI image.
+    oci        TEXT
 );
 -- Start-up recovery looks up the "-ing" phases: one indexed query when there are none.
 CREATE INDEX images_phase ON images (phase);
+
+-- The trees of an OCI image's first k layers (k = 1 .. layers - 1; all of them is the
+-- image's root), so that an import of another image with those layers starts there
+-- (casfs.importers.oci.importer). Each root holds one reference; removed with the image.
+CREATE TABLE image_chains (
+    image    TEXT NOT NULL REFERENCES images (name),
+    layers   INTEGER NOT NULL,     -- k
+    chain_id TEXT NOT NULL,        -- sha256:HEX, the chain id of those layers (image-spec config.md)
+    root     BLOB NOT NULL,        -- their tree
+    PRIMARY KEY (image, layers)
+) WITHOUT ROWID;
+CREATE INDEX image_chains_chain ON image_chains (chain_id);
 
 -- Named, mountable state: a base root plus (while mounted read/write) an overlay.
 CREATE TABLE volumes (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import TYPE_CHECKING
 
@@ -34,14 +35,15 @@ def cmd_import(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from casfs.images import import_image
+    from casfs.importers.oci.reference import is_reference
     from casfs.refcount.usage import image_usage
 
     chunk_size = parse_size(args.chunk_size)
-    source = Path(args.source)
+    source: Path | str = args.source if is_reference(args.source) else Path(args.source)
     with open_store(args) as repo:
         progress = None
         if sys.stderr.isatty():
-            total = source.stat().st_size if source.is_file() else None
+            total = source.stat().st_size if isinstance(source, Path) and source.is_file() else None
             progress = Progress(f"importing {args.name}", total, sys.stderr)
         try:
             info, created = import_image(
@@ -53,6 +55,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                 chunk_size=chunk_size,
                 allow_devices=args.allow_devices,
                 progress=progress,
+                platform=args.platform,
             )
         finally:
             if progress is not None:
@@ -61,9 +64,13 @@ def cmd_import(args: argparse.Namespace) -> int:
             print(f"image {info.name} already imported")
             return 0
         new = image_usage(repo, info.name).unique
+        shared = ""
+        if info.oci is not None and info.oci["layers_reused"]:
+            reused, layers = info.oci["layers_reused"], len(info.oci["layers"])
+            shared = f", {reused} of {layers} layers shared with a stored image"
         print(
             f"imported image {info.name}: {format_size(info.size)} ({info.kind}), "
-            f"stored {format_size(new)} new, digest {info.digest or '-'}"
+            f"stored {format_size(new)} new, digest {info.digest or '-'}{shared}"
         )
     return 0
 
@@ -123,10 +130,34 @@ def cmd_info(args: argparse.Namespace) -> int:
                     ("created", when(d["created"])),
                     ("volumes", ", ".join(d["volumes"])),
                     ("error", d["error"]),
+                    *_oci_lines(d["oci"]),
                 ]
             )
         check_unreadable([d])
     return 0
+
+
+def _oci_lines(oci: dict[str, Any] | None) -> list[tuple[str, str | None]]:
+    """What an OCI image remembers, for `image info`."""
+    if oci is None:
+        return []
+    platform = "/".join(x for x in (oci["os"], oci["architecture"], oci["variant"]) if x)
+    return [
+        ("manifest", oci["manifest_digest"] or "- (docker-archive)"),
+        ("index", oci["index_digest"]),
+        ("config", oci["config_digest"]),
+        ("platform", platform or None),
+        (
+            "layers",
+            f"{len(oci['layers'])} ({oci['layers_reused']} taken from a stored image's tree at import)",
+        ),
+        ("entrypoint", json.dumps(oci["entrypoint"])),
+        ("cmd", json.dumps(oci["cmd"])),
+        ("env", " ".join(oci["env"])),
+        ("workdir", oci["workdir"] or "/"),
+        ("user", oci["user"] or "0 (root)"),
+        *((f"label {k}", v) for k, v in sorted(oci["labels"].items())),
+    ]
 
 
 def cmd_rm(args: argparse.Namespace) -> int:

@@ -61,6 +61,7 @@ class LazyCommand:
         return self.resolve()(args)
 
 
+bundle = _Module("casfs.cli.bundle")
 images = _Module("casfs.cli.images")
 maintenance = _Module("casfs.cli.maintenance")
 mounts = _Module("casfs.cli.mounts")
@@ -125,13 +126,26 @@ GRAMMAR = (
         "image",
         "import",
         images.cmd_import,
-        "import a raw disk image, a directory or a tar archive",
+        "import a raw disk image, a directory, a tar archive or an OCI image",
         [
             NAME,
             Arg(
-                "source", metavar="SOURCE", help="a raw file, a directory, or a tar (.tar, .tar.gz, .tar.zst)"
+                "source",
+                metavar="SOURCE",
+                help="a raw file, a directory, a tar (.tar, .tar.gz, .tar.zst), or an OCI image: "
+                "oci:LAYOUT_DIR[:TAG] or docker-archive:FILE[:TAG]",
             ),
-            Arg("--expect", metavar="ALGO:HEX", help="sha256:HEX or blake3:HEX the source must match"),
+            Arg(
+                "--expect",
+                metavar="ALGO:HEX",
+                help="sha256:HEX or blake3:HEX the source must match (an OCI image: its manifest's "
+                "sha256, or the index its tag names; a docker-archive: its image id)",
+            ),
+            Arg(
+                "--platform",
+                metavar="OS/ARCH[/VARIANT]",
+                help="the manifest to pick from an OCI image index (default: linux/amd64)",
+            ),
             Arg(
                 "--format",
                 choices=("auto", "raw", "tar", "dir"),
@@ -147,7 +161,9 @@ GRAMMAR = (
             Arg("--allow-devices", action="store_true", help="keep device nodes found in a tar archive"),
         ],
         "Import SOURCE as image NAME. Nothing is stored unless all of it was read and, with\n"
-        "--expect, its digest matched. Repeating an identical import succeeds and does nothing.",
+        "--expect, its digest matched. Repeating an identical import succeeds and does nothing.\n"
+        "An OCI image has every blob checked against its digest and each layer's content\n"
+        "against its diff_id, and its layers applied in order (whiteouts, opaque directories).",
     ),
     Row("image", "ls", images.cmd_ls, "list images with their logical, stored and unique bytes", [JSON_LIST]),
     Row("image", "info", images.cmd_info, "show one image", [NAME, JSON_OBJECT]),
@@ -241,6 +257,24 @@ GRAMMAR = (
         [NAME, DEST, EXPORT_FORMAT],
         "Write out the volume's base: its state at the last snapshot or unmount (changes\n"
         "not yet folded by a mounted read/write daemon are not included).",
+    ),
+    Row(
+        "volume",
+        "bundle",
+        bundle.cmd_bundle,
+        "write an OCI runtime bundle (config.json) for a volume made from an OCI image",
+        [
+            NAME,
+            Arg("dir", metavar="DIR", help="the bundle directory (made if absent)"),
+            Arg(
+                "--rootfs",
+                metavar="PATH",
+                help="where the volume is mounted already (default: mount it at DIR/rootfs)",
+            ),
+        ],
+        "Mount volume NAME at DIR/rootfs (unless --rootfs says where it is mounted) and write\n"
+        "DIR/config.json: the image's entrypoint + cmd, env, working dir and user, root.path the\n"
+        "mount. Then `runc run -b DIR ID`; `casfs umount DIR/rootfs` once the container is gone.",
     ),
     Row(
         "snapshot",

@@ -72,18 +72,38 @@ def import_tar(
     allow_devices: bool = False,
     progress: Progress | None = None,
 ) -> Built:
+    b = TreeBuilder(batch, chunk_size)
+    read_tar(stream, lambda tf, m: _add(b, tf, m, chunk_size, allow_devices), progress)
+    check_symlinks(b)
+    return b.finish()
+
+
+Visit = Callable[[tarfile.TarFile, tarfile.TarInfo], None]
+
+
+def read_tar(
+    stream: Readable,
+    visit: Visit,
+    progress: Progress | None = None,
+    plain_hook: Callable[[Readable], Readable] | None = None,
+) -> None:
+    """Read a tar archive (decompressed by its magic) to the very end of `stream`, calling
+    `visit` on each member in order. `plain_hook` wraps the decompressed stream (an OCI
+    layer's diff_id is the digest of those bytes); it is read to its end too. Truncated
+    or corrupt input is a UsageError, whatever stage meets it."""
     src = _Source(stream, progress)
     try:
         plain = _decompressor(src)
+        if plain_hook is not None:
+            plain = plain_hook(plain)
         window = _Window(plain)
-        b = TreeBuilder(batch, chunk_size)
         # cast: tarfile (like gzip below) only ever calls read() on a stream it is given in "r|" mode
         fileobj = cast(BinaryIO, window)
         with tarfile.open(fileobj=fileobj, mode="r|", encoding="utf-8", errors="surrogateescape") as tf:
             while (m := tf.next()) is not None:
                 # tarfile keeps every member it read; nothing here needs them (typeshed omits the list)
                 tf.members.clear()  # type: ignore[attr-defined]
-                _add(b, tf, m, chunk_size, allow_devices)
+                visit(tf, m)
             _check_end(window.block_at(tf.offset), tf.offset)
         _drain(plain)
         _drain(src)
@@ -97,51 +117,61 @@ def import_tar(
         if e.errno is not None:
             raise  # reading the source failed: not the archive's fault
         raise UsageError(f"tar archive is corrupt: {e}") from None  # (bz2: "Invalid data stream")
-    _check_symlinks(b)
-    return b.finish()
 
 
 def _add(
     b: TreeBuilder, tf: tarfile.TarFile, m: tarfile.TarInfo, chunk_size: int, allow_devices: bool
 ) -> None:
-    parts = _path(m.name, m.name)
+    parts = member_path(m.name, m.name)
     try:
-        if m.isdir():
-            b.add_dir(parts, _attrs(m, stat.S_IFDIR))
-        elif m.isreg():
-            f = tf.extractfile(m)
-            assert f is not None  # a regular member always has a file object
-            b.add_file(parts, _attrs(m, stat.S_IFREG), _pieces(f, m.size, chunk_size))
-        elif m.issym():
-            target = m.linkname.encode("utf-8", "surrogateescape")
-            if not target or b"\0" in target or len(target) > _SYMLINK_MAX:
-                raise HostileArchive(f"tar member {m.name!r} refused: invalid symlink target")
-            b.add_symlink(parts, _attrs(m, stat.S_IFLNK), target)
-        elif m.islnk():
-            node = b.lookup(_path(m.linkname, m.name))
-            if not isinstance(node, Node):
-                raise HostileArchive(
-                    f"tar member {m.name!r} refused: hardlink to {m.linkname!r}, which is not an earlier "
-                    "non-directory member"
-                )
-            b.add_link(parts, node)
-        elif m.ischr() or m.isblk():
-            if not allow_devices:
-                raise HostileArchive(
-                    f"tar member {m.name!r} refused: device nodes are not allowed "
-                    "(--allow-devices keeps them, e.g. for a root filesystem's /dev)"
-                )
-            kind = stat.S_IFCHR if m.ischr() else stat.S_IFBLK
-            b.add_special(parts, _attrs(m, kind).with_(rdev=os.makedev(m.devmajor, m.devminor)))
-        elif m.isfifo():
-            b.add_special(parts, _attrs(m, stat.S_IFIFO))
-        else:
-            raise HostileArchive(f"tar member {m.name!r} refused: unsupported member type {m.type!r}")
+        add_member(b, tf, m, parts, chunk_size, allow_devices)
     except PathConflict as e:
         raise HostileArchive(f"tar member {m.name!r} refused: {e}") from None
 
 
-def _path(name: str, member: str) -> Parts:
+def add_member(
+    b: TreeBuilder,
+    tf: tarfile.TarFile,
+    m: tarfile.TarInfo,
+    parts: Parts,
+    chunk_size: int,
+    allow_devices: bool,
+) -> Node | Dir:
+    """Place one member at `parts` by the rules above (an OCI layer's entries too, once
+    its whiteouts are handled). PathConflict is the caller's to word."""
+    if m.isdir():
+        return b.add_dir(parts, _attrs(m, stat.S_IFDIR))
+    if m.isreg():
+        f = tf.extractfile(m)
+        assert f is not None  # a regular member always has a file object
+        return b.add_file(parts, _attrs(m, stat.S_IFREG), _pieces(f, m.size, chunk_size))
+    if m.issym():
+        target = m.linkname.encode("utf-8", "surrogateescape")
+        if not target or b"\0" in target or len(target) > _SYMLINK_MAX:
+            raise HostileArchive(f"tar member {m.name!r} refused: invalid symlink target")
+        return b.add_symlink(parts, _attrs(m, stat.S_IFLNK), target)
+    if m.islnk():
+        node = b.lookup(member_path(m.linkname, m.name))
+        if not isinstance(node, Node):
+            raise HostileArchive(
+                f"tar member {m.name!r} refused: hardlink to {m.linkname!r}, which is not an earlier "
+                "non-directory member"
+            )
+        return b.add_link(parts, node)
+    if m.ischr() or m.isblk():
+        if not allow_devices:
+            raise HostileArchive(
+                f"tar member {m.name!r} refused: device nodes are not allowed "
+                "(--allow-devices keeps them, e.g. for a root filesystem's /dev)"
+            )
+        kind = stat.S_IFCHR if m.ischr() else stat.S_IFBLK
+        return b.add_special(parts, _attrs(m, kind).with_(rdev=os.makedev(m.devmajor, m.devminor)))
+    if m.isfifo():
+        return b.add_special(parts, _attrs(m, stat.S_IFIFO))
+    raise HostileArchive(f"tar member {m.name!r} refused: unsupported member type {m.type!r}")
+
+
+def member_path(name: str, member: str) -> Parts:
     raw = name.encode("utf-8", "surrogateescape")
     why = None
     if raw.startswith(b"/"):
@@ -214,7 +244,7 @@ def _read_error(text: str) -> UsageError:
     return UsageError(f"tar archive is corrupt: {text}")
 
 
-def _check_symlinks(b: TreeBuilder) -> None:
+def check_symlinks(b: TreeBuilder) -> None:
     stack: list[tuple[Parts, Dir]] = [((), b.root)]
     while stack:
         parts, d = stack.pop()

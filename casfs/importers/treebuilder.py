@@ -16,7 +16,7 @@ same tree imported twice, or re-imported after an export, gives the same blobs.
 from __future__ import annotations
 
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from casfs.errors import UsageError
@@ -108,6 +108,33 @@ class TreeBuilder:
         parent.entries[parts[-1]] = node
         return node
 
+    def remove(self, parts: Parts) -> None:
+        """Drop the entry at `parts` (a directory with everything in it), if there is one."""
+        parent = self.lookup(parts[:-1])
+        if parts and isinstance(parent, Dir):
+            parent.entries.pop(parts[-1], None)
+
+    def load(self, root: BlobId, get: Callable[[BlobId], bytes]) -> None:
+        """Start from a stored tree (a layer stack imported before): its files keep
+        their content ids, hardlinks stay shared; only tree blobs are read."""
+        nodes: dict[InodeNo, Node] = {}
+        stack: list[tuple[Dir, BlobId]] = [(self.root, root)]
+        while stack:
+            d, tid = stack.pop()
+            t = tree.Tree.decode(get(tid))
+            if t.chunk_size != self.chunk_size:
+                raise UsageError("a stored tree of another chunk size cannot be extended")
+            d.attrs = t.attrs.with_(ino=NO_INO, nlink=1)
+            for e in t.entries:
+                if e.is_dir:
+                    sub = d.entries[e.name] = Dir(self.implied)
+                    stack.append((sub, e.blob))
+                    continue
+                node = nodes.get(e.attrs.ino)
+                if node is None:
+                    node = nodes[e.attrs.ino] = Node(e.attrs.with_(ino=NO_INO, nlink=1), e.data)
+                d.entries[e.name] = node
+
     def lookup(self, parts: Parts) -> Dir | Node | None:
         """The entry at a path, following no symlinks."""
         cur: Dir | Node = self.root
@@ -151,7 +178,12 @@ class TreeBuilder:
     # -- finishing -------------------------------------------------------------
 
     def finish(self) -> Built:
-        """Number the inodes and write every tree, children before parents."""
+        """Number the inodes and write every tree, children before parents. May be called
+        again after more entries are added (an OCI image's tree after each layer)."""
+        for d in _postorder(self.root):
+            for c in d.entries.values():
+                if isinstance(c, Node):
+                    c.links = 0
         next_ino, size = self._number()
         for d in _postorder(self.root):
             subdirs = sum(isinstance(c, Dir) for c in d.entries.values())

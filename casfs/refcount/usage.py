@@ -123,7 +123,8 @@ def usage(repo: Repository, roots: Iterable[Root]) -> Usage:
 
 def image_roots(conn: sqlite3.Connection, name: str) -> list[Root]:
     row = image_rows.image_row(conn, name)
-    return [Root(row.root, row.size)] if row is not None and row.root is not None else []
+    out = [Root(row.root, row.size)] if row is not None and row.root is not None else []
+    return out + [Root(r, 0) for r in image_rows.chain_roots(conn, name)]  # (an OCI image's first layers)
 
 
 def volume_roots(conn: sqlite3.Connection, name: str) -> list[Root]:

@@ -73,12 +73,11 @@ def test_an_old_store_opens_with_nothing_lost(tmp_path: Path, version: int) -> N
     store, expected = unpack(version, tmp_path / "unpacked")
     assert format_of(store) == expected["format"] == version
     block = expected.get("block_overlay") or {}
-    if block.get("form", "overlay_chunks") == "overlay_chunks":  # format 6: the chunks it wrote
-        if block:
-            rows = "SELECT n FROM overlay_chunks WHERE volume = ? ORDER BY n"
-            assert query(store, rows, block["volume"]) == [(0,), (1,), (2,)]
-    else:  # format 7: an upper file
-        assert query(store, "SELECT count(*) FROM uppers WHERE volume = ?", block["volume"]) == [(1,)]
+    if block and block.get("form", "rows") == "rows":  # the old form: chunks 0, 1, 2 as overlay_chunks rows
+        rows = "SELECT n FROM overlay_chunks WHERE volume = ? ORDER BY n"
+        assert query(store, rows, block["volume"]) == [(0,), (1,), (2,)]
+    elif block:  # format 7: an upper file, not yet folded
+        assert len(query(store, "SELECT epoch FROM uppers WHERE volume = ?", block["volume"])) == 1
     # Four processes open it at once: one migrates, the others find it done.
     procs = [
         subprocess.Popen(
@@ -117,7 +116,7 @@ def test_an_old_store_opens_with_nothing_lost(tmp_path: Path, version: int) -> N
                 assert got.pop("newdir")[0] == "dir"
                 assert len(js(store, "snapshot", "ls", name)) == len(volumes[name]["snapshots"]) + 1
             if (noun, name) == ("volume", block.get("volume")):
-                # So is a block volume's overlay (overlay_chunks rows, or an upper): the volume
+                # So is a block volume's old-form overlay (overlay_chunks rows): the volume
                 # and its new snapshot read as the disk before it with the writes made.
                 snaps = js(store, "snapshot", "ls", name)
                 assert len(snaps) == len(volumes[name]["snapshots"]) + 1
@@ -137,8 +136,8 @@ def test_an_old_store_opens_with_nothing_lost(tmp_path: Path, version: int) -> N
 def test_a_new_mount_writes_over_a_block_volumes_old_form_overlay(
     tmp_path: Path, version: int, end: str
 ) -> None:
-    """A read/write mount of the upgraded store's `vraw`, its overlay (old-form rows, or
-    an upper file) not yet folded (no export first), reads the writes the killed mount made and writes over
+    """A read/write mount of the upgraded store's `vraw`, its old-form overlay not yet
+    folded (no export first), reads the writes the killed mount made and writes over
     part of them and beside them. Whether it is unmounted or killed after an fsync, the
     volume and its newest snapshot then hold the old writes with the new ones over them,
     vraw@1 holds what it held, and fsck is clean."""

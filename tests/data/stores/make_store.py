@@ -130,7 +130,7 @@ def block_writes() -> list[tuple[int, bytes]]:
 def kill_block_mount(store: Path, work: Path, before: bytes, version: int) -> dict[str, Any]:
     """Mount `vraw` on a file, write and fsync, SIGKILL: format 6 left the written
     chunks as overlay_chunks rows, the old form of a block volume's overlay; format 7
-    an upper file (STORE/upper/vraw/) that an `uppers` row names."""
+    an upper file (an `uppers` row and STORE/upper/vraw/)."""
     disk = bytearray(before)
     mnt = work / "vraw.img"
     mnt.touch()
@@ -142,14 +142,15 @@ def kill_block_mount(store: Path, work: Path, before: bytes, version: int) -> di
         os.fsync(fd)
         os.close(fd)
     conn = sqlite3.connect(store / "catalog.db")
-    table, least = ("uppers", 1) if version >= 7 else ("overlay_chunks", 3)  # (chunks 0, 1 and 2)
+    form = "rows" if version < 7 else "upper"
+    table = "overlay_chunks" if form == "rows" else "uppers"
     (rows,) = conn.execute(f"SELECT count(*) FROM {table} WHERE volume = 'vraw'").fetchone()
     conn.close()
-    if rows < least:
-        raise RuntimeError(f"the killed block mount left {rows} {table} rows, not {least}")
+    if rows < (3 if form == "rows" else 1):  # chunks 0, 1 and 2 were written
+        raise RuntimeError(f"the killed block mount left {rows} {table} rows")
     return {
-        "form": table,
         "volume": "vraw",
+        "form": form,
         "writes": [[o, len(d), hashlib.sha256(d).hexdigest()] for o, d in block_writes()],
         "size": len(disk),
         "sha256": hashlib.sha256(disk).hexdigest(),
