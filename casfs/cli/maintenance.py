@@ -19,8 +19,10 @@ def cmd_init(args: argparse.Namespace) -> int:
 
     path = store_path(args.store)
     existed = (path / "catalog.db").exists()
-    Repository.init(path).close()
-    print(f"casfs store at {path} {'already exists' if existed else 'created'}")
+    blobs = getattr(args, "blobs", None)
+    Repository.init(path, blob_url=blobs).close()
+    where = f" with blobs in {blobs}" if blobs else ""
+    print(f"casfs store at {path}{where} {'already exists' if existed else 'created'}")
     return 0
 
 

@@ -79,7 +79,15 @@ DEST = Arg("dest", metavar="DEST", help="must not exist (or be an empty director
 EXPORT_FORMAT = Arg("--format", choices=("auto", "raw", "dir", "tar"), default="auto")
 
 GRAMMAR = (
-    Row("init", None, maintenance.cmd_init, "create a store at --store (an existing store is left as it is)"),
+    Row(
+        "init",
+        None,
+        maintenance.cmd_init,
+        "create a store at --store (an existing store is left as it is)",
+        [Arg("--blobs", metavar="s3://BUCKET[/PREFIX]", help="keep blobs in a bucket (AWS_* settings)")],
+        "Create a store. With --blobs, its catalog is local and its blobs are in the bucket,\n"
+        "reached with AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or ~/.aws).",
+    ),
     Row(
         "image",
         "import",
