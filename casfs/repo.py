@@ -16,6 +16,7 @@ transaction. Writers on different connections are serialized by SQLite's write l
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import sqlite3
@@ -74,9 +75,16 @@ class Repository:
         self.on_corrupt: Callable[[BlobId], None] | None = None
 
     @classmethod
-    def init(cls, path: Path, blobs: BlobStore | None = None, blob_url: str | None = None) -> Repository:
+    def init(
+        cls,
+        path: Path,
+        blobs: BlobStore | None = None,
+        blob_url: str | None = None,
+        blob_cache: int | None = None,
+    ) -> Repository:
         """A new store at `path` (an existing one is opened); `blob_url` (s3://BUCKET/PREFIX)
-        keeps its blobs in a bucket, checked reachable before anything is written."""
+        keeps its blobs in a bucket, checked reachable before anything is written, with a
+        local cache of `blob_cache` bytes (None: the default)."""
         path = Path(path)
         if (path / "catalog.db").exists():
             _same_location(path, blob_url)
@@ -88,7 +96,10 @@ class Repository:
             from casfs.store.s3.location import parse_url, write_location
             from casfs.store.s3.store import connect
 
-            s3 = connect(path, parse_url(blob_url))  # (before anything is written)
+            loc = parse_url(blob_url)
+            if blob_cache is not None:
+                loc = dataclasses.replace(loc, cache_bytes=blob_cache)
+            s3 = connect(path, loc)  # (before anything is written)
             path.mkdir(parents=True, exist_ok=True)
             write_location(path, s3.loc)
             blobs = s3

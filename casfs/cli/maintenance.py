@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from casfs.cli.output import error, print_json, table, warn
 from casfs.cli.store import open_store
 from casfs.errors import UsageError
-from casfs.units import format_size
+from casfs.units import format_size, parse_size
 
 if TYPE_CHECKING:
     import argparse
@@ -20,7 +20,10 @@ def cmd_init(args: argparse.Namespace) -> int:
     path = store_path(args.store)
     existed = (path / "catalog.db").exists()
     blobs = getattr(args, "blobs", None)
-    Repository.init(path, blob_url=blobs).close()
+    cache = getattr(args, "blob_cache", None)
+    if cache is not None and blobs is None:
+        raise UsageError("--blob-cache needs --blobs")
+    Repository.init(path, blob_url=blobs, blob_cache=parse_size(cache) if cache else None).close()
     where = f" with blobs in {blobs}" if blobs else ""
     print(f"casfs store at {path}{where} {'already exists' if existed else 'created'}")
     return 0

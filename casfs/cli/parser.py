@@ -15,7 +15,7 @@ import functools
 from typing import TYPE_CHECKING
 
 from casfs import __version__
-from casfs.cli import images, maintenance, mounts, snapshots, volumes
+from casfs.cli import fetch, images, maintenance, mounts, snapshots, volumes
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -84,9 +84,19 @@ GRAMMAR = (
         None,
         maintenance.cmd_init,
         "create a store at --store (an existing store is left as it is)",
-        [Arg("--blobs", metavar="s3://BUCKET[/PREFIX]", help="keep blobs in a bucket (AWS_* settings)")],
+        [
+            Arg("--blobs", metavar="s3://BUCKET[/PREFIX]", help="keep blobs in a bucket (AWS_* settings)"),
+            Arg("--blob-cache", metavar="SIZE", help="with --blobs: cache of fetched blobs (4G)"),
+        ],
         "Create a store. With --blobs, its catalog is local and its blobs are in the bucket,\n"
         "reached with AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or ~/.aws).",
+    ),
+    Row(
+        "image",
+        "fetch",
+        fetch.cmd_fetch,
+        "read all of an image once, verified (fills the local cache of a store on S3)",
+        [NAME],
     ),
     Row(
         "image",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -179,3 +180,30 @@ def test_dir_and_block_volumes_mount_snapshot_clone_survive_kill_9_and_gc(
     )
     assert not [k for k in after if k.startswith("packs/")], after  # every pack was all dead
     _fsck_clean(s3_store)
+
+
+def test_image_fetch_fills_an_empty_cache_with_every_blob_of_the_image(
+    s3_env: Seaweed, s3_prefix: str, tmp_path: Path
+) -> None:
+    """A second host's view: the cache emptied, `casfs image fetch` reads it all back."""
+    store = tmp_path / "store"
+    ok(store, "init", "--blobs", f"s3://{BUCKET}/{s3_prefix}", "--blob-cache", "64M")
+    assert json.loads((store / "blobs.json").read_text())["cache_bytes"] == 64 << 20
+    tree = tmp_path / "tree"
+    (tree / "d").mkdir(parents=True)
+    for i in range(5):
+        (tree / "d" / f"f{i}").write_bytes(os.urandom(200_000 + i))
+    ok(store, "image", "import", "img", tree)
+    cache = store / "cache" / "blobs"
+    shutil.rmtree(cache, ignore_errors=True)
+    done = ok(store, "image", "fetch", "img")
+    cached = {p.name for p in cache.rglob("*") if p.is_file()}
+    assert f"image img: {len(cached)} blobs" in done.stdout
+    ok(store, "volume", "create", "v", "--from", "img")
+    ok(store, "volume", "export", "v", tmp_path / "out")
+    assert all(
+        (tmp_path / "out" / "d" / f"f{i}").read_bytes() == (tree / "d" / f"f{i}").read_bytes()
+        for i in range(5)
+    )
+    missing = casfs(store, "image", "fetch", "nope")
+    assert missing.returncode == 3

@@ -11,6 +11,9 @@ take it, the environment first:
     credentials  AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN), else the
                  profile's in the shared credentials file (~/.aws/credentials, or
                  AWS_SHARED_CREDENTIALS_FILE; profile AWS_PROFILE or `default`)
+    cache        the local cache of fetched blobs (diskcache): CASFS_BLOB_CACHE (bytes,
+                 or with K/M/G/T), else `cache_bytes` in blobs.json (set by
+                 `casfs init --blob-cache`), else DEFAULT_CACHE_BYTES; 0 turns it off
 
 Credentials are never written to the store.
 """
@@ -27,6 +30,8 @@ from casfs.errors import UsageError
 
 CONFIG_NAME = "blobs.json"
 DEFAULT_REGION = "us-east-1"
+DEFAULT_CACHE_BYTES = 4 << 30
+ENV_CACHE = "CASFS_BLOB_CACHE"
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class Location:
     prefix: str  # no leading or trailing slash; "" for the bucket's root
     endpoint: str = ""  # "" for AWS itself
     region: str = DEFAULT_REGION
+    cache_bytes: int = DEFAULT_CACHE_BYTES
 
     @property
     def url(self) -> str:
@@ -103,7 +109,21 @@ def resolve(loc: Location) -> tuple[Location, Credentials]:
             get(profile, "aws_secret_access_key", fallback=None),
             get(profile, "aws_session_token", fallback=None),
         )
-    return Location(loc.bucket, loc.prefix, endpoint.rstrip("/"), region), creds
+    cache = env.get(ENV_CACHE)
+    cache_bytes = parse_bytes(cache, f"${ENV_CACHE}") if cache and cache.strip() else loc.cache_bytes
+    return Location(loc.bucket, loc.prefix, endpoint.rstrip("/"), region, cache_bytes), creds
+
+
+def parse_bytes(text: str, what: str) -> int:
+    """'4G', '512M', '1048576' -> bytes (powers of 1024)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = 1
+    if t and t[-1] in "KMGT":
+        scale = 1 << (10 * ("KMGT".index(t[-1]) + 1))
+        t = t[:-1]
+    if not t.isdigit():
+        raise UsageError(f"invalid {what} {text!r}: expected a size such as 4G or 512M")
+    return int(t) * scale
 
 
 def read_location(store: Path) -> Location | None:
@@ -114,7 +134,9 @@ def read_location(store: Path) -> Location | None:
         return None
     except (OSError, ValueError) as e:
         raise UsageError(f"{store / CONFIG_NAME} is unreadable: {e}") from None
-    return Location(**{k: data[k] for k in ("bucket", "prefix", "endpoint", "region") if k in data})
+    return Location(
+        **{k: data[k] for k in ("bucket", "prefix", "endpoint", "region", "cache_bytes") if k in data}
+    )
 
 
 def write_location(store: Path, loc: Location) -> None:

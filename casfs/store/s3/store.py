@@ -3,6 +3,7 @@
     STORE/blobs.json        where the blobs are (location)
     STORE/tmp/              stagings in flight (staging)
     STORE/cache/index/      copies of index objects (immutable: fetched once per host)
+    STORE/cache/blobs/      blobs fetched, verified (diskcache: bounded, LRU)
     STORE/damaged/<id>      blobs that failed their check when read
 
 The store keeps an in-memory table of every published blob (table), loaded from the
@@ -32,6 +33,7 @@ from casfs.errors import Corruption, MissingBlob
 from casfs.store import BlobStore, Domain
 from casfs.store.ids import ID_SIZE, BlobId
 from casfs.store.s3 import packfmt
+from casfs.store.s3.diskcache import DiskCache
 from casfs.store.s3.location import Credentials, Location
 from casfs.store.s3.remote import Remote, RemoteError
 from casfs.store.s3.staging import ENTRY, S3Staging
@@ -54,6 +56,7 @@ class S3BlobStore(BlobStore):
         self.tmp_dir = root / "tmp"
         self.index_dir = root / "cache" / "index"
         self.damaged_dir = root / "damaged"
+        self.cache = DiskCache(root / "cache" / "blobs", loc.cache_bytes)
         self.table = PackTable()
         self._loaded_at: float | None = None
         self._refresh_lock = threading.Lock()
@@ -147,11 +150,15 @@ class S3BlobStore(BlobStore):
                 with contextlib.suppress(FileNotFoundError):
                     (self.index_dir / name).unlink()
             self._loaded_at = None
+        self.cache.clear()
         self.refresh()
 
     # -- reads -----------------------------------------------------------------------
 
     def get(self, bid: BlobId, domain: Domain | None = None) -> bytes:
+        cached = self._cached(bid, domain, None, nowait=False)
+        if cached is not None:
+            return cached
         self._ensure_loaded()
         corrupt: Corruption | None = None
         for attempt in range(2):
@@ -167,11 +174,15 @@ class S3BlobStore(BlobStore):
                     gone = True  # deleted by another process's gc since we loaded
                     continue
                 except RemoteError as e:
+                    log.error("blob %s: %s", bid.hex(), e)
                     raise RemoteError(f"blob {bid.hex()}: {e}", e.code) from None
                 try:
-                    return verified(bid, stored, domain)
+                    plain = verified(bid, stored, domain)
                 except Corruption as e:
                     corrupt = e
+                    continue
+                self.cache.put(bid, stored)
+                return plain
             if not gone:
                 break
             self.refresh()
@@ -179,6 +190,20 @@ class S3BlobStore(BlobStore):
             self.mark_damaged(bid)
             raise corrupt
         raise MissingBlob(f"blob {bid.hex()} is missing")
+
+    def get_if_cached(self, bid: BlobId, max_stored: int, domain: Domain | None = None) -> bytes | None:
+        """From the local cache, if the blob is there and in the page cache."""
+        return self._cached(bid, domain, max_stored, nowait=True)
+
+    def _cached(self, bid: BlobId, domain: Domain | None, max_size: int | None, nowait: bool) -> bytes | None:
+        stored = self.cache.get(bid, max_size, nowait)
+        if stored is None:
+            return None
+        try:
+            return verified(bid, stored, domain)
+        except Corruption:
+            self.cache.discard(bid)  # a damaged copy here says nothing of the bucket's
+            return None
 
     def has(self, bid: BlobId) -> bool:
         self._ensure_loaded()
@@ -201,6 +226,9 @@ class S3BlobStore(BlobStore):
     # -- deletes ---------------------------------------------------------------------
 
     def delete(self, bid: BlobId) -> None:
+        # (Another process's cache may keep a copy: verified bytes, read only by a
+        # reader the catalog sent there, and evicted in time.)
+        self.cache.discard(bid)
         self._ensure_loaded()
         locations = self.table.locate(bid)
         if not locations:
