@@ -99,7 +99,11 @@ class Repository:
             loc = parse_url(blob_url)
             if blob_cache is not None:
                 loc = dataclasses.replace(loc, cache_bytes=blob_cache)
+            import uuid
+
+            loc = dataclasses.replace(loc, store_id=uuid.uuid4().hex)
             s3 = connect(path, loc)  # (before anything is written)
+            s3.claim(loc.store_id)
             path.mkdir(parents=True, exist_ok=True)
             write_location(path, s3.loc)
             blobs = s3

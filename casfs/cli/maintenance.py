@@ -77,10 +77,22 @@ def cmd_gc(args: argparse.Namespace) -> int:
     with open_store(args) as repo, job_slot(repo, "gc"):
         expired = expire(repo, kept=kept)  # first: what they held is freed by this gc
         report = gc(repo)
+        lock = repo.exclusive_lock()
+        try:  # (a pack store's repack; the file store has nothing to do)
+            repacked, reclaimed = repo.blobs.compact(args.repack_below)
+        finally:
+            lock.release()
     for why in kept:
         warn(f"ephemeral volume {why}: kept")
     if args.json:
-        print_json({**dataclasses.asdict(report), "expired_volumes": expired})
+        print_json(
+            {
+                **dataclasses.asdict(report),
+                "expired_volumes": expired,
+                "packs_repacked": repacked,
+                "bytes_repacked": reclaimed,
+            }
+        )
     else:
         for name in expired:
             print(f"removed ephemeral volume {name}: unused for longer than its grace period")
@@ -88,6 +100,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
             f"freed {report.blobs_freed} blobs and {report.orphan_files_removed} orphan files: "
             f"{format_size(report.bytes_freed)}"
         )
+        if repacked:
+            print(f"repacked {repacked} packs: {format_size(reclaimed)} reclaimed")
     for p in report.problems:
         warn(f"{p} (run `casfs fsck`)")
     return 0

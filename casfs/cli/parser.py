@@ -300,7 +300,16 @@ GRAMMAR = (
         None,
         maintenance.cmd_gc,
         "free blobs nothing references any more",
-        [Arg("--json", action="store_true", help="print the report as one JSON object")],
+        [
+            Arg("--json", action="store_true", help="print the report as one JSON object"),
+            Arg(
+                "--repack-below",
+                metavar="FRACTION",
+                type=float,
+                default=0.5,
+                help="store on S3: rewrite packs whose live bytes are under FRACTION (default 0.5)",
+            ),
+        ],
         "Remove ephemeral volumes unused for longer than their grace period, then free every\n"
         "blob nothing references any more.",
     ),

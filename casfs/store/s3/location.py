@@ -41,6 +41,7 @@ class Location:
     endpoint: str = ""  # "" for AWS itself
     region: str = DEFAULT_REGION
     cache_bytes: int = DEFAULT_CACHE_BYTES
+    store_id: str = ""  # the store that claimed the prefix (packfmt.CLAIM)
 
     @property
     def url(self) -> str:
@@ -111,7 +112,7 @@ def resolve(loc: Location) -> tuple[Location, Credentials]:
         )
     cache = env.get(ENV_CACHE)
     cache_bytes = parse_bytes(cache, f"${ENV_CACHE}") if cache and cache.strip() else loc.cache_bytes
-    return Location(loc.bucket, loc.prefix, endpoint.rstrip("/"), region, cache_bytes), creds
+    return Location(loc.bucket, loc.prefix, endpoint.rstrip("/"), region, cache_bytes, loc.store_id), creds
 
 
 def parse_bytes(text: str, what: str) -> int:

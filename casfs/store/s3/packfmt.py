@@ -12,7 +12,12 @@
     dead/<name>/<id hex>    an empty object: that blob of that pack was deleted (gc);
                             removed with the pack once none of its blobs is live.
 
-Both are written with If-None-Match: * and never change. Little-endian throughout.
+    casfs-store.json        which store owns the prefix: {"store": uuid, "host", "path"},
+                            written once by `casfs init --blobs`. One store per prefix:
+                            a second store's init on it is refused (its gc would see the
+                            first store's blobs as orphans and delete them).
+
+All are written with If-None-Match: * and never change. Little-endian throughout.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from casfs.store.ids import ID_SIZE, BlobId
 PACK_MAGIC = b"casfspk1"
 INDEX_MAGIC = b"casfsix1"
 PACK_HEADER_SIZE = len(PACK_MAGIC) + 16
+CLAIM = "casfs-store.json"
 _HEAD = struct.Struct("<8sQI")
 _ENTRY = struct.Struct(f"<{ID_SIZE}sQI")
 

@@ -62,6 +62,7 @@ class S3Staging(Staging):
         self._sealed: list[_Pack] = []
         self._sizes: dict[BlobId, int] = {}
         self._done = False
+        self.published_names: list[str] = []  # the packs publish() made visible
 
     def _path(self, pack: _Pack, ext: str) -> str:
         return f"{self.dir}/{pack.seq}.{ext}"
@@ -71,7 +72,10 @@ class S3Staging(Staging):
             known = self._sizes.get(bid)
         if known is not None:
             return known
-        stored = codec.encode(plain)
+        return self.add_stored(bid, codec.encode(plain))
+
+    def add_stored(self, bid: BlobId, stored: bytes) -> int:
+        """add() of a blob already encoded (and verified by the caller: a repack)."""
         full = None
         with self._lock:
             if bid in self._sizes:
@@ -126,24 +130,25 @@ class S3Staging(Staging):
             if not self.dir.exists():
                 raise FileNotFoundError(f"staging {self.dir} was removed by recover_staging")
             last, self._open = self._open, None
-        if last is not None:
+        if last is not None and last.entries:
             self._seal(last)
+        elif last is not None:
+            os.close(last.fd)  # (its only add failed: nothing to upload)
         with self._lock:
             packs = list(self._sealed)
         for pack in packs:
             assert pack.upload is not None
             pack.upload.result()  # raises the upload's error
-        indexes = [(p, packfmt.encode_index(p.size, p.entries), self.store.uploads()) for p in packs]
-        done = [
-            pool.submit(self.store.remote.put_new, packfmt.index_key(p.name), ix) for p, ix, pool in indexes
-        ]
-        for f in done:
+        pool = self.store.uploads()
+        indexes = [(p, packfmt.encode_index(p.size, p.entries)) for p in packs]
+        for f in [pool.submit(self.store.remote.put_new, packfmt.index_key(p.name), ix) for p, ix in indexes]:
             f.result()
-        for pack, ix, _ in indexes:
+        for pack, ix in indexes:
             self.store.published(pack.name, pack.size, pack.entries, ix)
         with self._lock:
             self._done = True
             self._sealed.clear()
+            self.published_names = [p.name for p in packs]
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def discard(self) -> None:

@@ -25,7 +25,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -251,6 +251,74 @@ class S3BlobStore(BlobStore):
         with contextlib.suppress(FileNotFoundError):
             (self.index_dir / name).unlink()
         self.remote.delete([packfmt.pack_key(name), *(packfmt.dead_key(name, b) for b in ids)])
+
+    def compact(self, below: float) -> tuple[int, int]:
+        """Repack: the live blobs of every pack whose live bytes are under `below` of
+        its blob bytes go into new packs (one staging, so small leftovers merge), each
+        checked on the way; then the old packs go. A pack with a blob that fails its
+        check is left as it is (fsck reports the blob)."""
+        self.refresh()
+        chosen = []
+        for name in sorted(self.table.names()):
+            pack = self.table.pack(name)
+            if pack is None:
+                continue
+            live = [(b, o, n) for b, (o, n) in pack.entries.items() if b not in pack.dead]
+            total = sum(n for _, n in pack.entries.values())
+            if not live or sum(n for _, _, n in live) < below * total:
+                chosen.append((name, pack.size, live))
+        if not chosen:
+            return 0, 0
+        staging = self.staging()
+        done: list[tuple[str, int]] = []
+        try:
+            for name, size, live in chosen:
+                if live and not self._restage(staging, name, live):
+                    continue
+                done.append((name, size))
+            staging.publish()
+        finally:
+            staging.discard()
+        written = sum(self.table.packs[n].size for n in staging.published_names if n in self.table.packs)
+        for name, _ in done:
+            pack = self.table.pack(name)
+            self._remove_pack(name, tuple(pack.entries) if pack else ())
+        return len(done), max(0, sum(size for _, size in done) - written)
+
+    def _restage(self, staging: S3Staging, name: str, live: Sequence[packfmt.Entry]) -> bool:
+        """Stage a pack's live blobs, verified; False if one fails (the pack stays)."""
+        data = self.remote.get(packfmt.pack_key(name))
+        for bid, offset, length in live:
+            stored = data[offset : offset + length]
+            try:
+                verified(bid, stored, None)
+            except Corruption as e:
+                log.error("pack %s not repacked: %s", name, e)
+                self.mark_damaged(bid)
+                return False
+        for bid, offset, length in live:
+            staging.add_stored(bid, data[offset : offset + length])
+        return True
+
+    def claim(self, store_id: str) -> None:
+        """Make the prefix this store's (packfmt.CLAIM); Conflict if another has it."""
+        import json
+        import socket
+
+        from casfs.errors import Conflict
+
+        mine = {"store": store_id, "host": socket.gethostname(), "path": str(self.root)}
+        if self.remote.put_new(packfmt.CLAIM, json.dumps(mine).encode()):
+            return
+        try:
+            owner = json.loads(self.remote.get(packfmt.CLAIM))
+        except (ValueError, FileNotFoundError):
+            owner = {}
+        if owner.get("store") != store_id:
+            raise Conflict(
+                f"{self.loc.url} belongs to the store at {owner.get('host', '?')}:{owner.get('path', '?')}: "
+                "give each store its own prefix"
+            )
 
     # -- leftovers and marks ---------------------------------------------------------
 
