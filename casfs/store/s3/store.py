@@ -36,6 +36,7 @@ from casfs.store.s3 import packfmt
 from casfs.store.s3.diskcache import DiskCache
 from casfs.store.s3.location import Credentials, Location
 from casfs.store.s3.remote import Remote, RemoteError
+from casfs.store.s3.spans import SpanReader
 from casfs.store.s3.staging import ENTRY, S3Staging
 from casfs.store.s3.table import PackTable
 from casfs.store.verified import verified
@@ -57,6 +58,7 @@ class S3BlobStore(BlobStore):
         self.index_dir = root / "cache" / "index"
         self.damaged_dir = root / "damaged"
         self.cache = DiskCache(root / "cache" / "blobs", loc.cache_bytes)
+        self.spans = SpanReader(self.remote, self.cache)
         self.table = PackTable()
         self._loaded_at: float | None = None
         self._refresh_lock = threading.Lock()
@@ -169,7 +171,7 @@ class S3BlobStore(BlobStore):
             gone = False
             for name, offset, length in locations:
                 try:
-                    stored = self.remote.get(packfmt.pack_key(name), offset, length)
+                    stored = self.spans.read(name, self.table.pack(name), bid, offset, length)
                 except FileNotFoundError:
                     gone = True  # deleted by another process's gc since we loaded
                     continue
@@ -179,6 +181,7 @@ class S3BlobStore(BlobStore):
                 try:
                     plain = verified(bid, stored, domain)
                 except Corruption as e:
+                    self.cache.discard(bid)
                     corrupt = e
                     continue
                 self.cache.put(bid, stored)
