@@ -6,6 +6,7 @@ data) in `finally`."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import time
 from pathlib import Path
@@ -15,8 +16,8 @@ import pytest
 from casfs.store.ids import blob_id
 from casfs.store.s3.location import Location
 from casfs.store.s3.store import connect
-from tests.helpers.cli import ok
-from tests.helpers.mount import mounted
+from tests.helpers.cli import ok, out, run
+from tests.helpers.mount import cleanup, mounted, start_daemon, wait_gone
 from tests.helpers.seaweed import BUCKET, Seaweed
 
 MIB = 1 << 20
@@ -82,3 +83,43 @@ def test_a_mount_reads_what_it_fetched_and_eio_for_the_rest_while_the_store_is_d
         logged = [line for line in m.log().splitlines() if any(c in line for c in chunks)]
         assert logged and all(s3_env.endpoint in line for line in logged), m.log()
         assert (image / "never-read").read_bytes() == (tree / "never-read").read_bytes()
+
+
+def test_block_writes_while_the_store_is_down_are_kept_and_saved_once_it_is_back(
+    s3_env: Seaweed, s3_prefix: str, tmp_path: Path
+) -> None:
+    """fsync on a block volume never waits for the network (writes go to its local upper
+    file); a fold that cannot upload keeps the upper state, and the next one saves it.
+    (A directory volume's fsync still makes blobs until its write path has upper files.)"""
+    store = tmp_path / "store"
+    ok(store, "init", "--blobs", f"s3://{BUCKET}/{s3_prefix}")
+    ok(store, "volume", "create", "v", "--blank-block", "8M")
+    disk = tmp_path / "disk"
+    disk.touch()
+    data = os.urandom(MIB)
+    m = start_daemon(store, disk, volume="v")
+    fd = os.open(disk, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"before" * 1000, 0)
+        os.fsync(fd)
+        s3_env.stop()
+        try:
+            started = time.monotonic()
+            os.pwrite(fd, data, 2 * MIB)
+            os.fsync(fd)
+            assert time.monotonic() - started < 5
+            os.close(fd)
+            fd = -1
+            run(["fusermount3", "-u", disk], timeout=120)
+            assert wait_gone(m.pid, m.proc, 120), m.log()
+        finally:
+            s3_env.start()
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        cleanup(m.path, m.pid, m.proc)
+    ok(store, "snapshot", "create", "v")
+    ok(store, "volume", "export", "v", tmp_path / "out.raw")
+    got = (tmp_path / "out.raw").read_bytes()
+    assert got[:6000] == b"before" * 1000 and got[2 * MIB : 3 * MIB] == data
+    assert json.loads(out(store, "fsck", "--json"))["clean"]
