@@ -75,7 +75,8 @@ class Remote:
             prefix=loc.prefix or None,
             config={k: v for k, v in given.items() if v},  # type: ignore[arg-type]
             region=loc.region,
-            virtual_hosted_style_request=False,
+            # AWS itself: bucket.s3.region.amazonaws.com; another server: its /bucket path.
+            virtual_hosted_style_request=not loc.endpoint,
             client_options=options,  # type: ignore[arg-type]
             retry_config={
                 "max_retries": MAX_RETRIES,

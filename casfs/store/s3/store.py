@@ -44,9 +44,6 @@ from casfs.store.verified import verified
 log = logging.getLogger(__name__)
 
 UPLOAD_THREADS = 4
-# A miss refreshes the table unless it was refreshed this recently (a writer's has()
-# never refreshes; this bounds what a burst of misses costs).
-REFRESH_MIN_AGE_S = 0.5
 
 
 class S3BlobStore(BlobStore):
@@ -81,29 +78,32 @@ class S3BlobStore(BlobStore):
 
     # -- the table -------------------------------------------------------------------
 
-    def refresh(self, min_age: float = 0.0) -> None:
+    def refresh(self, since: float | None = None) -> None:
         """Bring the table up to date with the bucket: index objects added and removed,
-        dead records. Skipped when done less than `min_age` seconds ago."""
+        dead records. With `since` (a time.monotonic()), only if no refresh has started
+        after it: concurrent misses share one listing."""
         with self._refresh_lock:
-            if self._loaded_at is not None and time.monotonic() - self._loaded_at < min_age:
+            if since is not None and self._loaded_at is not None and self._loaded_at >= since:
                 return
             started = time.monotonic()
+            # Known before the listing: a pack published while it runs is not dropped.
+            known = self.table.names()
             names = {key.rsplit("/", 1)[-1] for key, _ in self.remote.list("index/")}
             dead: dict[str, set[BlobId]] = {}
             for key, _ in self.remote.list("dead/"):
                 _, name, hexid = key.split("/")
                 with contextlib.suppress(ValueError):
                     dead.setdefault(name, set()).add(BlobId(bytes.fromhex(hexid)))
-            known = self.table.names()
             for name in known - names:
                 self.table.drop(name)
-            new = sorted(names - known)
+            new = sorted(names - self.table.names())
             for name, loaded in zip(new, self.uploads().map(self._load_index, new), strict=True):
                 if loaded is not None:
                     self.table.add(name, *loaded, dead.get(name, ()))
-            for name in known & names:
+            for name in names:
                 for bid in dead.get(name, ()):
-                    self.table.mark_dead(name, bid)
+                    if name not in new:
+                        self.table.mark_dead(name, bid)
             self._loaded_at = started
 
     def _ensure_loaded(self) -> None:
@@ -164,9 +164,10 @@ class S3BlobStore(BlobStore):
         self._ensure_loaded()
         corrupt: Corruption | None = None
         for attempt in range(2):
+            asked = time.monotonic()
             locations = self.table.locate(bid)
             if not locations and attempt == 0:
-                self.refresh(REFRESH_MIN_AGE_S)
+                self.refresh(since=asked)
                 continue
             gone = False
             for name, offset, length in locations:
@@ -188,7 +189,7 @@ class S3BlobStore(BlobStore):
                 return plain
             if not gone:
                 break
-            self.refresh()
+            self.refresh(since=asked)
         if corrupt is not None:
             self.mark_damaged(bid)
             raise corrupt
@@ -214,9 +215,10 @@ class S3BlobStore(BlobStore):
 
     def stored_size(self, bid: BlobId) -> int:
         self._ensure_loaded()
+        asked = time.monotonic()
         locations = self.table.locate(bid)
         if not locations:
-            self.refresh(REFRESH_MIN_AGE_S)
+            self.refresh(since=asked)
             locations = self.table.locate(bid)
         if not locations:
             raise MissingBlob(f"blob {bid.hex()} is missing")
@@ -233,18 +235,20 @@ class S3BlobStore(BlobStore):
         # reader the catalog sent there, and evicted in time.)
         self.cache.discard(bid)
         self._ensure_loaded()
+        asked = time.monotonic()
         locations = self.table.locate(bid)
         if not locations:
-            self.refresh(REFRESH_MIN_AGE_S)
+            self.refresh(since=asked)
             locations = self.table.locate(bid)
         for name, _, _ in locations:
             pack = self.table.pack(name)
             if pack is None:
                 continue
             with pack.lock:  # its dead records are written before the pack goes
-                if self.table.mark_dead(name, bid) > 0:
+                live = self.table.mark_dead(name, bid)
+                if live > 0:
                     self.remote.put_new(packfmt.dead_key(name, bid), b"")
-                else:
+                elif live == 0:
                     self._remove_pack(name, tuple(pack.entries))
 
     def _remove_pack(self, name: str, ids: Iterable[BlobId]) -> None:

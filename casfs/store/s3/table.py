@@ -64,9 +64,12 @@ class PackTable:
                 self._unlink(name, pack)
 
     def mark_dead(self, name: str, bid: BlobId) -> int:
-        """Record `bid` of pack `name` deleted; the pack's live blobs left."""
+        """Record `bid` of pack `name` deleted; the pack's live blobs left (-1: no such
+        pack any more)."""
         with self._lock:
-            pack = self.packs[name]
+            pack = self.packs.get(name)
+            if pack is None:
+                return -1
             if bid in pack.entries and bid not in pack.dead:
                 pack.dead.add(bid)
                 names = self._where.get(bid, [])
