@@ -182,6 +182,8 @@ class Repository:
 
 def _blob_store(path: Path) -> BlobStore:
     """The blob store STORE/blobs.json names (connected), else the file store."""
+    if not (path / "blobs.json").exists():
+        return FileBlobStore(path)  # (without importing the S3 modules)
     from casfs.store.s3.location import read_location
 
     loc = read_location(path)
