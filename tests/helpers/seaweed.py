@@ -132,18 +132,22 @@ class Seaweed:
             raise
 
     def _wait_ready(self) -> None:
-        """Until the bucket answers a signed listing (the S3 port opens before the
-        bucket is made)."""
-        from obstore import list as ls
+        """Until an object is written and read back (the S3 port opens before the bucket
+        is made, and after a restart a listing answers before the volume server is
+        back: reads of data fail with 500 until then)."""
+        import obstore
 
-        store = self.obstore("")
+        store = self.obstore("ready-check")
+        probe = uuid.uuid4().hex
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise RuntimeError(f"weed exited with {self.proc.returncode}: see {self.log}")
             try:
-                list(ls(store, prefix="ready-check/"))
+                obstore.put(store, probe, b"ready")
+                assert bytes(obstore.get(store, probe).bytes()) == b"ready"
+                obstore.delete(store, probe)
                 return
             except Exception as e:
                 if time.monotonic() > deadline:

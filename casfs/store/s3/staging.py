@@ -47,6 +47,8 @@ class _Pack:
     entries: list[packfmt.Entry] = field(default_factory=list)
     name: str = ""
     upload: Future[bool] | None = None
+    index_tried: bool = False
+    published: bool = False
 
 
 class S3Staging(Staging):
@@ -140,11 +142,20 @@ class S3Staging(Staging):
             assert pack.upload is not None
             pack.upload.result()  # raises the upload's error
         pool = self.store.uploads()
-        indexes = [(p, packfmt.encode_index(p.size, p.entries)) for p in packs]
-        for f in [pool.submit(self.store.remote.put_new, packfmt.index_key(p.name), ix) for p, ix in indexes]:
-            f.result()
-        for pack, ix in indexes:
+        indexes = [(p, packfmt.encode_index(p.size, p.entries)) for p in packs if not p.published]
+        writes = [pool.submit(self.store.remote.put_new, packfmt.index_key(p.name), ix) for p, ix in indexes]
+        failed: BaseException | None = None
+        for (pack, ix), write in zip(indexes, writes, strict=True):
+            pack.index_tried = True
+            try:
+                write.result()
+            except BaseException as e:
+                failed = failed or e
+                continue
+            pack.published = True  # (discard must not delete it: its blobs are visible)
             self.store.published(pack.name, pack.size, pack.entries, ix)
+        if failed is not None:
+            raise failed
         with self._lock:
             self._done = True
             self._sealed.clear()
@@ -163,8 +174,12 @@ class S3Staging(Staging):
         for pack in packs:
             try:
                 assert pack.upload is not None
-                if pack.upload.result(timeout=60) is True:
-                    self.store.remote.delete([packfmt.pack_key(pack.name)])
+                if pack.published or pack.upload.result(timeout=60) is not True:
+                    continue
+                # An index write that failed on our side may have been done on the server's.
+                if pack.index_tried and self.store.remote.exists(packfmt.index_key(pack.name)):
+                    continue
+                self.store.remote.delete([packfmt.pack_key(pack.name)])
             except BaseException as e:  # never raises: recover_staging finds it by its .name
                 log.warning("cannot remove unpublished pack %s: %s", pack.name, e)
                 return
