@@ -23,7 +23,7 @@ from __future__ import annotations
 import configparser
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from casfs.errors import UsageError
@@ -135,9 +135,7 @@ def read_location(store: Path) -> Location | None:
         return None
     except (OSError, ValueError) as e:
         raise UsageError(f"{store / CONFIG_NAME} is unreadable: {e}") from None
-    return Location(
-        **{k: data[k] for k in ("bucket", "prefix", "endpoint", "region", "cache_bytes") if k in data}
-    )
+    return Location(**{f.name: data[f.name] for f in fields(Location) if f.name in data})
 
 
 def write_location(store: Path, loc: Location) -> None:

@@ -42,7 +42,8 @@ ENTRY = struct.Struct(f"<{ID_SIZE}sQI")
 @dataclass
 class _Pack:
     seq: int
-    fd: int
+    fd: int  # the pack file
+    ent_fd: int  # its .ent file
     size: int
     entries: list[packfmt.Entry] = field(default_factory=list)
     name: str = ""
@@ -86,8 +87,7 @@ class S3Staging(Staging):
             offset = pack.size
             try:
                 _write_all(pack.fd, stored)
-                with open(self._path(pack, "ent"), "ab") as ent:
-                    ent.write(ENTRY.pack(bid, offset, len(stored)))
+                _write_all(pack.ent_fd, ENTRY.pack(bid, offset, len(stored)))
             except BaseException:
                 os.ftruncate(pack.fd, offset)  # (a full disk) nothing of this blob stays
                 raise
@@ -102,10 +102,12 @@ class S3Staging(Staging):
 
     def _start(self) -> _Pack:
         seq = next(self._seq)
-        fd = os.open(f"{self.dir}/{seq}.pack", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        flags = os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        fd = os.open(f"{self.dir}/{seq}.pack", os.O_RDWR | flags, 0o600)
         header = packfmt.pack_header()
         _write_all(fd, header)
-        self._open = _Pack(seq, fd, len(header))
+        ent_fd = os.open(f"{self.dir}/{seq}.ent", os.O_WRONLY | os.O_APPEND | flags, 0o600)
+        self._open = _Pack(seq, fd, ent_fd, len(header))
         return self._open
 
     def _seal(self, pack: _Pack) -> None:
@@ -113,7 +115,7 @@ class S3Staging(Staging):
         try:
             data = os.pread(pack.fd, pack.size, 0)
         finally:
-            os.close(pack.fd)
+            _close(pack)
         if len(data) != pack.size:
             raise OSError(f"staged pack {self._path(pack, 'pack')} is short")
         pack.name = packfmt.pack_name(data)
@@ -135,7 +137,7 @@ class S3Staging(Staging):
         if last is not None and last.entries:
             self._seal(last)
         elif last is not None:
-            os.close(last.fd)  # (its only add failed: nothing to upload)
+            _close(last)  # (its only add failed: nothing to upload)
         with self._lock:
             packs = list(self._sealed)
         for pack in packs:
@@ -170,7 +172,7 @@ class S3Staging(Staging):
             packs, self._sealed = list(self._sealed), []
             last, self._open = self._open, None
         if last is not None:
-            os.close(last.fd)
+            _close(last)
         for pack in packs:
             try:
                 assert pack.upload is not None
@@ -184,6 +186,11 @@ class S3Staging(Staging):
                 log.warning("cannot remove unpublished pack %s: %s", pack.name, e)
                 return
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _close(pack: _Pack) -> None:
+    os.close(pack.fd)
+    os.close(pack.ent_fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:
