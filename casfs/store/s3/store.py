@@ -25,7 +25,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -249,9 +249,9 @@ class S3BlobStore(BlobStore):
                 if live > 0:
                     self.remote.put_new(packfmt.dead_key(name, bid), b"")
                 elif live == 0:
-                    self._remove_pack(name, tuple(pack.entries))
+                    self.remove_pack(name, tuple(pack.entries))
 
-    def _remove_pack(self, name: str, ids: Iterable[BlobId]) -> None:
+    def remove_pack(self, name: str, ids: Iterable[BlobId]) -> None:
         """Index first (the blobs vanish at once), then the pack, then its dead records."""
         self.remote.delete([packfmt.index_key(name)])
         self.table.drop(name)
@@ -260,52 +260,9 @@ class S3BlobStore(BlobStore):
         self.remote.delete([packfmt.pack_key(name), *(packfmt.dead_key(name, b) for b in ids)])
 
     def compact(self, below: float) -> tuple[int, int]:
-        """Repack: the live blobs of every pack whose live bytes are under `below` of
-        its blob bytes go into new packs (one staging, so small leftovers merge), each
-        checked on the way; then the old packs go. A pack with a blob that fails its
-        check is left as it is (fsck reports the blob)."""
-        self.refresh()
-        chosen = []
-        for name in sorted(self.table.names()):
-            pack = self.table.pack(name)
-            if pack is None:
-                continue
-            live = [(b, o, n) for b, (o, n) in pack.entries.items() if b not in pack.dead]
-            total = sum(n for _, n in pack.entries.values())
-            if not live or sum(n for _, _, n in live) < below * total:
-                chosen.append((name, pack.size, live))
-        if not chosen:
-            return 0, 0
-        staging = self.staging()
-        done: list[tuple[str, int]] = []
-        try:
-            for name, size, live in chosen:
-                if live and not self._restage(staging, name, live):
-                    continue
-                done.append((name, size))
-            staging.publish()
-        finally:
-            staging.discard()
-        written = sum(self.table.packs[n].size for n in staging.published_names if n in self.table.packs)
-        for name, _ in done:
-            pack = self.table.pack(name)
-            self._remove_pack(name, tuple(pack.entries) if pack else ())
-        return len(done), max(0, sum(size for _, size in done) - written)
+        from casfs.store.s3.repack import repack
 
-    def _restage(self, staging: S3Staging, name: str, live: Sequence[packfmt.Entry]) -> bool:
-        """Stage a pack's live blobs, verified; False if one fails (the pack stays)."""
-        data = self.remote.get(packfmt.pack_key(name))
-        for bid, offset, length in live:
-            stored = data[offset : offset + length]
-            try:
-                verified(bid, stored, None)
-            except Corruption as e:
-                log.error("pack %s not repacked: %s", name, e)
-                self.mark_damaged(bid)
-                return False
-        for bid, offset, length in live:
-            staging.add_stored(bid, data[offset : offset + length])
-        return True
+        return repack(self, below)
 
     def claim(self, store_id: str) -> None:
         """Make the prefix this store's (packfmt.CLAIM); Conflict if another has it."""
