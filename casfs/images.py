@@ -191,7 +191,6 @@ def import_image(
         raise UsageError("chunk size must be a power of two from 4 KiB to 4 MiB")
     import json
 
-    from casfs.lifecycle.queue import job_slot  # (imports only: not a clone's or a listing's start-up)
     from casfs.store.verify import parse_expect
 
     expected = parse_expect(expect) if expect else None
@@ -239,6 +238,8 @@ def _run_import(
     work: Callable[[], None],
 ) -> tuple[ImageInfo, bool]:
     """Claim the name, wait for a job slot, do the work; on failure, unclaim or fail."""
+    from casfs.lifecycle.queue import job_slot  # (imports only: not a clone's or a listing's start-up)
+
     existing = _claim(repo, name, kind, spec, source, chunk_size)
     if existing is not None:
         return existing, False
@@ -268,9 +269,9 @@ def _oci_job(
     progress: Progress | None,
     platform: str | None,
 ) -> tuple[ImageInfo, bool]:
-    from casfs.importers.oci.reference import parse_reference
-
     import json
+
+    from casfs.importers.oci.reference import parse_reference
 
     ref = parse_reference(source)
     request = {"source": str(ref), "format": ref.transport, "expect": expect, "chunk_size": chunk_size}

@@ -3,6 +3,7 @@
     STORE/catalog.db    the catalog (SQLite, WAL)
     STORE/blobs/ab/…    one file per blob (store.local.FileBlobStore, unless another
                         store.BlobStore is given)
+    STORE/blobs.json    or: the blobs are in a bucket (store.s3, `casfs init --blobs`)
     STORE/tmp/          staging files of batches in flight
     STORE/lock          flock: shared by every writer batch, exclusive for gc
 
@@ -15,6 +16,7 @@ transaction. Writers on different connections are serialized by SQLite's write l
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import sqlite3
@@ -26,7 +28,7 @@ from pathlib import Path
 from casfs import catalog
 from casfs.catalog import blobs as blob_rows
 from casfs.catalog.schema import create_tables
-from casfs.errors import Busy, Corruption, NotFound, UsageError
+from casfs.errors import Busy, Conflict, Corruption, NotFound, UsageError
 from casfs.refcount.ledger import Batch
 from casfs.store import BlobStore
 from casfs.store.cache import LRU
@@ -62,7 +64,7 @@ class FileLock:
 class Repository:
     def __init__(self, path: Path, blobs: BlobStore | None = None) -> None:
         self.path = path
-        self.blobs: BlobStore = FileBlobStore(path) if blobs is None else blobs
+        self.blobs: BlobStore = _blob_store(path) if blobs is None else blobs
         self.catalog_path = path / "catalog.db"
         self.lock_path = path / "lock"
         self._local = threading.local()
@@ -73,13 +75,38 @@ class Repository:
         self.on_corrupt: Callable[[BlobId], None] | None = None
 
     @classmethod
-    def init(cls, path: Path, blobs: BlobStore | None = None) -> Repository:
+    def init(
+        cls,
+        path: Path,
+        blobs: BlobStore | None = None,
+        blob_url: str | None = None,
+        blob_cache: int | None = None,
+    ) -> Repository:
+        """A new store at `path` (an existing one is opened); `blob_url` (s3://BUCKET/PREFIX)
+        keeps its blobs in a bucket, checked reachable before anything is written, with a
+        local cache of `blob_cache` bytes (None: the default)."""
         path = Path(path)
         if (path / "catalog.db").exists():
+            _same_location(path, blob_url)
             repo = cls.open(path, blobs)
             return repo
         if path.exists() and any(path.iterdir()):
             raise UsageError(f"{path} exists, is not empty and is not a casfs store")
+        if blob_url is not None:
+            from casfs.store.s3.location import parse_url, write_location
+            from casfs.store.s3.store import connect
+
+            loc = parse_url(blob_url)
+            if blob_cache is not None:
+                loc = dataclasses.replace(loc, cache_bytes=blob_cache)
+            import uuid
+
+            loc = dataclasses.replace(loc, store_id=uuid.uuid4().hex)
+            s3 = connect(path, loc)  # (before anything is written)
+            s3.claim(loc.store_id)
+            path.mkdir(parents=True, exist_ok=True)
+            write_location(path, s3.loc)
+            blobs = s3
         path.mkdir(parents=True, exist_ok=True)
         repo = cls(path, blobs)
         repo.blobs.create()
@@ -151,6 +178,33 @@ class Repository:
 
     def exclusive_lock(self, timeout: float = 30.0) -> FileLock:
         return FileLock(self.lock_path, exclusive=True, timeout=timeout)
+
+
+def _blob_store(path: Path) -> BlobStore:
+    """The blob store STORE/blobs.json names (connected), else the file store."""
+    if not (path / "blobs.json").exists():
+        return FileBlobStore(path)  # (without importing the S3 modules)
+    from casfs.store.s3.location import read_location
+
+    loc = read_location(path)
+    if loc is None:
+        return FileBlobStore(path)
+    from casfs.store.s3.store import connect
+
+    return connect(path, loc)
+
+
+def _same_location(path: Path, blob_url: str | None) -> None:
+    """`casfs init --blobs URL` on an existing store: it must be that store's location."""
+    if blob_url is None:
+        return
+    from casfs.store.s3.location import parse_url, read_location
+
+    loc = read_location(path)
+    want = parse_url(blob_url)
+    if loc is None or (loc.bucket, loc.prefix) != (want.bucket, want.prefix):
+        have = loc.url if loc is not None else "its own directory"
+        raise Conflict(f"the store at {path} keeps its blobs in {have}, not {want.url}")
 
 
 def store_path(arg: str | None) -> Path:

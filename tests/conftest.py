@@ -22,6 +22,7 @@ import pytest
 from casfs.repo import Repository
 from tests.helpers import mount
 from tests.helpers.fsck import Stores, fsck_clean
+from tests.helpers.seaweed import s3_prefix, seaweed  # noqa: F401  (fixtures: a real S3 server)
 
 TEST_TIMEOUT_S = 300.0
 

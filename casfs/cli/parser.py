@@ -62,6 +62,7 @@ class LazyCommand:
 
 
 bundle = _Module("casfs.cli.bundle")
+fetch = _Module("casfs.cli.fetch")
 images = _Module("casfs.cli.images")
 maintenance = _Module("casfs.cli.maintenance")
 mounts = _Module("casfs.cli.mounts")
@@ -121,7 +122,25 @@ DEST = Arg("dest", metavar="DEST", help="must not exist (or be an empty director
 EXPORT_FORMAT = Arg("--format", choices=("auto", "raw", "dir", "tar"), default="auto")
 
 GRAMMAR = (
-    Row("init", None, maintenance.cmd_init, "create a store at --store (an existing store is left as it is)"),
+    Row(
+        "init",
+        None,
+        maintenance.cmd_init,
+        "create a store at --store (an existing store is left as it is)",
+        [
+            Arg("--blobs", metavar="s3://BUCKET[/PREFIX]", help="keep blobs in a bucket (AWS_* settings)"),
+            Arg("--blob-cache", metavar="SIZE", help="with --blobs: cache of fetched blobs (4G)"),
+        ],
+        "Create a store. With --blobs, its catalog is local and its blobs are in the bucket,\n"
+        "reached with AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or ~/.aws).",
+    ),
+    Row(
+        "image",
+        "fetch",
+        fetch.cmd_fetch,
+        "read all of an image once, verified (fills the local cache of a store on S3)",
+        [NAME],
+    ),
     Row(
         "image",
         "import",
@@ -357,7 +376,16 @@ GRAMMAR = (
         None,
         maintenance.cmd_gc,
         "free blobs nothing references any more",
-        [Arg("--json", action="store_true", help="print the report as one JSON object")],
+        [
+            Arg("--json", action="store_true", help="print the report as one JSON object"),
+            Arg(
+                "--repack-below",
+                metavar="FRACTION",
+                type=float,
+                default=0.5,
+                help="store on S3: rewrite packs whose live bytes are under FRACTION (default 0.5)",
+            ),
+        ],
         "Remove ephemeral volumes unused for longer than their grace period, then free every\n"
         "blob nothing references any more.",
     ),

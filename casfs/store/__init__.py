@@ -134,6 +134,13 @@ class BlobStore(Protocol):
         """Forget a damaged mark: a verified copy replaced the blob. Idempotent."""
         ...
 
+    def compact(self, below: float) -> tuple[int, int]:
+        """Reclaim the space deleted blobs still take (a pack store rewrites each pack
+        whose live bytes are under `below` of its size, and drops what nothing in it is
+        live); (packs rewritten or dropped, bytes reclaimed). Called with the store
+        locked exclusively, as gc is. This default has nothing to do: (0, 0)."""
+        return 0, 0
+
     def put(self, plain: bytes) -> BlobId:
         """Store one data blob and publish it at once; returns its id. Idempotent.
         A convenience for tests and small writers: it takes no store lock and no

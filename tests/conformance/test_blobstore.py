@@ -1,9 +1,10 @@
 """One conformance suite for every BlobStore (containerd's content testsuite is the
-model): the file store, the memory store, and the fault-injecting wrapper with nothing
-armed all keep the promises written on casfs.store.BlobStore and Staging. Then the
-wrapper's faults, over both real stores: a failure leaves nothing half visible, and a
-read never returns wrong bytes. Last, a Repository given a memory store runs import,
-export, gc, fsck and recovery: nothing above the interface reaches past it."""
+model): the file store, the memory store, the S3 store (on a real SeaweedFS server), and
+the fault-injecting wrapper with nothing armed all keep the promises written on
+casfs.store.BlobStore and Staging. Then the wrapper's faults, over each real store: a
+failure leaves nothing half visible, and a read never returns wrong bytes. Last, a
+Repository given a memory store runs import, export, gc, fsck and recovery: nothing
+above the interface reaches past it."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ from casfs.store.faulty import CORRUPT, Faults, FaultyBlobStore
 from casfs.store.ids import BlobId, blob_id, meta_id
 from casfs.store.local import FileBlobStore
 from casfs.store.memory import MemoryBlobStore
+from casfs.store.s3 import packfmt
+from casfs.store.s3.location import Location
+from casfs.store.s3.store import connect
+from tests.helpers.seaweed import BUCKET, Seaweed, fresh_prefix
 
 
 @dataclass
@@ -40,7 +45,7 @@ class Subject:
     faults: Faults | None = None
 
 
-def _file(tmp_path: Path) -> Subject:
+def _file(request: pytest.FixtureRequest, tmp_path: Path) -> Subject:
     store = FileBlobStore(tmp_path / "store")
     store.create()
 
@@ -52,7 +57,7 @@ def _file(tmp_path: Path) -> Subject:
     return Subject(store, overwrite)
 
 
-def _memory(tmp_path: Path) -> Subject:
+def _memory(request: pytest.FixtureRequest, tmp_path: Path) -> Subject:
     store = MemoryBlobStore()
 
     def overwrite(bid: BlobId, stored: bytes) -> None:
@@ -61,21 +66,52 @@ def _memory(tmp_path: Path) -> Subject:
     return Subject(store, overwrite)
 
 
-def _faulty(inner: Callable[[Path], Subject]) -> Callable[[Path], Subject]:
-    def make(tmp_path: Path) -> Subject:
-        sub = inner(tmp_path)
+def _s3(request: pytest.FixtureRequest, tmp_path: Path) -> Subject:
+    server: Seaweed = request.getfixturevalue("seaweed")
+    with pytest.MonkeyPatch.context() as env:
+        for k, v in server.env().items():
+            env.setenv(k, v)
+        store = connect(tmp_path / "store", Location(BUCKET, fresh_prefix()))
+    store.create()
+
+    def overwrite(bid: BlobId, stored: bytes) -> None:
+        """Rewrite the pack holding `bid` with `stored` in its place, and its index to
+        match (the damage a server could do; casfs itself never rewrites an object)."""
+        import obstore
+
+        for name, offset, length in store.table.locate(bid):
+            pack = store.remote.get(packfmt.pack_key(name))
+            pack = pack[:offset] + stored + pack[offset + length :]
+            _, entries = packfmt.decode_index(store.remote.get(packfmt.index_key(name)), name)
+            delta = len(stored) - length
+            moved = [
+                (b, o + delta if o > offset else o, len(stored) if b == bid else n) for b, o, n in entries
+            ]
+            obstore.put(store.remote.store, packfmt.pack_key(name), pack)
+            obstore.put(store.remote.store, packfmt.index_key(name), packfmt.encode_index(len(pack), moved))
+        store.reload()
+
+    return Subject(store, overwrite)
+
+
+Factory = Callable[[pytest.FixtureRequest, Path], Subject]
+
+
+def _faulty(inner: Factory) -> Factory:
+    def make(request: pytest.FixtureRequest, tmp_path: Path) -> Subject:
+        sub = inner(request, tmp_path)
         faults = Faults()
         return Subject(FaultyBlobStore(sub.store, faults), sub.overwrite, faults)
 
     return make
 
 
-STORES = {"file": _file, "memory": _memory, "faulty-file": _faulty(_file)}
+STORES = {"file": _file, "memory": _memory, "s3": _s3, "faulty-file": _faulty(_file)}
 
 
 @pytest.fixture(params=list(STORES))
 def sub(request: pytest.FixtureRequest, tmp_path: Path) -> Subject:
-    return STORES[request.param](tmp_path)
+    return STORES[request.param](request, tmp_path)
 
 
 def _blobs(n: int, size: int = 3000) -> dict[BlobId, bytes]:
@@ -315,9 +351,9 @@ def test_damaged_marks_are_kept_until_cleared(sub: Subject) -> None:
 # -- faults: FaultyBlobStore over each real store -----------------------------------
 
 
-@pytest.fixture(params=["file", "memory"])
+@pytest.fixture(params=["file", "memory", "s3"])
 def faulty(request: pytest.FixtureRequest, tmp_path: Path) -> Subject:
-    return _faulty(STORES[request.param])(tmp_path)
+    return _faulty(STORES[request.param])(request, tmp_path)
 
 
 def _plan(sub: Subject, plan: str) -> None:

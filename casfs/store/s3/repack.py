@@ -1,0 +1,67 @@
+"""gc's repack for an S3 store: packs mostly dead rewritten, all-dead ones dropped."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from casfs.errors import Corruption
+from casfs.store.s3 import packfmt
+from casfs.store.verified import verified
+
+if TYPE_CHECKING:
+    from casfs.store.s3.staging import S3Staging
+    from casfs.store.s3.store import S3BlobStore
+
+log = logging.getLogger(__name__)
+
+
+def repack(store: S3BlobStore, below: float) -> tuple[int, int]:
+    """Repack: the live blobs of every pack whose live bytes are under `below` of
+    its blob bytes go into new packs (one staging, so small leftovers merge), each
+    checked on the way; then the old packs go. A pack with a blob that fails its
+    check is left as it is (fsck reports the blob)."""
+    store.refresh()
+    chosen = []
+    for name in sorted(store.table.names()):
+        pack = store.table.pack(name)
+        if pack is None:
+            continue
+        live = [(b, o, n) for b, (o, n) in pack.entries.items() if b not in pack.dead]
+        total = sum(n for _, n in pack.entries.values())
+        if not live or sum(n for _, _, n in live) < below * total:
+            chosen.append((name, pack.size, live))
+    if not chosen:
+        return 0, 0
+    staging = store.staging()
+    done: list[tuple[str, int]] = []
+    try:
+        for name, size, live in chosen:
+            if live and not _restage(store, staging, name, live):
+                continue
+            done.append((name, size))
+        staging.publish()
+    finally:
+        staging.discard()
+    written = sum(store.table.packs[n].size for n in staging.published_names if n in store.table.packs)
+    for name, _ in done:
+        pack = store.table.pack(name)
+        store.remove_pack(name, tuple(pack.entries) if pack else ())
+    return len(done), max(0, sum(size for _, size in done) - written)
+
+
+def _restage(store: S3BlobStore, staging: S3Staging, name: str, live: Sequence[packfmt.Entry]) -> bool:
+    """Stage a pack's live blobs, verified; False if one fails (the pack stays)."""
+    data = store.remote.get(packfmt.pack_key(name))
+    for bid, offset, length in live:
+        stored = data[offset : offset + length]
+        try:
+            verified(bid, stored, None)
+        except Corruption as e:
+            log.error("pack %s not repacked: %s", name, e)
+            store.mark_damaged(bid)
+            return False
+    for bid, offset, length in live:
+        staging.add_stored(bid, data[offset : offset + length])
+    return True

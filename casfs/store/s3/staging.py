@@ -1,0 +1,199 @@
+"""A batch of blobs on its way into an S3 store: local pack files, uploaded as they fill,
+published by writing their index objects.
+
+    STORE/tmp/<pid>-<random>/<n>.pack   the pack being filled (header, encoded blobs)
+    STORE/tmp/<pid>-<random>/<n>.ent    one 44-byte record per blob added (id, offset,
+                                        length): what recover_staging counts
+    STORE/tmp/<pid>-<random>/<n>.name   the pack's object name, written before its upload
+
+A pack is sealed and its upload starts (on the store's upload threads) once it holds
+PACK_TARGET bytes, so a large import uploads while it hashes and compresses. publish()
+seals the last pack, waits for every upload, then writes each pack's index object:
+only then are its blobs visible, to this process and to every other. A pack uploaded
+without its index (a crash, a failed publish) is invisible; discard() deletes it, and
+recover_staging() deletes those a dead process left (it finds their names in .name).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import shutil
+import struct
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from casfs.store import Staging, codec
+from casfs.store.ids import ID_SIZE, BlobId
+from casfs.store.s3 import packfmt
+
+if TYPE_CHECKING:
+    from casfs.store.s3.store import S3BlobStore
+
+log = logging.getLogger(__name__)
+
+PACK_TARGET = 8 << 20  # restic's default is 16 MiB; 4-16 MiB measured alike here
+ENTRY = struct.Struct(f"<{ID_SIZE}sQI")
+
+
+@dataclass
+class _Pack:
+    seq: int
+    fd: int  # the pack file
+    ent_fd: int  # its .ent file
+    size: int
+    entries: list[packfmt.Entry] = field(default_factory=list)
+    name: str = ""
+    upload: Future[bool] | None = None
+    index_tried: bool = False
+    published: bool = False
+
+
+class S3Staging(Staging):
+    def __init__(self, store: S3BlobStore) -> None:
+        import uuid
+
+        self.store = store
+        self.dir = store.tmp_dir / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.dir.mkdir()
+        self._lock = threading.Lock()
+        self._seq = itertools.count()
+        self._open: _Pack | None = None
+        self._sealed: list[_Pack] = []
+        self._sizes: dict[BlobId, int] = {}
+        self._done = False
+        self.published_names: list[str] = []  # the packs publish() made visible
+
+    def _path(self, pack: _Pack, ext: str) -> str:
+        return f"{self.dir}/{pack.seq}.{ext}"
+
+    def add(self, bid: BlobId, plain: bytes | memoryview) -> int:
+        with self._lock:
+            known = self._sizes.get(bid)
+        if known is not None:
+            return known
+        return self.add_stored(bid, codec.encode(plain))
+
+    def add_stored(self, bid: BlobId, stored: bytes) -> int:
+        """add() of a blob already encoded (and verified by the caller: a repack)."""
+        full = None
+        with self._lock:
+            if bid in self._sizes:
+                return self._sizes[bid]
+            pack = self._open or self._start()
+            offset = pack.size
+            try:
+                _write_all(pack.fd, stored)
+                _write_all(pack.ent_fd, ENTRY.pack(bid, offset, len(stored)))
+            except BaseException:
+                os.ftruncate(pack.fd, offset)  # (a full disk) nothing of this blob stays
+                raise
+            pack.size += len(stored)
+            pack.entries.append((bid, offset, len(stored)))
+            self._sizes[bid] = len(stored)
+            if pack.size >= PACK_TARGET:
+                full, self._open = pack, None
+        if full is not None:
+            self._seal(full)
+        return len(stored)
+
+    def _start(self) -> _Pack:
+        seq = next(self._seq)
+        flags = os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        fd = os.open(f"{self.dir}/{seq}.pack", os.O_RDWR | flags, 0o600)
+        header = packfmt.pack_header()
+        _write_all(fd, header)
+        ent_fd = os.open(f"{self.dir}/{seq}.ent", os.O_WRONLY | os.O_APPEND | flags, 0o600)
+        self._open = _Pack(seq, fd, ent_fd, len(header))
+        return self._open
+
+    def _seal(self, pack: _Pack) -> None:
+        """Name the pack (the hash of its bytes), record the name, start its upload."""
+        try:
+            data = os.pread(pack.fd, pack.size, 0)
+        finally:
+            _close(pack)
+        if len(data) != pack.size:
+            raise OSError(f"staged pack {self._path(pack, 'pack')} is short")
+        pack.name = packfmt.pack_name(data)
+        with open(self._path(pack, "name"), "w") as f:
+            f.write(pack.name)
+        pack.upload = self.store.uploads().submit(
+            self.store.remote.put_new, packfmt.pack_key(pack.name), data
+        )
+        with self._lock:
+            self._sealed.append(pack)
+
+    def publish(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            if not self.dir.exists():
+                raise FileNotFoundError(f"staging {self.dir} was removed by recover_staging")
+            last, self._open = self._open, None
+        if last is not None and last.entries:
+            self._seal(last)
+        elif last is not None:
+            _close(last)  # (its only add failed: nothing to upload)
+        with self._lock:
+            packs = list(self._sealed)
+        for pack in packs:
+            assert pack.upload is not None
+            pack.upload.result()  # raises the upload's error
+        pool = self.store.uploads()
+        indexes = [(p, packfmt.encode_index(p.size, p.entries)) for p in packs if not p.published]
+        writes = [pool.submit(self.store.remote.put_new, packfmt.index_key(p.name), ix) for p, ix in indexes]
+        failed: BaseException | None = None
+        for (pack, ix), write in zip(indexes, writes, strict=True):
+            pack.index_tried = True
+            try:
+                write.result()
+            except BaseException as e:
+                failed = failed or e
+                continue
+            pack.published = True  # (discard must not delete it: its blobs are visible)
+            self.store.published(pack.name, pack.size, pack.entries, ix)
+        if failed is not None:
+            raise failed
+        with self._lock:
+            self._done = True
+            self._sealed.clear()
+            self.published_names = [p.name for p in packs]
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def discard(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            packs, self._sealed = list(self._sealed), []
+            last, self._open = self._open, None
+        if last is not None:
+            _close(last)
+        for pack in packs:
+            try:
+                assert pack.upload is not None
+                if pack.published or pack.upload.result(timeout=60) is not True:
+                    continue
+                # An index write that failed on our side may have been done on the server's.
+                if pack.index_tried and self.store.remote.exists(packfmt.index_key(pack.name)):
+                    continue
+                self.store.remote.delete([packfmt.pack_key(pack.name)])
+            except BaseException as e:  # never raises: recover_staging finds it by its .name
+                log.warning("cannot remove unpublished pack %s: %s", pack.name, e)
+                return
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _close(pack: _Pack) -> None:
+    os.close(pack.fd)
+    os.close(pack.ent_fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

@@ -1,0 +1,125 @@
+"""The object store goes away: cached blobs keep being read, uncached ones fail with EIO
+(naming the blob and the endpoint) in bounded time, and all is well once it is back.
+The session's SeaweedFS server is stopped for real and started again (same ports, same
+data) in `finally`."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from casfs.store.ids import blob_id
+from casfs.store.s3.location import Location
+from casfs.store.s3.store import connect
+from tests.helpers.cli import ok, out, run
+from tests.helpers.mount import cleanup, mounted, start_daemon, wait_gone
+from tests.helpers.seaweed import BUCKET, Seaweed
+
+MIB = 1 << 20
+CHUNK = 64 << 10  # `casfs image import`'s default chunk size
+BOUND_S = 30.0  # an uncached read fails within this, never hangs
+
+
+@pytest.fixture
+def s3_env(seaweed: Seaweed, monkeypatch: pytest.MonkeyPatch) -> Seaweed:
+    for k, v in seaweed.env().items():
+        monkeypatch.setenv(k, v)
+    return seaweed
+
+
+def test_cached_blobs_are_read_while_the_store_is_down(
+    s3_env: Seaweed, s3_prefix: str, tmp_path: Path
+) -> None:
+    store = connect(tmp_path / "store", Location(BUCKET, s3_prefix))
+    store.create()
+    a, b = os.urandom(100_000), os.urandom(100_000)
+    aid, bid = store.put(a), store.put(b)
+    assert store.get(aid) == a  # fetched: now cached
+    assert store.get_if_cached(bid, 1 << 20) is None
+    s3_env.stop()
+    try:
+        assert store.get(aid) == a and store.get_if_cached(aid, 1 << 20) == a
+        started = time.monotonic()
+        with pytest.raises(OSError) as e:
+            store.get(bid)
+        assert time.monotonic() - started < BOUND_S
+        assert e.value.errno == errno.EIO
+        assert bid.hex() in str(e.value) and s3_env.endpoint in str(e.value)
+    finally:
+        s3_env.start()
+    assert store.get(bid) == b
+
+
+def test_a_mount_reads_what_it_fetched_and_eio_for_the_rest_while_the_store_is_down(
+    s3_env: Seaweed, s3_prefix: str, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    ok(store, "init", "--blobs", f"s3://{BUCKET}/{s3_prefix}")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "read-before").write_bytes(os.urandom(MIB))
+    (tree / "never-read").write_bytes(os.urandom(MIB))
+    ok(store, "image", "import", "img", tree)
+    with mounted(store, tmp_path / "mnt") as m:
+        image = m.path / "images" / "img"
+        assert (image / "read-before").read_bytes() == (tree / "read-before").read_bytes()
+        s3_env.stop()
+        try:
+            assert (image / "read-before").read_bytes() == (tree / "read-before").read_bytes()
+            started = time.monotonic()
+            with pytest.raises(OSError) as e:
+                (image / "never-read").read_bytes()
+            assert e.value.errno == errno.EIO
+            assert time.monotonic() - started < BOUND_S
+        finally:
+            s3_env.start()
+        data = (tree / "never-read").read_bytes()
+        chunks = {blob_id(data[i : i + CHUNK]).hex() for i in range(0, len(data), CHUNK)}
+        logged = [line for line in m.log().splitlines() if any(c in line for c in chunks)]
+        assert logged and all(s3_env.endpoint in line for line in logged), m.log()
+        assert (image / "never-read").read_bytes() == (tree / "never-read").read_bytes()
+
+
+def test_block_writes_while_the_store_is_down_are_kept_and_saved_once_it_is_back(
+    s3_env: Seaweed, s3_prefix: str, tmp_path: Path
+) -> None:
+    """fsync on a block volume never waits for the network (writes go to its local upper
+    file); a fold that cannot upload keeps the upper state, and the next one saves it.
+    (A directory volume's fsync still makes blobs until its write path has upper files.)"""
+    store = tmp_path / "store"
+    ok(store, "init", "--blobs", f"s3://{BUCKET}/{s3_prefix}")
+    ok(store, "volume", "create", "v", "--blank-block", "8M")
+    disk = tmp_path / "disk"
+    disk.touch()
+    data = os.urandom(MIB)
+    m = start_daemon(store, disk, volume="v")
+    fd = os.open(disk, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"before" * 1000, 0)
+        os.fsync(fd)
+        s3_env.stop()
+        try:
+            started = time.monotonic()
+            os.pwrite(fd, data, 2 * MIB)
+            os.fsync(fd)
+            assert time.monotonic() - started < 5
+            os.close(fd)
+            fd = -1
+            run(["fusermount3", "-u", disk], timeout=120)
+            assert wait_gone(m.pid, m.proc, 120), m.log()
+        finally:
+            s3_env.start()
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        cleanup(m.path, m.pid, m.proc)
+    ok(store, "snapshot", "create", "v")
+    ok(store, "volume", "export", "v", tmp_path / "out.raw")
+    got = (tmp_path / "out.raw").read_bytes()
+    assert got[:6000] == b"before" * 1000 and got[2 * MIB : 3 * MIB] == data
+    assert json.loads(out(store, "fsck", "--json"))["clean"]

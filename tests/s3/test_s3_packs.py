@@ -1,0 +1,89 @@
+"""What only a pack store does: whole packs go when their last blob dies, mostly dead
+packs are rewritten by compact (gc's repack), one store per prefix."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import obstore
+import pytest
+
+from casfs.store.ids import BlobId, blob_id
+from casfs.store.s3.location import Location
+from casfs.store.s3.store import S3BlobStore, connect
+from tests.helpers.cli import CLI, TIMEOUT, run
+from tests.helpers.cli import env as cli_env
+from tests.helpers.seaweed import BUCKET, Seaweed
+
+
+@pytest.fixture
+def store(seaweed: Seaweed, s3_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> S3BlobStore:
+    for k, v in seaweed.env().items():
+        monkeypatch.setenv(k, v)
+    s = connect(tmp_path / "store", Location(BUCKET, s3_prefix))
+    s.create()
+    return s
+
+
+def _keys(store: S3BlobStore, prefix: str) -> dict[str, int]:
+    return {m["path"]: m["size"] for page in obstore.list(store.remote.store, prefix=prefix) for m in page}
+
+
+def _stage(store: S3BlobStore, n: int) -> dict[BlobId, bytes]:
+    blobs = {}
+    st = store.staging()
+    for _ in range(n):
+        plain = os.urandom(50_000)
+        bid = blob_id(plain)
+        st.add(bid, plain)
+        blobs[bid] = plain
+    st.publish()
+    return blobs
+
+
+def test_a_pack_goes_with_its_last_blob_and_a_fresh_store_agrees(store: S3BlobStore, tmp_path: Path) -> None:
+    blobs = _stage(store, 4)
+    assert len(_keys(store, "packs/")) == 1
+    ids = list(blobs)
+    store.delete(ids[0])
+    assert len(_keys(store, "dead/")) == 1
+    other = connect(tmp_path / "other", store.loc)  # another process's view, from the bucket
+    assert sorted(other.list()) == sorted(ids[1:])
+    for bid in ids[1:]:
+        store.delete(bid)
+    assert _keys(store, "") == {}
+    assert list(other.list()) == []
+
+
+def test_compact_rewrites_mostly_dead_packs_and_keeps_every_live_blob(store: S3BlobStore) -> None:
+    blobs = _stage(store, 10)
+    kept = _stage(store, 10)  # a second pack, all live: left alone
+    ids = list(blobs)
+    for bid in ids[:8]:
+        store.delete(bid)
+    before = sum(_keys(store, "packs/").values())
+    assert store.compact(0.1) == (0, 0)  # 20% live: over the threshold
+    packs, reclaimed = store.compact(0.5)
+    assert packs == 1 and reclaimed > 300_000
+    assert sum(_keys(store, "packs/").values()) == before - reclaimed
+    assert _keys(store, "dead/") == {}
+    assert sorted(store.list()) == sorted([*ids[8:], *kept])
+    for bid in [*ids[8:], *kept]:
+        assert store.get(bid) == {**blobs, **kept}[bid]
+
+
+def test_one_store_per_prefix(seaweed: Seaweed, s3_prefix: str, tmp_path: Path) -> None:
+    env = cli_env(CASFS_TEST_TIMEOUTS="0", **seaweed.env())
+    url = f"s3://{BUCKET}/{s3_prefix}"
+
+    def casfs(store: Path, *args: str) -> tuple[int, str]:
+        done = run([*CLI, "-s", store, *args], timeout=TIMEOUT, env=env)
+        return done.returncode, done.stderr
+
+    assert casfs(tmp_path / "one", "init", "--blobs", url)[0] == 0
+    assert casfs(tmp_path / "one", "init", "--blobs", url)[0] == 0  # itself again: fine
+    code, err = casfs(tmp_path / "two", "init", "--blobs", url)
+    assert code == 4 and "give each store its own prefix" in err
+    assert not (tmp_path / "two").exists()
+    assert casfs(tmp_path / "two", "init", "--blobs", f"{url}-two")[0] == 0
