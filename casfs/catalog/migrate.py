@@ -221,6 +221,35 @@ def _migrate_6_to_7(conn: sqlite3.Connection) -> None:
     conn.execute(UPPERS_SCHEMA)
 
 
+# Format 9 (casfs.replica): where received snapshots came from, and what other stores
+# held when last seen. No existing row changes: a snapshot without provenance was taken here.
+REPLICA_SCHEMA = """
+CREATE TABLE provenance (
+    volume   TEXT NOT NULL,
+    n        INTEGER NOT NULL,
+    made_by  TEXT NOT NULL,
+    source   TEXT NOT NULL,
+    received REAL NOT NULL,
+    PRIMARY KEY (volume, n)
+) WITHOUT ROWID;
+CREATE TABLE peers (
+    volume TEXT NOT NULL,
+    source TEXT NOT NULL,
+    store  TEXT NOT NULL,
+    remote TEXT NOT NULL,
+    newest INTEGER,
+    root   BLOB,
+    seen   REAL NOT NULL,
+    PRIMARY KEY (volume, source)
+) WITHOUT ROWID
+"""
+
+
+def _migrate_8_to_9(conn: sqlite3.Connection) -> None:
+    for statement in _statements(REPLICA_SCHEMA):
+        conn.execute(statement)
+
+
 Migration = Callable[[sqlite3.Connection], None]
 MIGRATIONS: dict[int, Migration] = {
     1: _migrate_1_to_2,
@@ -229,4 +258,7 @@ MIGRATIONS: dict[int, Migration] = {
     4: _migrate_4_to_5,
     5: _migrate_5_to_6,
     6: _migrate_6_to_7,
+    # Branch wt-replica only: the replica step chained at 7 until the OCI helper's 7 -> 8
+    # is merged; then this is `8: _migrate_8_to_9` (and schema.FORMAT_VERSION 9).
+    7: _migrate_8_to_9,
 }

@@ -15,7 +15,7 @@ import functools
 from typing import TYPE_CHECKING
 
 from casfs import __version__
-from casfs.cli import images, maintenance, mounts, snapshots, volumes
+from casfs.cli import images, maintenance, mounts, replica, snapshots, volumes
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -233,6 +233,35 @@ GRAMMAR = (
         [Arg("ref", metavar="VOL@N"), DEST, EXPORT_FORMAT],
     ),
     Row(
+        "snapshot",
+        "send",
+        replica.cmd_send,
+        "write a snapshot as a stream to stdout (for `casfs snapshot receive`)",
+        [
+            Arg("ref", metavar="VOL@N"),
+            Arg("--since", metavar="VOL@M", help="only what snapshot M of the same volume lacks"),
+        ],
+        "Write snapshot N of VOL to stdout as a self-describing stream: every blob with its id,\n"
+        "a trailer with counts and a hash. With --since, only blobs not in VOL@M: the receiver\n"
+        "must hold VOL@M. E.g. `casfs snapshot send vm1@7 | ssh host casfs snapshot receive`.",
+    ),
+    Row(
+        "snapshot",
+        "receive",
+        replica.cmd_receive,
+        "read a snapshot stream from stdin and add the snapshot here",
+        [
+            Arg(
+                "--as", dest="as_name", metavar="NAME", help="the local volume's name (default: the sender's)"
+            ),
+            JSON_OBJECT,
+        ],
+        "Read a stream of `casfs snapshot send` from stdin. Every blob is verified on arrival\n"
+        "(exit 5 if one is damaged); the snapshot appears in one transaction once the whole\n"
+        "stream checked out, with the sender's number and root. Receiving a snapshot held\n"
+        "already does nothing (exit 0); one that diverges from the local line exits 4.",
+    ),
+    Row(
         "rollback",
         None,
         volumes.cmd_rollback,
@@ -240,6 +269,36 @@ GRAMMAR = (
         [Arg("volume", metavar="VOL"), Arg("n", metavar="N")],
         "Make snapshot N the volume's state again (the volume must not be mounted read/write).\n"
         "Later snapshots are kept.",
+    ),
+    Row(
+        "pull",
+        None,
+        replica.cmd_pull,
+        "bring a volume's local replica up to a snapshot of another store",
+        [
+            Arg("source", metavar="SOURCE", help="a store's path, or ssh://[USER@]HOST[:PORT]/STORE"),
+            Arg("volume", metavar="VOL"),
+            Arg("--snapshot", metavar="N", help="this snapshot (default: the source's newest)"),
+            Arg("--as", dest="as_name", metavar="NAME", help="the local volume's name (default: VOL)"),
+            Arg(
+                "--remote-casfs",
+                metavar="CMD",
+                help="the casfs command on an ssh source (default: $CASFS_REMOTE, else casfs)",
+            ),
+            JSON_OBJECT,
+        ],
+        "Fetch snapshot N (default: the newest) of VOL from SOURCE, moving only the blobs this\n"
+        "store lacks, and add it here with the same number and root. Interrupted, a rerun\n"
+        "fetches only what is still missing. Refused (exit 4) when the two stores' lines have\n"
+        "diverged; --as NAME keeps the other line as a new volume. ssh runs $CASFS_SSH\n"
+        "(default: ssh).",
+    ),
+    Row(
+        "serve-replica",
+        None,
+        replica.cmd_serve,
+        "(used by pull) answer a pull's requests on stdin and stdout",
+        [Arg("path", metavar="STORE")],
     ),
     Row(
         "mount",
