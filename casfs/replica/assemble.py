@@ -19,6 +19,7 @@ free the data rows committed meanwhile; a crash loses at most the batch in fligh
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +33,9 @@ from casfs.repo import Repository
 from casfs.snapshots.children import children
 from casfs.store.ids import ZERO_ID, BlobId
 
-BATCH_BYTES = 16 << 20
+# Stored bytes of data per intermediate commit: what a crash may make a rerun move again.
+# CASFS_REPLICA_BATCH_BYTES overrides it (tests: many batches in a small volume).
+BATCH_BYTES = int(os.environ.get("CASFS_REPLICA_BATCH_BYTES") or 16 << 20)
 
 Want = tuple[BlobId, BlobKind]
 

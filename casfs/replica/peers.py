@@ -16,6 +16,8 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -23,7 +25,7 @@ from urllib.parse import urlsplit
 
 from casfs.errors import CasfsError, Corruption, UsageError
 from casfs.kinds import BlobKind
-from casfs.replica.protocol import FRAME, WANT, error_of, frame, read_frame
+from casfs.replica.protocol import ERRORS, FRAME, WANT, error_of, frame, read_frame
 from casfs.replica.wire import Reader, Record, Writer
 from casfs.store.ids import BlobId
 
@@ -60,9 +62,14 @@ class Connection:
         self.source = source
         argv = command(source, remote)
         try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
         except OSError as e:
             raise CasfsError(f"cannot start {argv[0]} for {source}: {e.strerror}") from None
+        self.said: deque[str] = deque(maxlen=20)  # the last lines of its stderr
+        self._stderr = threading.Thread(target=self._drain, daemon=True)
+        self._stderr.start()
         self.r = Reader(
             cast(BinaryIO, self.proc.stdout),
             f"the connection to {source}",
@@ -71,10 +78,26 @@ class Connection:
         )
         self.w = Writer(cast(BinaryIO, self.proc.stdin))
 
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.said.append(line.decode(errors="replace").rstrip())
+
     def _ended(self, message: str) -> CasfsError:
-        code = self.proc.poll()
-        why = f" (it exited with status {code})" if code is not None else ""
-        return CasfsError(f"{self.source} closed the connection{why}: rerun to go on where it stopped")
+        """The error of a server gone: its own if it said one (`casfs: error: …`)."""
+        try:
+            code: int | None = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = None
+        self._stderr.join(timeout=5)
+        errors = [
+            line.removeprefix("casfs: error: ") for line in self.said if line.startswith("casfs: error: ")
+        ]
+        if errors and code in ERRORS:
+            return ERRORS[code](f"{self.source}: {errors[-1]}")
+        last = f": {self.said[-1]}" if self.said else ""
+        why = f" (status {code}{last})" if code is not None else ""
+        return CasfsError(f"{self.source} closed the connection{why}; rerun to go on where it stopped")
 
     def _send(self, data: bytes, flush: bool = False) -> None:
         try:
@@ -130,8 +153,10 @@ class Connection:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        self._stderr.join(timeout=5)
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
 
     def __enter__(self) -> Connection:
         return self

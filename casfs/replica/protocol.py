@@ -40,7 +40,7 @@ PROTOCOL = 1
 FRAME = struct.Struct("<cI")
 WANT = struct.Struct(f"<{ID_SIZE}sB")
 MAX_REQUEST = 16 << 20
-_ERRORS: dict[int, type[CasfsError]] = {2: UsageError, 3: NotFound, 4: Conflict, 5: Corruption}
+ERRORS: dict[int, type[CasfsError]] = {2: UsageError, 3: NotFound, 4: Conflict, 5: Corruption}
 
 
 def frame(tag: bytes, payload: bytes) -> bytes:
@@ -57,7 +57,7 @@ def read_frame(r: Reader, limit: int = MAX_REQUEST) -> tuple[bytes, bytes]:
 def error_of(payload: bytes) -> CasfsError:
     """The error an E frame carries, as the class of its exit code."""
     doc = json.loads(payload)
-    return _ERRORS.get(int(doc.get("code", 1)), CasfsError)(f"the source: {doc.get('message')}")
+    return ERRORS.get(int(doc.get("code", 1)), CasfsError)(f"the source: {doc.get('message')}")
 
 
 # -- the server ------------------------------------------------------------------
