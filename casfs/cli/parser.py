@@ -175,9 +175,20 @@ GRAMMAR = (
         "rm",
         volumes.cmd_rm,
         "delete a volume and its snapshots",
-        [NAME, Arg("--if-exists", action="store_true", help="succeed when there is no such volume")],
+        [
+            NAME,
+            Arg("--if-exists", action="store_true", help="succeed when there is no such volume"),
+            Arg(
+                "--if-replicated",
+                metavar="K",
+                help="only if K known peers hold, asked now, a snapshot at least as new as the newest here",
+            ),
+        ],
         "Delete a volume and its snapshots (refused while mounted, or while another volume\n"
-        "was made from one of its snapshots). Blobs are freed by the next `casfs gc`.",
+        "was made from one of its snapshots). Blobs are freed by the next `casfs gc`.\n"
+        "With --if-replicated K, each peer `casfs pull` recorded is asked through its SOURCE\n"
+        "(ssh runs $CASFS_SSH and $CASFS_REMOTE there); fewer than K holding a snapshot as\n"
+        "new as this store's newest (the same one, where they hold its number) exits 4.",
     ),
     Row(
         "volume",

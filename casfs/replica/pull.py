@@ -74,11 +74,12 @@ def pull(
         snaps[target] = offer.root
         theirs = {k: v for k, v in snaps.items() if v is not None}
         peer = peer_row(where, theirs_id, volume, snaps)
+        with transaction(repo.conn) as c:  # (seen, whatever comes of the pull)
+            if rows.volume_row(c, name) is not None:
+                rows.record_peer(c, name, peer)
         mine = store_id(repo)
         moved = Moved(name, offer.n, offer.root.hex(), check(repo.conn, name, offer, theirs, mine))
         if moved.plan == Plan.HAVE:
-            with transaction(repo.conn) as c:
-                rows.record_peer(c, name, peer)
             return moved
         with ThreadPoolExecutor(2) as pool, Assembler(repo, offer.root, root_kind(offer.kind), pool) as asm:
             _fetch(conn, asm, moved, progress)
