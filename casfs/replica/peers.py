@@ -11,6 +11,7 @@ REMOTE is the casfs command on the far side (`--remote-casfs`, else $CASFS_REMOT
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -143,20 +144,20 @@ class Connection:
         return out
 
     def close(self) -> None:
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        except OSError:
-            pass
+        """End the session: the server sees the end of its requests (and, if it is still
+        writing answers no one will read, a broken pipe) and exits."""
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
         self._stderr.join(timeout=5)
-        for f in (self.proc.stdout, self.proc.stderr):
-            if f is not None:
-                f.close()
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
 
     def __enter__(self) -> Connection:
         return self

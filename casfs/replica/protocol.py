@@ -121,4 +121,6 @@ def serve(repo: Repository, inp: BinaryIO, out: BinaryIO) -> None:
                     raise UsageError(f"unknown frame {tag!r}")
             except CasfsError as e:
                 w.write(frame(b"E", json.dumps({"code": e.exit_code, "message": str(e)}).encode()))
+            except (ValueError, KeyError, TypeError) as e:  # a malformed request
+                w.write(frame(b"E", json.dumps({"code": 2, "message": f"bad request: {e}"}).encode()))
             out.flush()

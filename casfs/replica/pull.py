@@ -12,6 +12,8 @@ batch of data, and the metadata, move twice.
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,6 +29,7 @@ from casfs.replica.assemble import Assembler, Want
 from casfs.replica.land import Offer, Plan, check, land, store_id
 from casfs.replica.peers import Connection, normalize
 from casfs.replica.stream import Moved, root_kind
+from casfs.replica.wire import Record
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
 from casfs.units import check_name
@@ -80,6 +83,7 @@ def pull(
         mine = store_id(repo)
         moved = Moved(name, offer.n, offer.root.hex(), check(repo.conn, name, offer, theirs, mine))
         if moved.plan == Plan.HAVE:
+            moved.bytes = conn.r.meter.bytes
             return moved
         with ThreadPoolExecutor(2) as pool, Assembler(repo, offer.root, root_kind(offer.kind), pool) as asm:
             _fetch(conn, asm, moved, progress)
@@ -95,7 +99,8 @@ def pull(
 
 
 def _fetch(conn: Connection, asm: Assembler, moved: Moved, progress: Callable[[int], None] | None) -> None:
-    """Walk and fetch until nothing under the root is missing."""
+    """Walk and fetch until nothing under the root is missing. A thread reads the
+    answers (in the order asked) while this one verifies and stores the last ones."""
     meta: deque[Want] = deque()
     data: deque[Want] = deque()
 
@@ -103,19 +108,38 @@ def _fetch(conn: Connection, asm: Assembler, moved: Moved, progress: Callable[[i
         for w in wants:
             (data if w[1] == BlobKind.DATA else meta).append(w)
 
-    add(asm.start())
-    asked: deque[list[Want]] = deque()
-    while meta or data or asked:
-        while (meta or data) and len(asked) < WINDOW:
-            part: list[Want] = []
-            while len(part) < BATCH and (meta or data):
-                part.append((meta or data).popleft())
-            conn.ask(part)
-            asked.append(part)
-        conn.flush()
-        before = conn.r.meter.bytes
-        records = conn.blobs(asked.popleft())
-        moved.blobs += len(records)
-        add(asm.arrive(records))
-        if progress is not None:
-            progress(conn.r.meter.bytes - before)
+    asked: queue.Queue[list[Want] | None] = queue.Queue()
+    answers: queue.Queue[list[Record] | BaseException] = queue.Queue()  # (at most WINDOW)
+
+    def read() -> None:
+        try:
+            while (wants := asked.get()) is not None:
+                answers.put(conn.blobs(wants))
+        except BaseException as e:
+            answers.put(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        add(asm.start())
+        waiting = 0
+        while meta or data or waiting:
+            while (meta or data) and waiting < WINDOW:
+                part: list[Want] = []
+                while len(part) < BATCH and (meta or data):
+                    part.append((meta or data).popleft())
+                conn.ask(part)
+                asked.put(part)
+                waiting += 1
+            conn.flush()
+            before = conn.r.meter.bytes
+            records = answers.get()
+            if isinstance(records, BaseException):
+                raise records
+            waiting -= 1
+            moved.blobs += len(records)
+            add(asm.arrive(records))
+            if progress is not None:
+                progress(conn.r.meter.bytes - before)
+    finally:
+        asked.put(None)
