@@ -2,7 +2,8 @@
 """Replicating a block volume over ssh: `casfs pull` beside `rsync -a --inplace` of the
 raw image, through the same ssh to a throwaway sshd on 127.0.0.1.
 
-    python benchmarks/replica_bench.py [--size 1G] [--change 10M] [--reps 3] [--workdir DIR] [--json]
+    python benchmarks/replica_bench.py [--size 1G] [--change 10M] [--change-data random|text]
+                                       [--reuse-ssh] [--reps 3] [--workdir DIR] [--json]
 
 One image of --size (a third zeros, a third random, a third text: benchlib.generate) is
 imported into store A, a volume made from it and snapshotted (vm1@1). Then, each
@@ -13,7 +14,12 @@ repetition into a fresh store B and a fresh copy target:
   incremental   --change bytes written into A's volume in 64 KiB pieces at random
                 offsets (the same bytes at the same offsets into the raw image), the
                 volume unmounted (vm1@2), then `casfs pull` again, beside rsync of the
-                changed image onto the previous copy (its delta algorithm)
+                changed image onto the previous copy (its delta algorithm). The change
+                is random bytes (incompressible: no transfer can move less than it) or,
+                with --change-data text, text (what a package upgrade writes, roughly)
+
+With --reuse-ssh both go through one persistent ssh connection (ControlMaster), so
+neither pays the ssh handshake per run (on a loaded 2-core machine, most of a second).
 
 Time is the command's wall time; bytes are what crossed ssh towards the receiver (casfs:
 the bytes read from ssh's stdout, `pull --json`; rsync: "Total bytes received" of
@@ -50,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
-def sshd(work: Path) -> Iterator[tuple[str, int]]:
+def sshd(work: Path, reuse: bool = False) -> Iterator[tuple[str, int]]:
     """A throwaway sshd (key logins only); yields the ssh command line and the port."""
     for name in ("host", "user"):
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", work / name)
@@ -77,9 +83,23 @@ def sshd(work: Path) -> Iterator[tuple[str, int]]:
             time.sleep(0.05)
         ssh = (
             f"ssh -F /dev/null -i {work / 'user'} -o IdentitiesOnly=yes -o BatchMode=yes "
-            f"-o UserKnownHostsFile={work / 'known_hosts'} -o StrictHostKeyChecking=yes -p {port}"
+            f"-o UserKnownHostsFile={work / 'known_hosts'} -o StrictHostKeyChecking=yes"
         )
-        yield ssh, port
+        if reuse:
+            ssh += f" -o ControlMaster=auto -o ControlPath={work / 'cm'} -o ControlPersist=600"
+            # (the master stays in the background holding its output: not through sh())
+            subprocess.run(
+                [*ssh.split(), "-p", str(port), "root@127.0.0.1", "true"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                check=True,
+                timeout=60,
+            )
+        yield f"{ssh} -p {port}", port
+        if reuse:
+            subprocess.run(
+                [*ssh.split(), "-p", str(port), "-O", "exit", "root@127.0.0.1"], capture_output=True
+            )
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
@@ -89,12 +109,18 @@ def casfs(store: Path, *args: str | Path, env: dict[str, str] | None = None) -> 
     return sh(*CLI, "-s", store, *args, env=env)
 
 
-def change(store: Path, image: Path, size: int, total: int, seed: int) -> None:
-    """Write `total` random bytes in 64 KiB pieces into the volume and into the image."""
+def piece(rnd: random.Random, text: bool) -> bytes:
+    if not text:
+        return rnd.randbytes(CHUNK)
+    words = ["".join(rnd.choices("abcdefghijklmnopqrstuvwxyz", k=rnd.randint(2, 10))) for _ in range(2000)]
+    return " ".join(rnd.choices(words, k=CHUNK // 4)).encode()[:CHUNK].ljust(CHUNK, b"\n")
+
+
+def change(store: Path, image: Path, size: int, total: int, seed: int, text: bool) -> None:
+    """Write `total` bytes in 64 KiB pieces at random offsets into the volume and the image."""
     rnd = random.Random(seed)
-    writes = [
-        (o * CHUNK, rnd.randbytes(CHUNK)) for o in sorted(rnd.sample(range(size // CHUNK), total // CHUNK))
-    ]
+    offsets = sorted(rnd.sample(range(size // CHUNK), total // CHUNK))
+    writes = [(o * CHUNK, piece(rnd, text)) for o in offsets]
     repo = Repository.open(store)
     try:
         v = open_volume(repo, "vm1")
@@ -126,7 +152,7 @@ def rsync(ssh: str, src: Path, dest: Path) -> tuple[float, int]:
     return elapsed, int(m.group(1).replace(",", ""))
 
 
-def run(work: Path, size: int, total: int, reps: int) -> dict[str, Any]:
+def run(work: Path, size: int, total: int, reps: int, text: bool, reuse: bool) -> dict[str, Any]:
     image = work / "disk.img"
     generate(image, size, seed=1, runs="zrt")
     a = work / "a"
@@ -135,7 +161,7 @@ def run(work: Path, size: int, total: int, reps: int) -> dict[str, Any]:
     casfs(a, "volume", "create", "vm1", "--from", "disk")
     casfs(a, "snapshot", "create", "vm1")
     figures: dict[str, list[float]] = {}
-    with sshd(work) as (ssh, port):
+    with sshd(work, reuse) as (ssh, port):
         env = {
             **os.environ,
             "CASFS_SSH": ssh.rsplit(" -p ", 1)[0],
@@ -152,7 +178,7 @@ def run(work: Path, size: int, total: int, reps: int) -> dict[str, Any]:
             ):
                 figures.setdefault(f"{name} s", []).append(secs)
                 figures.setdefault(f"{name} bytes", []).append(nbytes)
-            change(a, source, size, total, seed=rep + 2)
+            change(a, source, size, total, rep + 2, text)
             for name, (secs, nbytes) in (
                 ("incr casfs", pull(b, url, env)),
                 ("incr rsync", rsync(ssh, source, copy)),
@@ -173,21 +199,34 @@ def run(work: Path, size: int, total: int, reps: int) -> dict[str, Any]:
         for what in ("full", "incr")
         for unit in ("s", "bytes")
     }
-    return {"size": size, "change": total, "reps": reps, "median": med, "rsync_over_casfs": ratios}
+    return {
+        "size": size,
+        "change": total,
+        "change_data": "text" if text else "random",
+        "reuse_ssh": reuse,
+        "reps": reps,
+        "median": med,
+        "rsync_over_casfs": ratios,
+    }
 
 
 def main() -> None:
     p = arguments(__doc__)
     p.add_argument("--size", default="1G")
     p.add_argument("--change", default="10M")
+    p.add_argument("--change-data", choices=("random", "text"), default="random")
+    p.add_argument("--reuse-ssh", action="store_true", help="one persistent ssh connection for all")
     p.add_argument("--reps", type=int, default=3)
     args = p.parse_args()
     stop_on_sigterm()
     size, total = parse_size(args.size), parse_size(args.change)
     with scratch(args.workdir, "casfs-replica-bench-", mounts=()) as work:
-        report = run(work, size, total, args.reps)
+        report = run(work, size, total, args.reps, args.change_data == "text", args.reuse_ssh)
     med, r = report["median"], report["rsync_over_casfs"]
-    lines = [f"replica over ssh to 127.0.0.1: {format_size(size)} block volume, {format_size(total)} changed"]
+    how = f"{report['change_data']} data" + (", one persistent ssh connection" if args.reuse_ssh else "")
+    lines = [
+        f"pull over ssh to 127.0.0.1: {format_size(size)} block volume, {format_size(total)} changed ({how})"
+    ]
     head = ("casfs s", "rsync s", "casfs bytes", "rsync bytes")
     lines.append(f"{'':12} {head[0]:>9} {head[1]:>9} {head[2]:>12} {head[3]:>12}  rsync/casfs time, bytes")
     for what, label in (("full", "full"), ("incr", "incremental")):
