@@ -134,9 +134,10 @@ def check(
         if here == offer.root:
             return Plan.HAVE
         raise diverged(name, offer.n, here, offer.root)
-    for n in sorted(set(mine) & set(theirs or {})):
-        if mine[n] != (theirs or {})[n]:
-            raise diverged(name, n, mine[n], (theirs or {})[n])
+    both = theirs or {}
+    for n in sorted(mine.keys() & both.keys()):
+        if mine[n] != both[n]:
+            raise diverged(name, n, mine[n], both[n])
     numbers = rows.snapshot_numbers(conn, name)  # (with those taken and still folding)
     if not numbers:
         raise Conflict(f"volume {name} exists here and has no snapshot to continue from: use --as NAME")

@@ -136,3 +136,18 @@ def test_rm_if_replicated_asks_the_peers_live(two: tuple[Path, Path], tmp_path: 
     # b's peer (a) no longer holds it: b's copy is the last one and stays
     p = cli(b, "volume", "rm", "vm1", "--if-replicated", "1", **ssh)
     assert p.returncode == 4 and b"no volume" in p.stderr, p.stderr
+
+
+def test_a_snapshot_taken_here_that_the_source_went_past_is_divergence(
+    two: tuple[Path, Path], tmp_path: Path
+) -> None:
+    a, b = two
+    block_volume(a, tmp_path, "vm1", 4 * MiB, os.urandom(MiB))
+    write_block(a, "vm1", [(0, b"a" * 4096)])  # vm1@1
+    pull(b, a, "vm1")
+    write_block(b, "vm1", [(0, b"b" * 4096)])  # b's vm1@2
+    write_block(a, "vm1", [(0, b"2" * 4096)])  # a's vm1@2 ...
+    write_block(a, "vm1", [(0, b"3" * 4096)])  # ... and vm1@3
+    assert cli(a, "snapshot", "rm", "vm1@2").returncode == 0  # no number left in common but 1
+    p = cli(b, "pull", a, "vm1")
+    assert p.returncode == 4 and b"snapshot 2 was taken here" in p.stderr, p.stderr
