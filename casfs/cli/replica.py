@@ -60,6 +60,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     from casfs.cli.output import Progress
+    from casfs.replica.peers import Connection
     from casfs.replica.pull import pull
 
     n = None
@@ -71,8 +72,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
         n = SnapshotNo(int(args.snapshot))
     bar = Progress(f"pull {args.volume}", None, sys.stderr) if sys.stderr.isatty() else None
     try:
-        with open_store(args) as repo:
-            moved = pull(repo, args.source, args.volume, n, args.as_name, args.remote_casfs, bar)
+        with Connection(args.source, args.remote_casfs) as conn, open_store(args) as repo:
+            moved = pull(repo, conn, args.volume, n, args.as_name, bar)
     finally:
         if bar is not None:
             bar.close()

@@ -8,7 +8,8 @@ it shares with an older snapshot, and a rerun skip what an interrupted one store
 Blobs go into two batches (refcount.ledger.Batch):
 
   * data chunks into one committed every BATCH_BYTES stored: rows at refs 0 (leaves
-    name nothing), invisible (gc's garbage), but present for a rerun after a crash;
+    name nothing), invisible (gc's garbage), but present for a rerun after a crash
+    (the first BATCH_BYTES ride with the metadata: a small pull is one commit);
   * trees and map pages into one committed last, with the snapshot's rows
     (`finish`): metadata is a small part of a snapshot, and a metadata row may exist
     only once its children's do.
@@ -50,16 +51,10 @@ class Assembler:
         self.data: Batch | None = None
         self.present: set[BlobId] = set()  # has a row, or staged by this run
         self.wanted: dict[BlobId, BlobKind] = {}
-        self.ignored = 0  # verified blobs that arrived without being wanted (held already)
-        self.data_rows = 0  # data blobs committed by this run
 
     def start(self) -> list[Want]:
         """What to fetch first: the root, unless it is present (nothing to move)."""
         return self._missing([(self.root, self.kind)])
-
-    @property
-    def done(self) -> bool:
-        return not self.wanted
 
     def _missing(self, items: Sequence[Want]) -> list[Want]:
         """Those of `items` neither present nor wanted yet; they become wanted."""
@@ -81,17 +76,16 @@ class Assembler:
         Corruption (exit 5) if one is not what its id says, or not of the kind wanted.
         Decoding and hashing, then storing, run in the pool; in between, the records
         are taken in order, so a blob may arrive in the same call as its parent."""
-        if self.data is None:
+        if self.data is None and self.meta.stored_bytes >= BATCH_BYTES:
             self.data = self.repo.batch()
-        data = self.data
+        data = self.meta if self.data is None else self.data
         plains = list(self.pool.map(verify, records))
         take: list[tuple[Record, bytes]] = []
         found: list[Want] = []
         for r, plain in zip(records, plains, strict=True):
             expected = self.wanted.pop(r.bid, None)
             if expected is None:
-                self.ignored += 1  # held already, or named by nothing: verified, not stored
-                continue
+                continue  # held already, or named by nothing: verified, not stored
             if expected != r.kind:
                 raise Corruption(
                     f"blob {r.bid.hex()} arrived as a {r.kind.label}, wanted as a {expected.label}"
@@ -108,14 +102,13 @@ class Assembler:
                 raise Corruption(f"blob {r.bid.hex()} does not store under its id")
 
         list(self.pool.map(store, take))
-        if data.stored_bytes >= BATCH_BYTES:
+        if data is not self.meta and data.stored_bytes >= BATCH_BYTES:
             self._commit_data()
         return found
 
     def _commit_data(self) -> None:
         if self.data is not None:
             batch, self.data = self.data, None
-            self.data_rows += len(batch.new)
             batch.commit()
 
     def finish(self, refs: dict[BlobId, int], then: Callable[[sqlite3.Connection], None]) -> None:

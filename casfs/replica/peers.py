@@ -143,6 +143,12 @@ class Connection:
             raise Corruption(f"{self.source} sent {len(out)} of {len(wants)} blobs asked for")
         return out
 
+    def end(self) -> None:
+        """No more requests: the server exits once it has answered (while we commit)."""
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+
     def close(self) -> None:
         """End the session: the server sees the end of its requests (and, if it is still
         writing answers no one will read, a broken pipe) and exits."""

@@ -56,45 +56,45 @@ def peer_row(source: str, store: str, remote: str, snaps: dict[SnapshotNo, BlobI
 
 def pull(
     repo: Repository,
-    source: str,
+    conn: Connection,
     volume: str,
     n: SnapshotNo | None = None,
     as_name: str | None = None,
-    remote: str | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> Moved:
-    """Pull snapshot `n` (default: the newest) of `volume` from `source` as `as_name`."""
+    """Pull snapshot `n` (default: the newest) of `volume` through `conn` as `as_name`.
+    (The caller starts the connection first: the source starts while this store opens.)"""
     name = check_name(as_name or volume, "volume")
-    where = normalize(source)
-    with Connection(source, remote) as conn:
-        theirs_id, snaps = listing(conn, volume)
-        if not snaps:
-            raise NotFound(f"{source} holds no snapshot of {volume}")
-        target = max(snaps) if n is None else n
-        if target not in snaps:
-            raise NotFound(f"{source} holds no snapshot {volume}@{target}")
-        offer = Offer.from_json(conn.request("offer", name=volume, n=target))
-        snaps[target] = offer.root
-        theirs = {k: v for k, v in snaps.items() if v is not None}
-        peer = peer_row(where, theirs_id, volume, snaps)
-        with transaction(repo.conn) as c:  # (seen, whatever comes of the pull)
-            if rows.volume_row(c, name) is not None:
-                rows.record_peer(c, name, peer)
-        mine = store_id(repo)
-        moved = Moved(name, offer.n, offer.root.hex(), check(repo.conn, name, offer, theirs, mine))
-        if moved.plan == Plan.HAVE:
-            moved.bytes = conn.r.meter.bytes
-            return moved
-        with ThreadPoolExecutor(2) as pool, Assembler(repo, offer.root, root_kind(offer.kind), pool) as asm:
-            _fetch(conn, asm, moved, progress)
-
-            def then(c: Any) -> None:
-                moved.plan = check(c, name, offer, theirs, mine)
-                land(c, name, offer, moved.plan, where)
-                rows.record_peer(c, name, peer)
-
-            asm.finish({}, then)
+    where = normalize(conn.source)
+    theirs_id, snaps = listing(conn, volume)
+    if not snaps:
+        raise NotFound(f"{conn.source} holds no snapshot of {volume}")
+    target = max(snaps) if n is None else n
+    if target not in snaps:
+        raise NotFound(f"{conn.source} holds no snapshot {volume}@{target}")
+    offer = Offer.from_json(conn.request("offer", name=volume, n=target))
+    snaps[target] = offer.root
+    theirs = {k: v for k, v in snaps.items() if v is not None}
+    peer = peer_row(where, theirs_id, volume, snaps)
+    with transaction(repo.conn) as c:  # (seen, whatever comes of the pull)
+        if rows.volume_row(c, name) is not None:
+            rows.record_peer(c, name, peer)
+    mine = store_id(repo)
+    moved = Moved(name, offer.n, offer.root.hex(), check(repo.conn, name, offer, theirs, mine))
+    if moved.plan == Plan.HAVE:
         moved.bytes = conn.r.meter.bytes
+        return moved
+    with ThreadPoolExecutor(2) as pool, Assembler(repo, offer.root, root_kind(offer.kind), pool) as asm:
+        _fetch(conn, asm, moved, progress)
+        conn.end()
+
+        def then(c: Any) -> None:
+            moved.plan = check(c, name, offer, theirs, mine)
+            land(c, name, offer, moved.plan, where)
+            rows.record_peer(c, name, peer)
+
+        asm.finish({}, then)
+    moved.bytes = conn.r.meter.bytes
     return moved
 
 
