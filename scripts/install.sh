@@ -9,6 +9,7 @@ APT_PACKAGES=(
     fuse3 libfuse3-dev pkg-config attr bindfs fio qemu-utils e2fsprogs sqlite3 zstd bzip2 xz-utils
     python3 python3-venv python3-dev gcc   # pyfuse3 builds from source against libfuse3
     umoci skopeo runc                      # OCI images: tests build them offline and run them
+    openssh-server openssh-client rsync    # replicas over ssh: the tests start their own sshd
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -225,7 +225,9 @@ def _migrate_6_to_7(conn: sqlite3.Connection) -> None:
 # trees of its first layers, which later imports sharing those layers start from. And
 # a directory volume's changed files live in upper files, one per inode
 # (casfs.vfs.overlay.files), named by the overlay row's new `upper` column; rows of
-# format 7 keep NULL (their data is in overlay_chunks, read and folded as before).
+# format 7 keep NULL (their data is in overlay_chunks, read and folded as before). And
+# replicas (casfs.replica): where received snapshots came from, and what other stores
+# held when last seen (a snapshot without provenance was taken here).
 FORMAT_8_SCHEMA = """
 ALTER TABLE images ADD COLUMN oci TEXT;
 CREATE TABLE image_chains (
@@ -236,7 +238,25 @@ CREATE TABLE image_chains (
     PRIMARY KEY (image, layers)
 ) WITHOUT ROWID;
 CREATE INDEX image_chains_chain ON image_chains (chain_id);
-ALTER TABLE overlay_inodes ADD COLUMN upper INTEGER
+ALTER TABLE overlay_inodes ADD COLUMN upper INTEGER;
+CREATE TABLE provenance (
+    volume   TEXT NOT NULL,
+    n        INTEGER NOT NULL,
+    made_by  TEXT NOT NULL,
+    source   TEXT NOT NULL,
+    received REAL NOT NULL,
+    PRIMARY KEY (volume, n)
+) WITHOUT ROWID;
+CREATE TABLE peers (
+    volume TEXT NOT NULL,
+    source TEXT NOT NULL,
+    store  TEXT NOT NULL,
+    remote TEXT NOT NULL,
+    newest INTEGER,
+    root   BLOB,
+    seen   REAL NOT NULL,
+    PRIMARY KEY (volume, source)
+) WITHOUT ROWID
 """
 
 

@@ -26,7 +26,8 @@ def _one_of(values: tuple[str, ...]) -> str:
 
 TABLES = f"""
 -- Key/value facts and settings: format_version (this file's FORMAT_VERSION), created
--- (unix time), and the settings of casfs.lifecycle.config (e.g. queue.limit).
+-- (unix time), store_id (a random id, made by the first replica command: casfs.replica),
+-- and the settings of casfs.lifecycle.config (e.g. queue.limit).
 CREATE TABLE meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -189,6 +190,31 @@ CREATE TABLE uppers (
     label    TEXT,                 -- the frozen snapshot's label
     taken    REAL,                 -- when it was taken (unix time): the snapshot's time
     PRIMARY KEY (volume, epoch)
+) WITHOUT ROWID;
+
+-- Where each snapshot received from another store came from (casfs.replica). A
+-- snapshot without a row was taken here. Numbers are the origin's: a replica's vm1@7
+-- is the origin's vm1@7, same root.
+CREATE TABLE provenance (
+    volume   TEXT NOT NULL,
+    n        INTEGER NOT NULL,
+    made_by  TEXT NOT NULL,        -- id of the store that took it (meta 'store_id' there)
+    source   TEXT NOT NULL,        -- what it was received from: a SOURCE of `casfs pull`, or 'stream'
+    received REAL NOT NULL,        -- unix time
+    PRIMARY KEY (volume, n)
+) WITHOUT ROWID;
+
+-- Other stores holding a replica of a volume, as last seen by a pull or a check
+-- (casfs.replica.peers): the newest snapshot each had then.
+CREATE TABLE peers (
+    volume TEXT NOT NULL,          -- the local volume's name
+    source TEXT NOT NULL,          -- how to reach it: a store path or ssh://[USER@]HOST[:PORT]/STORE
+    store  TEXT NOT NULL,          -- its store id
+    remote TEXT NOT NULL,          -- the volume's name there
+    newest INTEGER,                -- its newest snapshot number (NULL: none)
+    root   BLOB,                   -- that snapshot's root
+    seen   REAL NOT NULL,          -- unix time
+    PRIMARY KEY (volume, source)
 ) WITHOUT ROWID;
 """
 

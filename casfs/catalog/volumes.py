@@ -228,6 +228,8 @@ def delete_volume(conn: sqlite3.Connection, name: str) -> None:
         ("overlay_inodes", "volume"),
         ("overlay_entries", "volume"),
         ("uppers", "volume"),
+        ("provenance", "volume"),
+        ("peers", "volume"),
         ("snapshots", "volume"),
         ("volumes", "name"),
     ):
@@ -305,6 +307,7 @@ def snapshot_numbers(conn: sqlite3.Connection, volume: str) -> list[SnapshotNo]:
 def delete_snapshot(conn: sqlite3.Connection, volume: str, n: SnapshotNo) -> None:
     """Delete a snapshot row (the caller released its root)."""
     conn.execute("DELETE FROM snapshots WHERE volume = ? AND n = ?", (volume, n))
+    conn.execute("DELETE FROM provenance WHERE volume = ? AND n = ?", (volume, n))
 
 
 # -- overlay -----------------------------------------------------------------------
@@ -323,3 +326,60 @@ def overlay_chunks(conn: sqlite3.Connection, volume: str) -> list[BlobId]:
     """The chunks (not holes) the volume's overlay holds a reference on."""
     query = "SELECT chunk FROM overlay_chunks WHERE volume = ? AND chunk != ?"
     return [BlobId(bytes(c)) for (c,) in conn.execute(query, (volume, ZERO_ID))]
+
+
+# -- replicas (casfs.replica) -------------------------------------------------------
+
+
+class Provenance(NamedTuple):
+    """Where a received snapshot came from (a snapshot without one was taken here)."""
+
+    n: SnapshotNo
+    made_by: str  # the id of the store that took it
+    source: str  # a SOURCE of `casfs pull`, or 'stream'
+    received: float
+
+
+def set_next_snapshot(conn: sqlite3.Connection, volume: str, n: SnapshotNo) -> None:
+    """Raise the next snapshot number to at least `n` (a received snapshot keeps its
+    origin's number, so numbers given out here must go past it)."""
+    conn.execute("UPDATE volumes SET next_snapshot = MAX(next_snapshot, ?) WHERE name = ?", (n, volume))
+
+
+def add_provenance(conn: sqlite3.Connection, volume: str, p: Provenance) -> None:
+    conn.execute(
+        "INSERT OR REPLACE INTO provenance (volume, n, made_by, source, received) VALUES (?, ?, ?, ?, ?)",
+        (volume, p.n, p.made_by, p.source, p.received),
+    )
+
+
+def provenance(conn: sqlite3.Connection, volume: str) -> dict[SnapshotNo, Provenance]:
+    query = "SELECT n, made_by, source, received FROM provenance WHERE volume = ? ORDER BY n"
+    return {SnapshotNo(r[0]): Provenance(SnapshotNo(r[0]), *r[1:]) for r in conn.execute(query, (volume,))}
+
+
+class Peer(NamedTuple):
+    """Another store holding a replica of a volume, as last seen."""
+
+    source: str
+    store: str
+    remote: str  # the volume's name there
+    newest: SnapshotNo | None
+    root: BlobId | None
+    seen: float
+
+
+def record_peer(conn: sqlite3.Connection, volume: str, peer: Peer) -> None:
+    conn.execute(
+        "INSERT OR REPLACE INTO peers (volume, source, store, remote, newest, root, seen) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (volume, *peer),
+    )
+
+
+def peers(conn: sqlite3.Connection, volume: str) -> list[Peer]:
+    query = "SELECT source, store, remote, newest, root, seen FROM peers WHERE volume = ? ORDER BY source"
+    return [
+        Peer(source, store, remote, newest, None if root is None else BlobId(bytes(root)), seen)
+        for source, store, remote, newest, root, seen in conn.execute(query, (volume,))
+    ]

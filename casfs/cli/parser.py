@@ -66,6 +66,7 @@ fetch = _Module("casfs.cli.fetch")
 images = _Module("casfs.cli.images")
 maintenance = _Module("casfs.cli.maintenance")
 mounts = _Module("casfs.cli.mounts")
+replica = _Module("casfs.cli.replica")
 snapshots = _Module("casfs.cli.snapshots")
 volumes = _Module("casfs.cli.volumes")
 
@@ -251,9 +252,20 @@ GRAMMAR = (
         "rm",
         volumes.cmd_rm,
         "delete a volume and its snapshots",
-        [NAME, Arg("--if-exists", action="store_true", help="succeed when there is no such volume")],
+        [
+            NAME,
+            Arg("--if-exists", action="store_true", help="succeed when there is no such volume"),
+            Arg(
+                "--if-replicated",
+                metavar="K",
+                help="only if K known peers hold, asked now, a snapshot at least as new as the newest here",
+            ),
+        ],
         "Delete a volume and its snapshots (refused while mounted, or while another volume\n"
-        "was made from one of its snapshots). Blobs are freed by the next `casfs gc`.",
+        "was made from one of its snapshots). Blobs are freed by the next `casfs gc`.\n"
+        "With --if-replicated K, each peer `casfs pull` recorded is asked through its SOURCE\n"
+        "(ssh runs $CASFS_SSH and $CASFS_REMOTE there); fewer than K holding a snapshot as\n"
+        "new as this store's newest (the same one, where they hold its number) exits 4.",
     ),
     Row(
         "volume",
@@ -327,6 +339,35 @@ GRAMMAR = (
         [Arg("ref", metavar="VOL@N"), DEST, EXPORT_FORMAT],
     ),
     Row(
+        "snapshot",
+        "send",
+        replica.cmd_send,
+        "write a snapshot as a stream to stdout (for `casfs snapshot receive`)",
+        [
+            Arg("ref", metavar="VOL@N"),
+            Arg("--since", metavar="VOL@M", help="only what snapshot M of the same volume lacks"),
+        ],
+        "Write snapshot N of VOL to stdout as a self-describing stream: every blob with its id,\n"
+        "a trailer with counts and a hash. With --since, only blobs not in VOL@M: the receiver\n"
+        "must hold VOL@M. E.g. `casfs snapshot send vm1@7 | ssh host casfs snapshot receive`.",
+    ),
+    Row(
+        "snapshot",
+        "receive",
+        replica.cmd_receive,
+        "read a snapshot stream from stdin and add the snapshot here",
+        [
+            Arg(
+                "--as", dest="as_name", metavar="NAME", help="the local volume's name (default: the sender's)"
+            ),
+            JSON_OBJECT,
+        ],
+        "Read a stream of `casfs snapshot send` from stdin. Every blob is verified on arrival\n"
+        "(exit 5 if one is damaged); the snapshot appears in one transaction once the whole\n"
+        "stream checked out, with the sender's number and root. Receiving a snapshot held\n"
+        "already does nothing (exit 0); one that diverges from the local line exits 4.",
+    ),
+    Row(
         "rollback",
         None,
         volumes.cmd_rollback,
@@ -334,6 +375,36 @@ GRAMMAR = (
         [Arg("volume", metavar="VOL"), Arg("n", metavar="N")],
         "Make snapshot N the volume's state again (the volume must not be mounted read/write).\n"
         "Later snapshots are kept.",
+    ),
+    Row(
+        "pull",
+        None,
+        replica.cmd_pull,
+        "bring a volume's local replica up to a snapshot of another store",
+        [
+            Arg("source", metavar="SOURCE", help="a store's path, or ssh://[USER@]HOST[:PORT]/STORE"),
+            Arg("volume", metavar="VOL"),
+            Arg("--snapshot", metavar="N", help="this snapshot (default: the source's newest)"),
+            Arg("--as", dest="as_name", metavar="NAME", help="the local volume's name (default: VOL)"),
+            Arg(
+                "--remote-casfs",
+                metavar="CMD",
+                help="the casfs command on an ssh source (default: $CASFS_REMOTE, else casfs)",
+            ),
+            JSON_OBJECT,
+        ],
+        "Fetch snapshot N (default: the newest) of VOL from SOURCE, moving only the blobs this\n"
+        "store lacks, and add it here with the same number and root. Interrupted, a rerun\n"
+        "fetches only what is still missing. Refused (exit 4) when the two stores' lines have\n"
+        "diverged; --as NAME keeps the other line as a new volume. ssh runs $CASFS_SSH\n"
+        "(default: ssh).",
+    ),
+    Row(
+        "serve-replica",
+        None,
+        replica.cmd_serve,
+        "(used by pull) answer a pull's requests on stdin and stdout",
+        [Arg("path", metavar="STORE")],
     ),
     Row(
         "mount",

@@ -102,6 +102,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     with open_store(args) as repo:
         d = _doc(repo, get_volume(repo, args.name))
+        replicas = _replica_lines(repo, d)
         if args.json:
             print_json(d)
         else:
@@ -124,6 +125,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                     ("grace", _grace(d)),
                     ("snapshots", ", ".join(map(str, d["snapshots"]))),
                     ("NOT SAVED", describe_unsaved(d["unsaved"]) if d["unsaved"] else None),
+                    *replicas,
                 ]
             )
         check_unreadable([d])
@@ -145,11 +147,47 @@ def cmd_rm(args: argparse.Namespace) -> int:
     from casfs.volumes import remove_volume
 
     with open_store(args) as repo:
+        if args.if_replicated is not None:
+            _check_replicated(repo, args.name, args.if_replicated)
         if remove_volume(repo, args.name, if_exists=args.if_exists):
             print(f"removed volume {args.name} and its snapshots (`casfs gc` frees their unique blobs)")
         else:
             print(f"no volume {args.name}")
     return 0
+
+
+def _check_replicated(repo: Repository, name: str, k: str) -> None:
+    """--if-replicated K: K known peers must hold, asked now, a snapshot as new as ours."""
+    from casfs.catalog.volumes import volume_row
+    from casfs.replica.status import check_replicated
+
+    if not k.isdigit() or int(k) < 1:
+        raise UsageError(f"invalid --if-replicated {k!r}: expected an integer >= 1")
+    if volume_row(repo.conn, name) is not None:  # (absent: rm says so, or --if-exists)
+        for source in check_replicated(repo, name, int(k)):
+            print(f"replicated at {source}")
+
+
+def _replica_lines(repo: Repository, d: dict[str, Any]) -> list[tuple[str, object]]:
+    """`volume info`'s replica lines: the newest snapshot, where each came from, the peers."""
+    from casfs.replica.status import replica_doc
+
+    r = replica_doc(repo, d["name"])
+    d.update(r)
+    lines: list[tuple[str, object]] = [("newest snapshot", r["newest_snapshot"])]
+    for n, s in r["snapshot_sources"].items():
+        where = "taken here" if s["source"] is None else f"from {s['source']} ({when(s['received'])})"
+        lines.append(
+            (
+                f"snapshot {n}",
+                where if s["taken_by"] == r["store_id"] else f"{where}, taken by {s['taken_by']}",
+            )
+        )
+    for p in r["peers"]:
+        lines.append(
+            (f"peer {p['source']}", f"newest {p['remote']}@{p['newest']} when seen {when(p['seen'])}")
+        )
+    return lines
 
 
 def cmd_resize(args: argparse.Namespace) -> int:

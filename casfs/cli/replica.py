@@ -1,0 +1,98 @@
+"""`casfs snapshot send`, `casfs snapshot receive`, `casfs pull` and `casfs serve-replica`:
+moving snapshots between stores (casfs.replica)."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from casfs.cli.output import print_json
+from casfs.cli.store import open_store
+from casfs.errors import UsageError
+from casfs.units import format_size, parse_snapshot_ref
+
+if TYPE_CHECKING:
+    import argparse
+
+    from casfs.replica.stream import Moved
+
+
+def _report(moved: Moved, as_json: bool, verb: str) -> None:
+    from casfs.replica.land import Plan
+
+    if as_json:
+        print_json(moved.to_json())
+    elif moved.plan == Plan.HAVE:
+        print(f"already have {moved.volume}@{moved.n} (root {moved.root}): nothing to do")
+    else:
+        print(
+            f"{verb} {moved.volume}@{moved.n} (root {moved.root}): "
+            f"{moved.blobs} blobs, {format_size(moved.bytes)} moved"
+        )
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    from casfs.replica.stream import send
+
+    volume, n = parse_snapshot_ref(args.ref)
+    since = None
+    if args.since is not None:
+        base, since = parse_snapshot_ref(args.since)
+        if base != volume or since >= n:
+            raise UsageError(f"--since must name an older snapshot of {volume}, not {args.since}")
+    if sys.stdout.isatty():
+        raise UsageError("refusing to write a snapshot stream to a terminal: redirect or pipe it")
+    with open_store(args) as repo:
+        send(repo, volume, n, since, sys.stdout.buffer)
+    return 0
+
+
+def cmd_receive(args: argparse.Namespace) -> int:
+    from casfs.replica.stream import receive
+
+    if sys.stdin.isatty():
+        raise UsageError("a snapshot stream is read from stdin: pipe `casfs snapshot send` into it")
+    with open_store(args) as repo:
+        moved = receive(repo, sys.stdin.buffer, args.as_name)
+    _report(moved, args.json, "received")
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from casfs.cli.output import Progress
+    from casfs.replica.peers import Connection
+    from casfs.replica.pull import pull
+
+    n = None
+    if args.snapshot is not None:
+        from casfs.ids import SnapshotNo
+
+        if not args.snapshot.isdigit() or int(args.snapshot) < 1:
+            raise UsageError(f"invalid snapshot number {args.snapshot!r}")
+        n = SnapshotNo(int(args.snapshot))
+    bar = Progress(f"pull {args.volume}", None, sys.stderr) if sys.stderr.isatty() else None
+    try:
+        with Connection(args.source, args.remote_casfs) as conn, open_store(args) as repo:
+            moved = pull(repo, conn, args.volume, n, args.as_name, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    _report(moved, args.json, "pulled")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from casfs.lifecycle.recovery import recover
+    from casfs.replica.protocol import serve
+    from casfs.repo import Repository
+
+    repo = Repository.open(Path(args.path))
+    try:
+        for message in recover(repo):
+            print(f"casfs: recovered: {message}", file=sys.stderr)
+        serve(repo, sys.stdin.buffer, sys.stdout.buffer)
+    finally:
+        repo.close()
+    return 0

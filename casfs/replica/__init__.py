@@ -1,0 +1,15 @@
+"""Replicas: moving snapshots between stores, only the blobs the receiver lacks.
+
+    wire.py       counted, hashed exact reads and writes; the blob record; verify()
+    walk.py       the sender: the blobs under a root, parents first, held subtrees skipped
+    assemble.py   the receiver: what is missing (no catalog row), blobs in, the landing commit
+    land.py       what a received snapshot becomes here; divergence; provenance; store ids
+    stream.py     `casfs snapshot send` / `receive` (stream format 1)
+    protocol.py   `casfs serve-replica`: the request/response protocol of `pull`
+    peers.py      SOURCE (a path or ssh://) and the connection to its serve-replica
+    pull.py       `casfs pull SOURCE VOL`
+    status.py     `volume info`'s replica lines and `volume rm --if-replicated`
+
+Snapshot numbers and root ids are the origin's on every replica; see README.md
+("Replicas") for the model and docs/developer-notes.md for the formats.
+"""

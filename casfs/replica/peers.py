@@ -1,0 +1,172 @@
+"""Reaching another store: a SOURCE names it, a Connection talks to its
+`casfs serve-replica` (replica.protocol) over the child's stdin and stdout.
+
+    /path/to/store                      this machine: `python -m casfs serve-replica PATH`
+    ssh://[USER@]HOST[:PORT]/STORE      `ssh [-p PORT] [USER@]HOST REMOTE serve-replica /STORE`
+
+REMOTE is the casfs command on the far side (`--remote-casfs`, else $CASFS_REMOTE, else
+`casfs`), and the ssh command is $CASFS_SSH (default `ssh`), split as a shell would:
+`CASFS_SSH="ssh -i KEY -o UserKnownHostsFile=FILE"`, as rsync's RSYNC_RSH.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, BinaryIO, cast
+from urllib.parse import urlsplit
+
+from casfs.errors import CasfsError, Corruption, UsageError
+from casfs.kinds import BlobKind
+from casfs.replica.protocol import ERRORS, FRAME, WANT, error_of, frame, read_frame
+from casfs.replica.wire import Reader, Record, Writer
+from casfs.store.ids import BlobId
+
+ENV_REMOTE = "CASFS_REMOTE"
+ENV_SSH = "CASFS_SSH"
+
+
+def normalize(source: str) -> str:
+    """The form a peer is recorded under: an ssh:// URL as given, a path made absolute."""
+    return source if source.startswith("ssh://") else str(Path(source).absolute())
+
+
+def command(source: str, remote: str | None = None) -> list[str]:
+    """The argv that serves SOURCE on our stdin and stdout."""
+    if not source.startswith("ssh://"):
+        return [sys.executable, "-m", "casfs", "serve-replica", normalize(source)]
+    url = urlsplit(source)
+    if not url.hostname or not url.path or url.path == "/":
+        raise UsageError(f"invalid source {source!r}: expected ssh://[USER@]HOST[:PORT]/STORE")
+    try:
+        port = url.port
+    except ValueError:
+        raise UsageError(f"invalid port in {source!r}") from None
+    far = shlex.split(remote or os.environ.get(ENV_REMOTE) or "casfs")
+    ssh = shlex.split(os.environ.get(ENV_SSH) or "ssh")
+    where = f"{url.username}@{url.hostname}" if url.username else url.hostname
+    return [*ssh, *(["-p", str(port)] if port else []), where, shlex.join([*far, "serve-replica", url.path])]
+
+
+class Connection:
+    """A session with a store's `serve-replica`. Close it (a context manager)."""
+
+    def __init__(self, source: str, remote: str | None = None) -> None:
+        self.source = source
+        argv = command(source, remote)
+        try:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        except OSError as e:
+            raise CasfsError(f"cannot start {argv[0]} for {source}: {e.strerror}") from None
+        self.said: deque[str] = deque(maxlen=20)  # the last lines of its stderr
+        self._stderr = threading.Thread(target=self._drain, daemon=True)
+        self._stderr.start()
+        self.r = Reader(
+            cast(BinaryIO, self.proc.stdout),
+            f"the connection to {source}",
+            role="receiver",
+            ended=self._ended,
+        )
+        self.w = Writer(cast(BinaryIO, self.proc.stdin))
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.said.append(line.decode(errors="replace").rstrip())
+
+    def _ended(self, message: str) -> CasfsError:
+        """The error of a server gone: its own if it said one (`casfs: error: …`)."""
+        try:
+            code: int | None = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = None
+        self._stderr.join(timeout=5)
+        errors = [
+            line.removeprefix("casfs: error: ") for line in self.said if line.startswith("casfs: error: ")
+        ]
+        if errors and code in ERRORS:
+            return ERRORS[code](f"{self.source}: {errors[-1]}")
+        last = f": {self.said[-1]}" if self.said else ""
+        why = f" (status {code}{last})" if code is not None else ""
+        return CasfsError(f"{self.source} closed the connection{why}; rerun to go on where it stopped")
+
+    def _send(self, data: bytes, flush: bool = False) -> None:
+        try:
+            self.w.write(data)
+            if flush:
+                self.w.f.flush()
+        except BrokenPipeError:  # (not the quiet exit the CLI gives a reader gone away)
+            raise self._ended("") from None
+
+    def request(self, op: str, **args: Any) -> Any:
+        self._send(frame(b"Q", json.dumps({"op": op, **args}).encode()), flush=True)
+        tag, payload = read_frame(self.r)
+        if tag == b"E":
+            raise error_of(payload)
+        if tag != b"R":
+            raise Corruption(f"{self.source} answered with a {tag!r} frame")
+        return json.loads(payload)
+
+    def ask(self, wants: Sequence[tuple[BlobId, BlobKind]]) -> None:
+        """Ask for blobs (the answer is read by `blobs`, in the order asked)."""
+        self._send(frame(b"G", b"".join(WANT.pack(b, k) for b, k in wants)))
+
+    def flush(self) -> None:
+        self._send(b"", flush=True)
+
+    def blobs(self, wants: Sequence[tuple[BlobId, BlobKind]]) -> list[Record]:
+        """The answer to one `ask`: each record checked to be the one asked for next."""
+        out: list[Record] = []
+        while True:
+            tag, length = FRAME.unpack(self.r.exact(FRAME.size))
+            if tag == b".":
+                break
+            if tag == b"E":
+                raise error_of(self.r.exact(length))
+            if tag != b"b" or len(out) >= len(wants):
+                raise Corruption(f"{self.source} sent a {tag!r} frame among blobs")
+            rec = self.r.record()
+            if (rec.bid, rec.kind) != wants[len(out)]:
+                raise Corruption(f"{self.source} sent blob {rec.bid.hex()} for {wants[len(out)][0].hex()}")
+            out.append(rec)
+        if len(out) != len(wants):
+            raise Corruption(f"{self.source} sent {len(out)} of {len(wants)} blobs asked for")
+        return out
+
+    def end(self) -> None:
+        """No more requests: the server exits once it has answered (while we commit)."""
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+
+    def close(self) -> None:
+        """End the session: the server sees the end of its requests (and, if it is still
+        writing answers no one will read, a broken pipe) and exits."""
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._stderr.join(timeout=5)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

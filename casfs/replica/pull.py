@@ -1,0 +1,145 @@
+"""`casfs pull SOURCE VOL`: bring the local replica of a volume up to a snapshot of
+another store, fetching only the blobs missing here.
+
+The receiver drives: it asks for the source's snapshots, decides what landing one
+means (replica.land: refusing a diverged line), then walks the snapshot's tree from
+its root, asking in batches for what it lacks (metadata first: it names the rest),
+with WINDOW requests in flight. Blobs are verified as they arrive (replica.assemble);
+the snapshot appears in one transaction once every blob under it is here. Killed at
+any point, a rerun walks again and fetches only what has no row yet: at most one
+batch of data, and the metadata, move twice.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from casfs.catalog import transaction
+from casfs.catalog import volumes as rows
+from casfs.errors import NotFound
+from casfs.ids import SnapshotNo
+from casfs.kinds import BlobKind
+from casfs.replica.assemble import Assembler, Want
+from casfs.replica.land import Offer, Plan, check, land, store_id
+from casfs.replica.peers import Connection, normalize
+from casfs.replica.stream import Moved, root_kind
+from casfs.replica.wire import Record
+from casfs.repo import Repository
+from casfs.store.ids import BlobId
+from casfs.units import check_name
+
+BATCH = 64  # blobs per request
+WINDOW = 4  # requests in flight
+
+
+def listing(conn: Connection, volume: str) -> tuple[str, dict[SnapshotNo, BlobId | None]]:
+    """The source's store id and its snapshots of `volume` (root None: still folding)."""
+    hello = conn.request("hello")
+    doc = conn.request("volume", name=volume)
+    snaps = {
+        SnapshotNo(int(s["n"])): None if s["root"] is None else BlobId(bytes.fromhex(s["root"]))
+        for s in doc["snapshots"]
+    }
+    return str(hello["store"]), snaps
+
+
+def peer_row(source: str, store: str, remote: str, snaps: dict[SnapshotNo, BlobId | None]) -> rows.Peer:
+    newest = max(snaps, default=None)
+    return rows.Peer(source, store, remote, newest, None if newest is None else snaps[newest], time.time())
+
+
+def pull(
+    repo: Repository,
+    conn: Connection,
+    volume: str,
+    n: SnapshotNo | None = None,
+    as_name: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Moved:
+    """Pull snapshot `n` (default: the newest) of `volume` through `conn` as `as_name`.
+    (The caller starts the connection first: the source starts while this store opens.)"""
+    name = check_name(as_name or volume, "volume")
+    where = normalize(conn.source)
+    theirs_id, snaps = listing(conn, volume)
+    if not snaps:
+        raise NotFound(f"{conn.source} holds no snapshot of {volume}")
+    target = max(snaps) if n is None else n
+    if target not in snaps:
+        raise NotFound(f"{conn.source} holds no snapshot {volume}@{target}")
+    offer = Offer.from_json(conn.request("offer", name=volume, n=target))
+    snaps[target] = offer.root
+    theirs = {k: v for k, v in snaps.items() if v is not None}
+    peer = peer_row(where, theirs_id, volume, snaps)
+    with transaction(repo.conn) as c:  # (seen, whatever comes of the pull)
+        if rows.volume_row(c, name) is not None:
+            rows.record_peer(c, name, peer)
+    mine = store_id(repo)
+    moved = Moved(name, offer.n, offer.root.hex(), check(repo.conn, name, offer, theirs, mine))
+    if moved.plan == Plan.HAVE:
+        moved.bytes = conn.r.meter.bytes
+        return moved
+    with ThreadPoolExecutor(2) as pool, Assembler(repo, offer.root, root_kind(offer.kind), pool) as asm:
+        _fetch(conn, asm, moved, progress)
+        conn.end()
+
+        def then(c: Any) -> None:
+            moved.plan = check(c, name, offer, theirs, mine)
+            land(c, name, offer, moved.plan, where)
+            rows.record_peer(c, name, peer)
+
+        asm.finish({}, then)
+    moved.bytes = conn.r.meter.bytes
+    return moved
+
+
+def _fetch(conn: Connection, asm: Assembler, moved: Moved, progress: Callable[[int], None] | None) -> None:
+    """Walk and fetch until nothing under the root is missing. A thread reads the
+    answers (in the order asked) while this one verifies and stores the last ones."""
+    meta: deque[Want] = deque()
+    data: deque[Want] = deque()
+
+    def add(wants: list[Want]) -> None:
+        for w in wants:
+            (data if w[1] == BlobKind.DATA else meta).append(w)
+
+    asked: queue.Queue[list[Want] | None] = queue.Queue()
+    answers: queue.Queue[list[Record] | BaseException] = queue.Queue()  # (at most WINDOW)
+
+    def read() -> None:
+        try:
+            while (wants := asked.get()) is not None:
+                answers.put(conn.blobs(wants))
+        except BaseException as e:
+            answers.put(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        add(asm.start())
+        waiting = 0
+        while meta or data or waiting:
+            while (meta or data) and waiting < WINDOW:
+                part: list[Want] = []
+                while len(part) < BATCH and (meta or data):
+                    part.append((meta or data).popleft())
+                conn.ask(part)
+                asked.put(part)
+                waiting += 1
+            conn.flush()
+            before = conn.r.meter.bytes
+            records = answers.get()
+            if isinstance(records, BaseException):
+                raise records
+            waiting -= 1
+            moved.blobs += len(records)
+            add(asm.arrive(records))
+            if progress is not None:
+                progress(conn.r.meter.bytes - before)
+    finally:
+        asked.put(None)
