@@ -18,7 +18,6 @@ origin's, so they compare replicas, as the seed design has it):
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 import uuid
@@ -169,6 +168,8 @@ def land(conn: sqlite3.Connection, name: str, offer: Offer, plan: Plan, source: 
     if plan == Plan.HAVE:
         return
     if plan == Plan.NEW:
+        import json  # (here: `volume info` reads replica status through this module)
+
         spec = json.dumps({"replica": f"{offer.volume}@{offer.n}", "mode": offer.mode}, sort_keys=True)
         rows.insert_volume(
             conn, name, kind=offer.kind, mode=offer.mode, phase=VolumePhase.READY, base=offer.root,

@@ -9,8 +9,6 @@ from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import CasfsError, Conflict
 from casfs.replica.land import store_id
-from casfs.replica.peers import Connection
-from casfs.replica.pull import listing, peer_row
 from casfs.repo import Repository
 
 
@@ -42,6 +40,9 @@ def check_replicated(repo: Repository, name: str, k: int, remote: str | None = N
     """The SOURCEs of at least `k` known peers that hold, asked now, a snapshot of the
     volume at least as new as the local newest (the same root where they hold that
     number); Conflict (exit 4) naming what each other peer lacks if fewer do."""
+    from casfs.replica.peers import Connection  # (here: `volume info` needs none of the protocol)
+    from casfs.replica.pull import listing, peer_row
+
     conn = repo.conn
     numbers = rows.snapshot_numbers(conn, name)
     if not numbers:
