@@ -81,6 +81,7 @@ class FileUppers:
     # place), and their names are not durable (the directory needs an fsync).
     fresh: set[Key] = field(default_factory=set)
     retired: list[Key] = field(default_factory=list)  # to delete once a commit stopped naming them
+    folder_durable: bool = False  # its name in upper/ fsynced by this view
     _open: OrderedDict[Key, UpperFile] = field(default_factory=OrderedDict)
 
     @staticmethod
@@ -136,11 +137,13 @@ class FileUppers:
         """What the next flush must make durable before its commit, and delete after."""
         if not (self.dirty or self.fresh or self.retired):
             return None
-        return FileSync(self, sorted(self.dirty), set(self.fresh), list(self.retired))
+        parent = bool(self.fresh) and not self.folder_durable
+        return FileSync(self, sorted(self.dirty), set(self.fresh), list(self.retired), parent)
 
     def synced(self, job: FileSync) -> None:
         """The flush that carried `job` committed (the view was frozen meanwhile)."""
         self.dirty.difference_update(job.keys)
+        self.folder_durable = self.folder_durable or job.parent
         self.fresh -= job.fresh
         done = set(job.retired)
         self.retired = [k for k in self.retired if k not in done]
@@ -190,6 +193,7 @@ class FileSync:
     keys: list[Key]
     fresh: set[Key]
     retired: list[Key]
+    parent: bool = False  # also the folder's own name (once per view: it may be new)
 
     def sync(self) -> None:
         if len(self.keys) > _FDATASYNC_UP_TO:
@@ -207,6 +211,7 @@ class FileSync:
                 os.close(fd)
         if self.fresh:
             fsync_dir(self.uppers.folder)
+        if self.parent:
             fsync_dir(self.uppers.folder.parent)
 
     def after_commit(self) -> None:
