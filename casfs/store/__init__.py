@@ -2,7 +2,8 @@
 
 Modules: ids (BlobId, hashing), codec (on-disk encoding), verified (the check on every
 read), local (FileBlobStore: a file per blob), memory (MemoryBlobStore, for tests),
-faulty (a wrapper that fails on purpose), cache (an LRU), verify (outside digests).
+faulty (a wrapper that fails on purpose), cache (an LRU), verify (outside digests),
+damaged (the damaged-blob marks the file and S3 stores share).
 
 Lifecycle of a blob in a store (containerd's content store is the model):
 

@@ -3,7 +3,7 @@ knows where a blob's bytes are on disk.
 
     blobs/ab/abcdef…       a published blob (one codec byte, then the payload), 0444
     tmp/<pid>-<random>/    the staging directory of one batch in flight
-    damaged/<id>           a blob whose file failed its check when read
+    damaged/<id>           a blob whose file failed its check when read (store.damaged)
 
 Staged files are written in tmp/ and renamed into blobs/: a rename is atomic, so a
 blob is either absent or whole. They are synced before the rename (fsync each file, or
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from casfs.errors import Corruption, MissingBlob
 from casfs.store import BlobStore, Domain, Staging, codec
+from casfs.store.damaged import DamagedMarks
 from casfs.store.ids import ID_SIZE, BlobId
 from casfs.store.verified import verified
 
@@ -61,7 +62,7 @@ def syncfs(fd: int) -> None:
         raise OSError(e, os.strerror(e))
 
 
-class FileBlobStore(BlobStore):
+class FileBlobStore(DamagedMarks, BlobStore):
     """One file per blob: blobs/ab/abcdef…, written to tmp/ and renamed into place.
 
     Measured against pack files: at 64 KiB chunks a file per blob imports faster than
@@ -130,24 +131,6 @@ class FileBlobStore(BlobStore):
         except Corruption:
             self.mark_damaged(bid)
             raise
-
-    def mark_damaged(self, bid: BlobId) -> None:
-        try:
-            self.damaged_dir.mkdir(exist_ok=True)
-            (self.damaged_dir / bid.hex()).touch()
-        except OSError as e:
-            _log().warning("cannot record damaged blob %s: %s", bid.hex(), e)
-
-    def damaged(self) -> set[BlobId]:
-        try:
-            names = os.listdir(self.damaged_dir)
-        except FileNotFoundError:
-            return set()
-        return {BlobId(bytes.fromhex(n)) for n in names if len(n) == 2 * ID_SIZE}
-
-    def clear_damaged(self, bid: BlobId) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            (self.damaged_dir / bid.hex()).unlink()
 
     def get_if_cached(self, bid: BlobId, max_stored: int, domain: Domain | None = None) -> bytes | None:
         """get(), only when the blob's file is at most `max_stored` bytes and all of it

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from casfs.errors import Corruption, MissingBlob
 from casfs.store import BlobStore, Domain
-from casfs.store.ids import ID_SIZE, BlobId
+from casfs.store.damaged import DamagedMarks
+from casfs.store.ids import BlobId
 from casfs.store.s3 import packfmt
 from casfs.store.s3.diskcache import DiskCache
 from casfs.store.s3.location import Credentials, Location
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 UPLOAD_THREADS = 4
 
 
-class S3BlobStore(BlobStore):
+class S3BlobStore(DamagedMarks, BlobStore):
     def __init__(self, root: Path, loc: Location, creds: Credentials) -> None:
         self.root = root
         self.loc = loc
@@ -310,24 +311,6 @@ class S3BlobStore(BlobStore):
                     removed += f.stat().st_size // ENTRY.size
             shutil.rmtree(entry.path)
         return removed
-
-    def mark_damaged(self, bid: BlobId) -> None:
-        try:
-            self.damaged_dir.mkdir(exist_ok=True)
-            (self.damaged_dir / bid.hex()).touch()
-        except OSError as e:
-            log.warning("cannot record damaged blob %s: %s", bid.hex(), e)
-
-    def damaged(self) -> set[BlobId]:
-        try:
-            names = os.listdir(self.damaged_dir)
-        except FileNotFoundError:
-            return set()
-        return {BlobId(bytes.fromhex(n)) for n in names if len(n) == 2 * ID_SIZE}
-
-    def clear_damaged(self, bid: BlobId) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            (self.damaged_dir / bid.hex()).unlink()
 
 
 def connect(root: Path, loc: Location) -> S3BlobStore:
