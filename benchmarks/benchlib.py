@@ -31,6 +31,9 @@ from casfs.fuse.mountinfo import find_mount
 CLI = [sys.executable, "-m", "casfs"]
 PEERS = ("native", "bindfs", "casfs")
 MIB = 1 << 20
+# Host trees about the size of a debian:bookworm root filesystem (oci_bench's image,
+# dir_bench's tarball).
+ROOTFS_TREES = ("/etc", "/usr/lib/python3.11", "/usr/lib/python3", "/usr/share/perl", "/usr/share/zoneinfo")
 NOT_DROPPED = "(could not drop the page cache: cold reads may have come from memory; run as root)"
 
 

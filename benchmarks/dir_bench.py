@@ -2,13 +2,17 @@
 """A tree copied into a directory volume and walked, beside the native filesystem and
 bindfs (a C FUSE passthrough), in one run.
 
-    python benchmarks/dir_bench.py [--source /usr/share] [--workdir DIR] [--json]
+    python benchmarks/dir_bench.py [--source /usr/share] [--rootfs DIR ...] [--workdir DIR] [--json]
 
 The source tree (default /usr/share; its entry count is reported) is read once first
-so every peer copies from the page cache. Destinations: DIR/native/tree, bindfs over
-DIR/bindfs-src, and a blank directory volume mounted with `casfs mount MNT --volume
-tree` (as a runtime mounts a pod's volume). Timed, in seconds, per peer:
+so every peer copies from the page cache, and a tarball of a root filesystem is made
+first from this host's trees (--rootfs, default the Debian trees oci_bench uses: about
+debian:bookworm's size), as a container runtime or debootstrap unpacks one.
+Destinations: DIR/native/tree, bindfs over DIR/bindfs-src, and a blank directory
+volume mounted with `casfs mount MNT --volume tree` (as a runtime mounts a pod's volume).
+Timed, in seconds, per peer:
 
+  tar -x        tar -xf ROOTFS.tar -C DEST/rootfs (as root: owners and modes kept)
   cp -a         cp -a SOURCE DEST/tree
   ls -lR warm   ls -lR DEST/tree > /dev/null, right after one untimed run
   du -s warm    du -s DEST/tree
@@ -16,7 +20,7 @@ tree` (as a runtime mounts a pod's volume). Timed, in seconds, per peer:
   ls -lR cold   after dropping the page cache and remounting (casfs: the unmount
                 folded the copy into snapshot 1, and the tree is read from its blobs)
 
-casfs's unmount after the copy (flush and snapshot) is timed too. Run as root.
+casfs's unmount after the copy and the tar (flush and snapshot) is timed too. Run as root.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 from benchlib import (
     NOT_DROPPED,
     PEERS,
+    ROOTFS_TREES,
     Casfs,
     Row,
     arguments,
@@ -43,7 +48,7 @@ from benchlib import (
     unmount,
 )
 
-STEPS = ("cp -a", "ls -lR warm", "du -s warm", "find | wc -l", "ls -lR cold")
+STEPS = ("tar -x", "cp -a", "ls -lR warm", "du -s warm", "find | wc -l", "ls -lR cold")
 
 
 def count_entries(top: Path) -> int:
@@ -53,8 +58,18 @@ def count_entries(top: Path) -> int:
     return int(out.stdout.strip())
 
 
-def run(source: Path, work: Path) -> dict[str, Any]:
+def make_rootfs(work: Path, trees: list[str]) -> tuple[Path, int]:
+    """A tarball of `trees` (paths relative to /, as in a rootfs) and its entry count."""
+    tarball = work / "rootfs.tar"
+    names = [t.lstrip("/") for t in trees]
+    sh("tar", "-C", "/", "-cf", tarball, *names, timeout=600)
+    listed = subprocess.run(["tar", "-tf", tarball], capture_output=True, check=True, timeout=600)
+    return tarball, len(listed.stdout.splitlines())
+
+
+def run(source: Path, work: Path, trees: list[str]) -> dict[str, Any]:
     entries = count_entries(source)
+    tarball, rootfs_entries = make_rootfs(work, trees)
     timed(f"tar cf - '{source}' 2>/dev/null | cat > /dev/null")  # the source into the page cache
     native = work / "native"
     bind_src, bind_mnt = work / "bindfs-src", work / "bindfs"
@@ -82,11 +97,13 @@ def run(source: Path, work: Path) -> dict[str, Any]:
         elif peer == "casfs":
             t = time.perf_counter()
             cas.umount()
-            extra.setdefault("casfs umount after cp s", time.perf_counter() - t)
+            extra.setdefault("casfs umount after tar and cp s", time.perf_counter() - t)
 
     try:
         for peer in PEERS:
             top = mount(peer)
+            (top / "rootfs").mkdir()
+            results["tar -x"][peer] = timed(f"tar -xf '{tarball}' -C '{top / 'rootfs'}'", timeout=1800)
             dest = top / "tree"
             results["cp -a"][peer] = timed(f"cp -a '{source}' '{dest}'", timeout=1800)
             timed(f"ls -lR '{dest}' > /dev/null")
@@ -108,7 +125,15 @@ def run(source: Path, work: Path) -> dict[str, Any]:
         unmount(bind_mnt)
         cas.umount()
         unmount(cas.mnt)
-    return {"source": str(source), "entries": entries, "results": results, "extra": extra, "dropped": dropped}
+    return {
+        "source": str(source),
+        "entries": entries,
+        "rootfs": trees,
+        "rootfs_entries": rootfs_entries,
+        "results": results,
+        "extra": extra,
+        "dropped": dropped,
+    }
 
 
 def report_table(report: dict[str, Any]) -> str:
@@ -124,11 +149,15 @@ def report_table(report: dict[str, Any]) -> str:
 def main() -> int:
     p = arguments(__doc__)
     p.add_argument("--source", default="/usr/share")
+    p.add_argument(
+        "--rootfs", nargs="+", default=list(ROOTFS_TREES), help="host trees the tarball is made of"
+    )
     args = p.parse_args()
     with scratch(args.workdir, "casfs-dirbench-") as work:
-        report = run(Path(args.source), work)
+        report = run(Path(args.source), work, args.rootfs)
     heading = (
-        f"{report['source']}: {report['entries']} entries, {os.cpu_count()} CPUs; times in seconds "
+        f"{report['source']}: {report['entries']} entries; rootfs tarball: {report['rootfs_entries']} "
+        f"entries; {os.cpu_count()} CPUs; times in seconds "
         "(ratios above 1 are slower); casfs: a directory volume mounted alone"
     )
     emit(report, args.json, heading, report_table(report))

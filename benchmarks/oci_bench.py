@@ -29,11 +29,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchlib import CLI, arguments, drop_caches, scratch, sh, timed
+from benchlib import CLI, ROOTFS_TREES, arguments, drop_caches, scratch, sh, timed
 
 from casfs.units import format_size
-
-TREES = ("/etc", "/usr/lib/python3.11", "/usr/lib/python3", "/usr/share/perl", "/usr/share/zoneinfo")
 
 
 def du(path: Path) -> int:
@@ -99,7 +97,7 @@ def run(work: Path, trees: list[str]) -> dict[str, Any]:
 
 def main() -> int:
     ap = arguments(__doc__)
-    ap.add_argument("--trees", nargs="+", default=list(TREES), help="host trees the image is made of")
+    ap.add_argument("--trees", nargs="+", default=list(ROOTFS_TREES), help="host trees the image is made of")
     args = ap.parse_args()
     with scratch(args.workdir, "casfs-oci-bench-", mounts=()) as work:
         report = run(work, args.trees)

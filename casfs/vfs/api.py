@@ -16,12 +16,12 @@ from __future__ import annotations
 import errno
 import stat
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypedDict, Unpack
 
 from casfs.ids import ROOT_INO as ROOT_INO  # (the views name it from here)
 from casfs.ids import InodeNo, SnapshotNo
-from casfs.snapshots.tree import AttrChanges, Attrs
+from casfs.snapshots.tree import AttrChanges, Attrs, copy_with, extend
 from casfs.store.ids import ZERO_ID, BlobId
 
 if TYPE_CHECKING:
@@ -44,10 +44,10 @@ class Stat(Attrs):
 
     @staticmethod
     def of(attrs: Attrs, blocks: int | None = None) -> Stat:
-        return Stat(**vars(attrs), blocks=blocks)
+        return extend(attrs, Stat, blocks=blocks)
 
     def with_(self, **changes: Unpack[StatChanges]) -> Stat:
-        return replace(self, **changes)
+        return copy_with(self, changes)
 
     @property
     def is_dir(self) -> bool:

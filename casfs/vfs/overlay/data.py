@@ -125,23 +125,21 @@ class Data(RwVolume):
             self._truncate(node, size, fetched or {})
         now = now_ns()
         self._touch(ino)
-        if mode is not None:
-            node.set(mode=stat.S_IFMT(node.attrs.mode) | stat.S_IMODE(mode))
-        if uid is not None or gid is not None:
-            if not node.is_dir and (uid not in (None, node.attrs.uid) or gid not in (None, node.attrs.gid)):
-                # chown clears setuid, and setgid where it means set-group-id (group exec set).
-                node.set(mode=node.attrs.mode & ~stat.S_ISUID)
-                if node.attrs.mode & stat.S_IXGRP:
-                    node.set(mode=node.attrs.mode & ~stat.S_ISGID)
-            node.set(uid=node.attrs.uid if uid is None else uid)
-            node.set(gid=node.attrs.gid if gid is None else gid)
-        if atime_ns is not None:
-            node.set(atime_ns=atime_ns)
-        if mtime_ns is not None:
-            node.set(mtime_ns=mtime_ns)
-        elif size is not None:
-            node.set(mtime_ns=now)
-        node.set(ctime_ns=now)
+        a = node.attrs
+        new_mode = a.mode if mode is None else stat.S_IFMT(a.mode) | stat.S_IMODE(mode)
+        if not node.is_dir and (uid not in (None, a.uid) or gid not in (None, a.gid)):
+            # chown clears setuid, and setgid where it means set-group-id (group exec set).
+            new_mode &= ~stat.S_ISUID
+            if new_mode & stat.S_IXGRP:
+                new_mode &= ~stat.S_ISGID
+        node.set(
+            mode=new_mode,
+            uid=a.uid if uid is None else uid,
+            gid=a.gid if gid is None else gid,
+            atime_ns=a.atime_ns if atime_ns is None else atime_ns,
+            mtime_ns=mtime_ns if mtime_ns is not None else now if size is not None else a.mtime_ns,
+            ctime_ns=now,
+        )
         return self._stat(node)
 
     def _resize(self, node: Node, size: int) -> None:

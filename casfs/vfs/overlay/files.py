@@ -89,7 +89,7 @@ class FileUppers:
         return FileUppers(upper_dir(store, volume))
 
     def path(self, key: Key) -> str:
-        return str(self.folder / f"i{key[0]}.{key[1]}")
+        return f"{self.folder}/i{key[0]}.{key[1]}"
 
     def open(self, key: Key) -> UpperFile:
         """The file of a generation a row or this view named (it exists)."""
@@ -104,10 +104,14 @@ class FileUppers:
     def create(self, key: Key) -> UpperFile:
         """A new, empty generation. A file of that name can only be a crash's left-over
         (no row names a generation this view has not made): it is emptied."""
-        self.make_folder()
-        fd = os.open(self.path(key), _CREATE, 0o600)
+        path = self.path(key)
+        try:
+            fd = os.open(path, _CREATE, 0o600)
+        except FileNotFoundError:  # the volume's first upper file (a mkdir per file costs)
+            self.make_folder()
+            fd = os.open(path, _CREATE, 0o600)
         self.adopt(key)
-        return self._remember(key, UpperFile(key, self.path(key), fd))
+        return self._remember(key, UpperFile(key, path, fd))
 
     def make_folder(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
