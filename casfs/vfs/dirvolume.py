@@ -52,6 +52,9 @@ class DirVolume(Namespace, volume_kind=VolumeKind.DIR):
         self._next_gen = 1 + max((gen for _, gen in named | on_disk), default=0)
         if self.claimed:
             self.files.remove_unnamed(named)
+            self.files.trim(
+                {(n.ino, n.upper): n.attrs.size for n in self.nodes.values() if n.upper is not None}
+            )
 
     def _base_root(self, size: int) -> Node:
         return Node.from_tree(self._tree(self.base), self.base, ROOT_INO)

@@ -85,6 +85,23 @@ def test_a_cut_of_a_committed_file_makes_a_new_generation(repo: Repository, tmp_
     assert read(dir_volume(repo, "v"), big) == b"X" + content[1:50] + b"ta"
 
 
+def test_writes_a_crash_cut_off_never_come_back_when_the_file_grows(repo: Repository) -> None:
+    """A write into a committed upper file goes in place: after a crash, bytes within
+    the committed size may show the new data (as on any file system), but what was
+    written past that size is gone, even once the file grows over it again."""
+    volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
+    v = dir_volume(repo, "v")
+    f = v.mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0).ino
+    v.write_sync(f, 0, b"committed")
+    v.flush_sync()
+    v.write_sync(f, 0, b"C")  # within the committed size: in place
+    v.write_sync(f, 1000, b"past the end")
+    crashed = dir_volume(repo, "v")
+    assert read(crashed, f) in (b"committed", b"Committed")
+    crashed.truncate_sync(f, 2000)
+    assert read(crashed, f)[9:] == bytes(2000 - 9)
+
+
 def test_an_emptied_file_starts_an_empty_generation_and_unlink_retires_it(
     repo: Repository, tmp_path: Path
 ) -> None:

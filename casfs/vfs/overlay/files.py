@@ -29,6 +29,7 @@ import os
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -171,6 +172,18 @@ class FileUppers:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path(key))
 
+    def trim(self, sizes: dict[Key, int]) -> None:
+        """Cut committed files back to the size their rows give. Writes past it since
+        the last flush (a crash came before the next) reached the file but not the row:
+        if the file grew again later they would show where zeros belong."""
+        for key, size in sizes.items():
+            path = self.path(key)
+            try:
+                if os.stat(path).st_size > size:
+                    os.truncate(path, size)
+            except FileNotFoundError:
+                pass  # (read as a hole, as any missing tail; fsck names the row)
+
     def forget(self, keys: Iterable[Key]) -> None:
         """Stop keeping these generations open (they are about to be deleted)."""
         for key in keys:
@@ -178,14 +191,30 @@ class FileUppers:
 
     def unlink(self, keys: Iterable[Key]) -> None:
         """Delete files no committed row names (any thread: only the file system
-        changes). Best effort: what stays is a left-over, swept at the next load."""
-        for key in keys:
-            try:
-                os.unlink(self.path(key))
-            except FileNotFoundError:
+        changes). Best effort: what stays is a left-over, swept at the next load.
+        Many at once (a fold) go in parallel: an unlink waits on the journal as it frees
+        the file's blocks (about 0.5 ms each on a virtual disk; 4 threads: 2-3x)."""
+        paths = [self.path(key) for key in keys]
+        if len(paths) < _PARALLEL_UNLINK:
+            for path in paths:
+                _unlink(path)
+            return
+        with ThreadPoolExecutor(_UNLINK_THREADS, thread_name_prefix="casfs-unlink") as pool:
+            for _ in pool.map(_unlink, paths):
                 pass
-            except OSError as e:
-                _log().warning("cannot delete %s (left for the next mount): %s", self.path(key), e)
+
+
+_PARALLEL_UNLINK = 16
+_UNLINK_THREADS = 4
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        _log().warning("cannot delete %s (left for the next mount): %s", path, e)
 
 
 @dataclass

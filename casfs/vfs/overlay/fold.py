@@ -139,6 +139,7 @@ def run_fold_dir(
     directories, bottom-up)."""
     with repo.batch() as batch:
         folder = _Folder(repo, batch, chunk_size, job)
+        folder.store_uppers()
         job.new_root = folder.fold_dir(ROOT_INO) if ROOT_INO in job.rows else base
         job.size = job.logical
         _publish(batch, volume, base, next_ino, job)
@@ -309,6 +310,25 @@ class _Folder:
         self.batch = batch
         self.cs = chunk_size
         self.job = job
+        self._upper_ids: dict[tuple[InodeNo, int, ChunkNo], BlobId] = {}
+
+    def store_uppers(self) -> None:
+        """Every upper file's chunks, stored at once before the walk: one pool keeps
+        both cores busy across files (most are a chunk or two, too few to share)."""
+        files = self.job.files
+        if files is None:
+            return
+        rows = self.job.rows.values()
+        keys = [(n.ino, n.upper) for n in rows if n.is_file and n.upper is not None and n.attrs.nlink]
+        sizes = {ino: self.job.rows[ino].attrs.size for ino, _ in keys}
+
+        def chunks() -> Iterator[tuple[tuple[InodeNo, int, ChunkNo], bytes]]:
+            for ino, gen in keys:
+                with open(files.path((ino, gen)), "rb", buffering=0) as f:
+                    for n, data in UpperReader(f.fileno(), sizes[ino], self.cs).chunks():
+                        yield (ino, gen, n), data
+
+        self._upper_ids = _put_all(self.batch, chunks())
 
     def fold_dir(self, ino: InodeNo) -> BlobId:
         node = self.job.rows[ino]
@@ -356,16 +376,12 @@ class _Folder:
     def _upper_content(self, node: Node, gen: int) -> BlobId:
         """A file whose content is its upper file: its chunks holding data stored as
         blobs (holes read nothing), then its map."""
-        assert self.job.files is not None
-        key = (node.ino, gen)
         size, cs = node.attrs.size, self.cs
-        ids = [ZERO_ID] * chunkmap.n_chunks(size, cs)
-        with open(self.job.files.path(key), "rb", buffering=0) as f:
-            upper = UpperReader(f.fileno(), size, cs)
-            ids_by_n = _put_all(self.batch, upper.chunks())
-        for n, bid in ids_by_n.items():
-            ids[n] = bid
-        self.job.folded_files.append(key)
+        ids = [
+            self._upper_ids.get((node.ino, gen, ChunkNo(n)), ZERO_ID)
+            for n in range(chunkmap.n_chunks(size, cs))
+        ]
+        self.job.folded_files.append((node.ino, gen))
         return chunkmap.build_content(self.batch.put_kind, ids, size, cs)
 
 
