@@ -101,7 +101,8 @@ class DirVolume(Namespace, volume_kind=VolumeKind.DIR):
     def _blocks(self, node: Node) -> int:
         if node.upper is None:
             return super()._blocks(node)
-        return self._upper(node).allocated_blocks()
+        assert node.upper is not None
+        return self.files.allocated_blocks((node.ino, node.upper))
 
     def write(self, ino: InodeNo, offset: int, data: bytes, fetched: Fetched | None = None) -> int:
         """One pwrite into the file's upper file (copied up first: NeedWork)."""

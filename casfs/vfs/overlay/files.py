@@ -102,6 +102,12 @@ class FileUppers:
             self._open.move_to_end(key)
         return f
 
+    def allocated_blocks(self, key: Key) -> int:
+        """512-byte blocks a generation occupies: from the open file, or by its name (a
+        listing's attributes: opening each file would push the open ones out)."""
+        f = self._open.get(key)
+        return f.allocated_blocks() if f is not None else os.stat(self.path(key)).st_blocks
+
     def create(self, key: Key) -> UpperFile:
         """A new, empty generation. A file of that name can only be a crash's left-over
         (no row names a generation this view has not made): it is emptied."""
