@@ -108,13 +108,18 @@ def tree_of_view(v: Volume, repo: Repository) -> dict[bytes, tuple[object, ...]]
 
 
 class VolumeModel(RuleBasedStateMachine):
+    # Where the store keeps its blobs: None, its own directory (tests/s3 runs the same
+    # model with a bucket: a fresh s3://BUCKET/PREFIX per example).
+    blob_url: Callable[[], str] | None = None
+
     def __init__(self) -> None:
         super().__init__()
         self.tmp = Path(tempfile.mkdtemp(prefix="casfs-model-"))
         self.model = self.tmp / "model"
         self.model.mkdir()
         os.chmod(self.model, 0o755)
-        self.repo = Repository.init(self.tmp / "store")
+        url = type(self).blob_url
+        self.repo = Repository.init(self.tmp / "store", blob_url=url() if url else None)
         volumes.create_volume(self.repo, "v", volumes.Source(blank_dir=True))
         self.faults = Faults()
         self.repo.blobs = FaultyBlobStore(self.repo.blobs, self.faults)
