@@ -118,6 +118,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                     ("stored", f"{format_size(d['stored'])} ({d['stored']} bytes)"),
                     ("unique", f"{format_size(d['unique'])} ({d['unique']} bytes, freed by rm + gc)"),
                     ("ratio", f"{ratio(d['logical'], d['stored'])} (logical / stored)"),
+                    ("local", _local(repo, d["local"])),
                     ("chunk size", format_size(d["chunk_size"])),
                     ("base", d["base"]),
                     ("created", when(d["created"])),
@@ -130,6 +131,14 @@ def cmd_info(args: argparse.Namespace) -> int:
             )
         check_unreadable([d])
     return 0
+
+
+def _local(repo: Repository, local: int) -> str | None:
+    """Data in upper files (folded into blobs by the next snapshot, or unmount)."""
+    if not local:
+        return None
+    where = "not yet uploaded" if (repo.path / "blobs.json").exists() else "not yet blobs"
+    return f"{format_size(local)} ({local} bytes written since the last fold, on this host only: {where})"
 
 
 def _grace(d: dict[str, Any]) -> str | None:

@@ -46,6 +46,9 @@ class Usage:
     stored: int
     unique: int
     unreadable: int = 0  # metadata blobs that could not be read: the figures are a lower bound
+    # A volume's upper files: written since its last fold, on this host's disk only (for
+    # a store on S3, not yet uploaded); part of stored and unique.
+    local: int = 0
 
     @property
     def ratio(self) -> float:
@@ -59,6 +62,7 @@ class Usage:
             "stored": self.stored,
             "unique": self.unique,
             "ratio": round(self.ratio, 3),
+            "local": self.local,
         }
 
 
@@ -171,7 +175,7 @@ def volume_usage(repo: Repository, name: str) -> Usage:
     folded into blobs, is stored (locally) and unique to it."""
     found = usage(repo, volume_roots(repo.conn, name))
     local = uppers.local_bytes(repo.path, name, [u.epoch for u in overlay_rows.uppers(repo.conn, name)])
-    return replace(found, stored=found.stored + local, unique=found.unique + local)
+    return replace(found, stored=found.stored + local, unique=found.unique + local, local=local)
 
 
 def snapshot_usage(repo: Repository, volume: str, n: SnapshotNo) -> Usage:

@@ -7,6 +7,7 @@ store is checked with fsck when its test ends (tests/conftest.py).
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import hashlib
 import json
@@ -341,3 +342,27 @@ def test_help_everywhere() -> None:
         p = casfs(None, *args, "--help")
         assert p.returncode == 0 and "usage: casfs" in p.stdout, args
     assert "--blank-block SIZE" in casfs(None, "volume", "create", "--help").stdout
+
+
+def test_volume_info_shows_data_written_since_the_last_fold(store: Path) -> None:
+    """Written data lives in the volume's upper files until a snapshot folds it into
+    blobs: `volume info` says how much (for a store on S3: not yet uploaded)."""
+    from casfs.repo import Repository
+    from casfs.vfs.api import ROOT_INO
+    from casfs.vfs.volume import open_volume
+
+    out(store, "volume", "create", "k", "--blank-block", "16M")
+    assert js(store, "volume", "info", "k")["local"] == 0
+    with contextlib.closing(Repository.open(store)) as repo:
+        v = open_volume(repo, "k")
+        v.ensure_writable()
+        v.write_sync(ROOT_INO, 0, os.urandom(1 << 20))
+        v.close(snapshot=False)
+    vol = js(store, "volume", "info", "k")
+    assert vol["local"] >= 1 << 20 and vol["stored"] >= vol["local"]
+    assert "written since the last fold, on this host only: not yet blobs" in out(
+        store, "volume", "info", "k"
+    )
+    out(store, "snapshot", "create", "k")
+    assert js(store, "volume", "info", "k")["local"] == 0
+    assert "not yet blobs" not in out(store, "volume", "info", "k")
