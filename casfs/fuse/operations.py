@@ -313,7 +313,8 @@ class Operations(pyfuse3.Operations):
         the handles open on the file are all direct or all cached (an O_DIRECT opener among
         cached ones stays cached, where the kernel drops the pages it writes over; any
         opener among direct ones is direct), and the first cached handle after direct
-        writes drops what the kernel kept from before (no keep_cache)."""
+        writes drops what the kernel kept from before (no keep_cache). (A direct handle
+        cannot be mapped shared: mmap of the file fails while an O_DIRECT opener has it.)"""
         others = [h.direct for h in self._handles.values() if h.view is view and h.ino == ino]
         direct = any(others) if others else bool(flags & os.O_DIRECT)
         if direct and flags & os.O_ACCMODE != os.O_RDONLY:
