@@ -70,6 +70,10 @@ FOLD_RETRY_S = 5.0
 # into 128 KiB requests; 1 MiB measured 1.5x on a cold 1 MiB sequential read).
 READ_AHEAD_KB = 1024
 _M_ARENA_MAX = -8  # mallopt parameter (malloc.h)
+# pyfuse3's request tasks kept waiting for requests: with its default (1), a task ends
+# whenever another is idle and a new one is spawned for the next burst, a task's start
+# and end per request under a queue depth of 16 (a hypervisor's).
+SERVING_TASKS = 32
 
 
 @dataclass
@@ -220,7 +224,7 @@ async def serve(cfg: Config) -> int:
                 nursery.start_soon(_announce_ready, cfg)
                 nursery.start_soon(_flush_timer, ops, mounted)
                 nursery.start_soon(_fold_timer, mounted)
-                await pyfuse3.main()
+                await pyfuse3.main(min_tasks=SERVING_TASKS)
                 nursery.cancel_scope.cancel()
             # Only the clean path snapshots (the exit stack closes the views).
             mounted.clean = True

@@ -98,6 +98,7 @@ class _Handle:
     # Reads through it are accesses (relatime): opened for reading, without O_NOATIME.
     # (A write-only handle is read by the kernel itself, for writeback's partial pages.)
     atime: bool = False
+    direct: bool = False  # opened with direct I/O (no page cache)
 
 
 class Operations(pyfuse3.Operations):
@@ -118,6 +119,8 @@ class Operations(pyfuse3.Operations):
         self._handles: dict[int, _Handle] = {}
         self._fh = itertools.count(1)
         self._statfs: tuple[float, pyfuse3.StatvfsData] | None = None
+        # Block files written through direct handles: the kernel's pages of them may be old.
+        self._stale: dict[tuple[View, InodeNo], bool] = {}
 
     # -- attributes --------------------------------------------------------------
 
@@ -288,18 +291,35 @@ class Operations(pyfuse3.Operations):
     def _new_handle(self, view: View, ino: InodeNo, fino: int, flags: int) -> pyfuse3.FileInfo:
         fh = next(self._fh)
         atime = flags & os.O_ACCMODE != os.O_WRONLY and not flags & os.O_NOATIME
-        self._handles[fh] = _Handle(view, ino, fino, atime)
         # Immutable content keeps the kernel's page cache across opens. A writable block
         # volume under the kernel's writeback cache (volumes/NAME of a whole-store mount)
         # skips the page cache: that cache owns the file's size, so a write past the end
         # would grow it there and be lost when its writeback fails; direct, it is refused.
         # Where that cache is off (a block volume mounted on its file), its page cache stays
         # valid across opens, as an image's does: this mount is the volume's one writer, and
-        # every write passes through it.
+        # every write passes through it; an O_DIRECT opener gets direct I/O (_direct).
         fixed = self._fixed_size(view, ino)
-        direct = self.enable_writeback_cache and fixed
-        keep = view.immutable or (fixed and not direct)
+        direct = fixed and (self.enable_writeback_cache or self._direct(view, ino, flags))
+        keep = view.immutable or (fixed and not direct and not self._stale.pop((view, ino), False))
+        self._handles[fh] = _Handle(view, ino, fino, atime, direct)
         return pyfuse3.FileInfo(fh=FileHandleT(fh), keep_cache=keep, direct_io=direct)
+
+    def _direct(self, view: View, ino: InodeNo, flags: int) -> bool:
+        """Whether a new handle of a block volume's file (no writeback cache) skips the
+        page cache. An O_DIRECT opener (a hypervisor) asks the kernel for none anyway, and
+        direct I/O spares each of its writes a second request: without it the kernel asks
+        for `security.capability` before every write (to clear it), a whole round trip
+        through this daemon, half the cost of a 4 KiB write. The page cache stays coherent:
+        the handles open on the file are all direct or all cached (an O_DIRECT opener among
+        cached ones stays cached, where the kernel drops the pages it writes over; any
+        opener among direct ones is direct), and the first cached handle after direct
+        writes drops what the kernel kept from before (no keep_cache). (A direct handle
+        cannot be mapped shared: mmap of the file fails while an O_DIRECT opener has it.)"""
+        others = [h.direct for h in self._handles.values() if h.view is view and h.ino == ino]
+        direct = any(others) if others else bool(flags & os.O_DIRECT)
+        if direct and flags & os.O_ACCMODE != os.O_RDONLY:
+            self._stale[(view, ino)] = True
+        return direct
 
     def _fixed_size(self, view: View, ino: InodeNo) -> bool:
         """A writable block volume's file: writes never change its size."""
