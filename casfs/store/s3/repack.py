@@ -45,10 +45,12 @@ def repack(store: S3BlobStore, below: float) -> tuple[int, int]:
     finally:
         staging.discard()
     written = sum(store.table.packs[n].size for n in staging.published_names if n in store.table.packs)
-    for name, _ in done:
+    removed = []
+    for name, size in done:
         pack = store.table.pack(name)
-        store.remove_pack(name, tuple(pack.entries) if pack else ())
-    return len(done), max(0, sum(size for _, size in done) - written)
+        if store.remove_pack(name, tuple(pack.entries) if pack else ()):
+            removed.append(size)
+    return len(removed), max(0, sum(removed) - written)
 
 
 def _restage(store: S3BlobStore, staging: S3Staging, name: str, live: Sequence[packfmt.Entry]) -> bool:
