@@ -4,7 +4,8 @@
 Every message is a frame: a tag byte, a u32 length (little-endian), the payload.
 
     client -> server   Q  JSON request: {"op": "hello"} | {"op": "volume", "name"} |
-                          {"op": "offer", "name", "n"} | {"op": "where", "ids": [hex]}
+                          {"op": "offer", "name", "n"} | {"op": "image", "name"} |
+                          {"op": "where", "ids": [hex]}
                        G  blobs wanted: (id 32 bytes, kind u8) each
     server -> client   R  JSON response        E  JSON error {"code": exit code, "message"}
                        b  one blob record (replica.wire), per id of a G, in its order
@@ -74,6 +75,10 @@ def _handle(repo: Repository, req: dict[str, Any]) -> dict[str, Any]:
         return {"protocol": PROTOCOL, "store": store_id(repo), "blobs": bucket_of(repo)}
     if op == "where":
         return {"blobs": where(repo, [BlobId(bytes.fromhex(h)) for h in req["ids"]])}
+    if op == "image":
+        from casfs.replica.image import offer_image
+
+        return offer_image(repo, check_name(str(req.get("name")), "image"))
     name = check_name(str(req.get("name")), "volume")
     if op == "volume":
         row = rows.volume_row(repo.conn, name)

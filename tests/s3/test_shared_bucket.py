@@ -207,3 +207,28 @@ def test_pulls_between_a_bucket_and_a_store_elsewhere_copy(
     assert exported(s3, f"vm1@{m}", tmp_path / "a.img") == exported(local, f"vm1@{m}", tmp_path / "b.img")
     fsck_clean(s3)
     fsck_clean(local)
+
+
+def test_an_image_pulled_through_the_bucket_is_adopted_and_outlives_its_owner(
+    pair: tuple[Path, Path], s3_env: Seaweed, s3_prefix: str, tmp_path: Path
+) -> None:
+    from tests.api.test_roundtrip import make_tree
+    from tests.helpers.trees import compare
+
+    a, b = pair
+    make_tree(tmp_path / "src")
+    ok(a, "image", "import", "tree", tmp_path / "src")
+    p = cli(b, "image", "pull", a, "tree", "--json")
+    assert p.returncode == 0, p.stderr
+    moved = json.loads(p.stdout)
+    assert moved["plan"] == "new" and moved["adopted"] == moved["blobs"] > 0 and moved["copied"] == 0
+    again = json.loads(cli(b, "image", "pull", a, "tree", "--json").stdout)
+    assert again["plan"] == "have"
+    info = json.loads(cli(b, "image", "info", "tree", "--json").stdout)
+    assert info["root"] == moved["root"]
+    ok(a, "image", "rm", "tree")
+    gc(a)
+    ok(b, "image", "export", "tree", tmp_path / "out")
+    assert compare(tmp_path / "src", tmp_path / "out", ignore={"atime"}) == []
+    fsck_clean(a)
+    fsck_clean(b)
