@@ -232,3 +232,31 @@ def test_an_image_pulled_through_the_bucket_is_adopted_and_outlives_its_owner(
     assert compare(tmp_path / "src", tmp_path / "out", ignore={"atime"}) == []
     fsck_clean(a)
     fsck_clean(b)
+
+
+def test_killed_adopting_pulls_leave_no_reference_behind(
+    pair: tuple[Path, Path], s3_env: Seaweed, s3_prefix: str, tmp_path: Path
+) -> None:
+    """SIGKILL at points of a pull through the bucket (after its pins, before its
+    commit), then run again: it completes, and every reference left in the owner's
+    prefix is one of the adopter's adopted objects."""
+    import random
+
+    a, b = pair
+    block_volume(a, tmp_path, "vm1", 64 * MiB, os.urandom(40 * MiB))  # 640 chunks under a map root
+    n = write_block(a, "vm1", [(50 * MiB, os.urandom(MiB))])
+    for point in sorted(random.sample(range(2_000, 60_000), 3)):
+        p = cli(b, "pull", a, "vm1", extra={"CASFS_KILL_AFTER_BYTES": f"receiver:{point}"})
+        assert p.returncode == -9, p.stderr  # (the answer naming the 657 chunks is longer)
+        assert objects(s3_env, f"{s3_prefix}/a", "refs/")  # the map root's pack, pinned
+    moved = pull(b, a, "vm1")
+    assert moved["plan"] in ("new", "have")
+    assert exported(a, f"vm1@{n}", tmp_path / "a.img") == exported(b, f"vm1@{n}", tmp_path / "b.img")
+    adopted = {k.split("/")[1] for k in objects(s3_env, f"{s3_prefix}/b", "adopted/")}
+    refs = {k.split("/")[1] + "." + k.rsplit(".", 1)[1] for k in objects(s3_env, f"{s3_prefix}/a", "refs/")}
+    assert refs == adopted
+    ok(b, "volume", "rm", "vm1")
+    gc(b)
+    assert not objects(s3_env, f"{s3_prefix}/a", "refs/")
+    fsck_clean(a)
+    fsck_clean(b)
