@@ -15,6 +15,11 @@ against the catalog by the writer anyway (refcount.ledger).
 
 Deleting a blob records a dead object for its pack; the pack and its index go once no
 blob in it is live. A partly dead pack keeps its dead blobs' bytes until gc repacks it.
+
+Another store on the same bucket may rely on a pack (pins: a reference object), and this
+store may rely on another's: an adopted object names blobs in the other store's pack,
+read where they are (Pack.foreign); dropping its last blob drops the reference, never
+the pack.
 """
 
 from __future__ import annotations
