@@ -260,3 +260,70 @@ def test_killed_adopting_pulls_leave_no_reference_behind(
     assert not objects(s3_env, f"{s3_prefix}/a", "refs/")
     fsck_clean(a)
     fsck_clean(b)
+
+
+def test_two_stores_running_gc_at_once_keep_each_others_blobs(
+    pair: tuple[Path, Path], s3_env: Seaweed, s3_prefix: str, tmp_path: Path
+) -> None:
+    """Each store relies on the other's packs (a pull each way), drops its own copy of
+    what the other keeps, and both run gc at the same time, twice: every snapshot left
+    still exports the same from both, fsck is clean on both."""
+    import subprocess
+
+    from tests.helpers.cli import CLI, TIMEOUT, env
+
+    a, b = pair
+    block_volume(a, tmp_path, "vm1", 16 * MiB, os.urandom(6 * MiB))
+    one = write_block(a, "vm1", [(8 * MiB, os.urandom(2 * MiB))])
+    pull(b, a, "vm1")
+    two = write_block(b, "vm1", [(0, os.urandom(3 * MiB)), (12 * MiB, os.urandom(MiB))])
+    pull(a, b, "vm1")
+    three = write_block(a, "vm1", [(4 * MiB, os.urandom(MiB))])
+    pull(b, a, "vm1")
+    want = exported(a, f"vm1@{three}", tmp_path / "want.img")
+    for store in (a, b):
+        for n in (one, two):
+            ok(store, "snapshot", "rm", f"vm1@{n}")
+    for _ in range(2):
+        procs = [
+            subprocess.Popen(
+                [*CLI, "-v", "-s", str(s), "gc"], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+            for s in (a, b)
+        ]
+        for p in procs:
+            _, err = p.communicate(timeout=TIMEOUT)
+            assert p.returncode == 0, err.decode()[-4000:]
+    for store, name in ((a, "a2.img"), (b, "b2.img")):
+        p = cli(store, "snapshot", "export", f"vm1@{three}", tmp_path / name, extra={"CASFS_BLOB_CACHE": "0"})
+        assert p.returncode == 0, p.stderr
+        assert (tmp_path / name).read_bytes() == want
+    fsck_clean(a)
+    fsck_clean(b)
+
+
+def test_a_pack_another_store_relies_on_is_not_repacked(
+    pair: tuple[Path, Path], s3_env: Seaweed, s3_prefix: str, tmp_path: Path
+) -> None:
+    a, b = pair
+    data = os.urandom(6 * MiB)
+    (tmp_path / "one.raw").write_bytes(data)
+    (tmp_path / "two.raw").write_bytes(data[:MiB] + bytes(MiB))
+    ok(a, "image", "import", "one", tmp_path / "one.raw")
+    ok(b, "image", "pull", a, "one")
+    ok(a, "image", "import", "two", tmp_path / "two.raw")  # keeps a sixth of one's pack live
+    ok(a, "image", "rm", "one")
+    before = set(objects(s3_env, f"{s3_prefix}/a", "packs/"))
+    p = cli(a, "gc", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["packs_repacked"] == 0  # (mostly dead, but b relies on it)
+    assert before == set(objects(s3_env, f"{s3_prefix}/a", "packs/"))
+    ok(b, "image", "rm", "one")
+    gc(b)
+    p = cli(a, "gc", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["packs_repacked"] >= 1  # now it may be
+    ok(a, "image", "export", "two", tmp_path / "out.raw")
+    assert (tmp_path / "out.raw").read_bytes() == data[:MiB] + bytes(MiB)
+    fsck_clean(a)
+    fsck_clean(b)
