@@ -134,19 +134,34 @@ class S3Staging(Staging):
         from casfs.store.s3 import pins
 
         with self._lock:
-            todo = [(f, uuid.uuid4().hex[:16]) for f in packs if f not in self._adopted]
-        for f, tag in todo:  # (recover_staging unpins these if this process dies)
-            doc = {"prefix": f.prefix, "store": f.store, "pack": f.pack, "tag": tag}
-            Path(f"{self.dir}/{f.pack}.{tag}.ref").write_text(json.dumps(doc))
-        results = list(self.store.uploads().map(lambda ft: pins.pin(self.store, *ft), todo))
+            todo = [
+                _Adoption(f, uuid.uuid4().hex[:16], size)
+                for f, size in packs.items()
+                if f not in self._adopted
+            ]
+            # Known before pinning: a pin that fails half done is undone by discard().
+            self._adopted.update((a.foreign, a) for a in todo)
+        for a in todo:  # (recover_staging unpins these if this process dies)
+            doc = {"prefix": a.foreign.prefix, "store": a.foreign.store, "pack": a.foreign.pack, "tag": a.tag}
+            Path(f"{self.dir}/{a.name}.ref").write_text(json.dumps(doc))
+
+        def pin(a: _Adoption) -> bool | BaseException:
+            try:
+                return pins.pin(self.store, a.foreign, a.tag)
+            except BaseException as e:
+                return e
+
+        results = list(self.store.uploads().map(pin, todo))
         refused = set()
         with self._lock:
-            for (f, tag), ok in zip(todo, results, strict=True):
-                if ok:
-                    self._adopted[f] = _Adoption(f, tag, packs[f])
-                else:
-                    refused.add(f)
-                    os.unlink(f"{self.dir}/{f.pack}.{tag}.ref")
+            for a, ok in zip(todo, results, strict=True):
+                if ok is False:
+                    refused.add(a.foreign)
+                    del self._adopted[a.foreign]
+                    os.unlink(f"{self.dir}/{a.name}.ref")
+        failed = [e for e in results if isinstance(e, BaseException)]
+        if failed:
+            raise failed[0]
         return refused
 
     def adopt(self, bid: BlobId, foreign: Foreign, offset: int, length: int) -> int:
