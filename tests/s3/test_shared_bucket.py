@@ -22,6 +22,7 @@ from casfs.store.s3.store import S3BlobStore
 from casfs.store.s3.table import Foreign
 from tests.helpers.fsck import fsck_clean
 from tests.helpers.seaweed import BUCKET, Seaweed
+from tests.replica.conftest import Sshd
 from tests.replica.helpers import MiB, block_volume, cli, exported, root_of, write_block
 
 
@@ -49,7 +50,7 @@ def objects(seaweed: Seaweed, prefix: str, under: str = "") -> list[str]:
     )
 
 
-def pull(store: Path, source: Path, *args: str, **env: str) -> dict[str, int | str]:
+def pull(store: Path, source: Path | str, *args: str, **env: str) -> dict[str, int | str]:
     p = cli(store, "pull", source, *args, "--json", extra=env)
     assert p.returncode == 0, p.stderr
     doc: dict[str, int | str] = json.loads(p.stdout)
@@ -325,5 +326,22 @@ def test_a_pack_another_store_relies_on_is_not_repacked(
     assert json.loads(p.stdout)["packs_repacked"] >= 1  # now it may be
     ok(a, "image", "export", "two", tmp_path / "out.raw")
     assert (tmp_path / "out.raw").read_bytes() == data[:MiB] + bytes(MiB)
+    fsck_clean(a)
+    fsck_clean(b)
+
+
+def test_two_hosts_one_bucket_over_ssh(
+    pair: tuple[Path, Path], s3_env: Seaweed, tmp_path: Path, sshd: Sshd
+) -> None:
+    """The two-host setup of docs/s3.md: the source runs over real ssh (with the AWS
+    settings its host would have), and still only records move."""
+    a, b = pair
+    block_volume(a, tmp_path, "vm1", 16 * MiB, os.urandom(6 * MiB))
+    n = write_block(a, "vm1", [(10 * MiB, os.urandom(MiB))])
+    settings = " ".join(f"{k}={v}" for k, v in s3_env.env().items())
+    remote = sshd.remote.replace("env ", f"env {settings} ", 1)
+    moved = pull(b, sshd.url(a), "vm1", "--remote-casfs", remote, CASFS_SSH=sshd.ssh)
+    assert moved["n"] == n and moved["adopted"] == moved["blobs"] > 100 and int(moved["bytes"]) < 100_000
+    assert exported(a, f"vm1@{n}", tmp_path / "a.img") == exported(b, f"vm1@{n}", tmp_path / "b.img")
     fsck_clean(a)
     fsck_clean(b)
