@@ -345,3 +345,47 @@ def test_two_hosts_one_bucket_over_ssh(
     assert exported(a, f"vm1@{n}", tmp_path / "a.img") == exported(b, f"vm1@{n}", tmp_path / "b.img")
     fsck_clean(a)
     fsck_clean(b)
+
+
+def test_stale_references_are_reaped_and_old_pins_never_published(
+    pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A reference whose adopter is gone (old, its adopted object absent) is removed by
+    the owner's gc; one a published adopted object names stays; and an adopter does
+    not publish on a pin older than PIN_VALID_S (the owner may have reaped it)."""
+    from casfs.errors import CasfsError
+
+    a, b = pair
+    (tmp_path / "one.raw").write_bytes(os.urandom(2 * MiB))
+    ok(a, "image", "import", "one", tmp_path / "one.raw")
+    ok(b, "image", "pull", a, "one")
+    with contextlib.closing(Repository.open(b)) as repo_b, contextlib.closing(Repository.open(a)) as repo_a:
+        sb, sa = repo_b.blobs, repo_a.blobs
+        assert isinstance(sb, S3BlobStore) and isinstance(sa, S3BlobStore)
+        (name,) = sa.table.names()
+        f = Foreign(sa.loc.prefix, sa.loc.store_id, name)
+        assert pins.pin(sb, f, "gone")  # an adopter that never published and never came back
+        assert len(list(sa.remote.list(f"refs/{name}/"))) == 2
+        assert not pins.may_remove(sa, name)  # young: both kept
+        monkeypatch.setattr(pins, "STALE_AFTER_S", 0.0)
+        assert not pins.may_remove(sa, name)  # the stale one reaped, b's real one kept
+        (kept,) = [k for k, _ in sa.remote.list(f"refs/{name}/")]
+        assert not kept.endswith(".gone")
+
+        staging = sb.staging()
+        assert staging.pin({f: sa.table.packs[name].size}) == set()
+        bid, (offset, length) = next(iter(sa.table.packs[name].entries.items()))
+        staging.adopt(bid, f, offset, length)
+        monkeypatch.setattr(pins, "PIN_VALID_S", 0.0)
+        with pytest.raises(CasfsError, match="too old"):
+            staging.publish()
+        staging.discard()
+        assert [k for k, _ in sa.remote.list(f"refs/{name}/")] == [kept]
+    ok(b, "image", "rm", "one")
+    gc(b)
+    with contextlib.closing(Repository.open(a)) as repo_a:
+        sa = repo_a.blobs
+        assert isinstance(sa, S3BlobStore)
+        assert not list(sa.remote.list(f"refs/{name}/"))
+    fsck_clean(a)
+    fsck_clean(b)

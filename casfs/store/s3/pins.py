@@ -26,13 +26,20 @@ B unpins when its own gc drops its last use of the adopted object (the reference
 then B/adopted/…: a crash in between leaves an adopted object no catalog row names,
 whose blobs B's next gc sweeps). A reference written by a batch that died before
 publishing is removed by recover_staging (the batch records it in a .ref file first).
-A reference outlives its adopter only if the adopter's store is destroyed without
-`casfs gc`: delete A/refs/P/<its id>.* by hand then.
+
+A reference can outlive its adopter (a store thrown away holding adopted blobs, a host
+that died mid-pull and never came back). So A's gc, finding references on a pack it
+would delete, drops those older than STALE_AFTER_S whose adopted object does not exist.
+That is safe because an adopter publishes only on pins younger than PIN_VALID_S by its
+own clock (staging), half of STALE_AFTER_S: a reference old enough to be reaped is one
+no batch will publish on, and one a published adopted object names is never reaped
+(B deletes its reference before its adopted object, never after).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -41,6 +48,11 @@ from casfs.store.s3.table import Foreign
 
 if TYPE_CHECKING:
     from casfs.store.s3.store import S3BlobStore
+
+log = logging.getLogger(__name__)
+
+STALE_AFTER_S = 24 * 3600.0  # a reference younger than this is never taken for stale
+PIN_VALID_S = STALE_AFTER_S / 2  # an adopter publishes only on pins younger than this
 
 
 def tag_of(name: str) -> str:
@@ -69,9 +81,28 @@ def may_remove(store: S3BlobStore, name: str) -> bool:
     """The owner's side, before deleting or rewriting its pack `name`: True if no store
     relies on it (then call removed() once it is gone); False: keep it."""
     store.remote.put_new(packfmt.marker_key(name), json.dumps({"time": time.time()}).encode())
-    if any(True for _ in store.remote.list(f"refs/{name}/")):
+    refs = list(store.remote.list_dated(f"refs/{name}/"))
+    if [key for key, made in refs if not _reaped(store, key, made)]:  # (each one looked at)
         store.remote.delete([packfmt.marker_key(name)])
         return False
+    return True
+
+
+def _reaped(store: S3BlobStore, key: str, made: float) -> bool:
+    """Remove reference `key` if it is stale (see above); True if it is gone."""
+    if time.time() - made < STALE_AFTER_S:
+        return False
+    try:
+        doc = json.loads(store.remote.get(key))
+        adopter, adopted = store.remote_for(str(doc["prefix"])), packfmt.adopted_key(str(doc["adopted"]))
+    except FileNotFoundError:
+        return True
+    except (ValueError, KeyError, TypeError):
+        return False  # (not one casfs wrote: kept)
+    if adopter.exists(adopted):
+        return False
+    log.warning("removing stale reference %s: its adopter's %s is gone", key, adopted)
+    store.remote.delete([key])
     return True
 
 

@@ -28,11 +28,13 @@ import os
 import shutil
 import struct
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from casfs.errors import CasfsError
 from casfs.store import Staging, codec
 from casfs.store.ids import ID_SIZE, BlobId
 from casfs.store.s3 import packfmt
@@ -68,6 +70,7 @@ class _Adoption:
     tag: str
     size: int  # the pack's
     entries: list[packfmt.Entry] = field(default_factory=list)
+    pinned_at: float = field(default_factory=time.monotonic)  # (just before the pin)
     tried: bool = False
     published: bool = False
 
@@ -245,6 +248,9 @@ class S3Staging(Staging):
         with self._lock:
             todo = [a for a in self._adopted.values() if a.entries and not a.published]
             unused = [a for a in self._adopted.values() if not a.entries]
+        if any(time.monotonic() - a.pinned_at > pins.PIN_VALID_S for a in todo):
+            # (its owner's gc may take the reference for stale: pinned again by a rerun)
+            return CasfsError("pins of other stores' packs grew too old before the publish: run it again")
         for a in unused:  # (pinned, then nothing adopted from it)
             pins.unpin(self.store, a.foreign, a.tag)
             a.published = True
