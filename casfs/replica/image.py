@@ -2,6 +2,7 @@
 blobs missing here, or none when both stores keep their blobs in one bucket (then the
 blobs are adopted where they are: replica.adopt). The image lands ready, with the
 source's root, size and digests, in one transaction once every blob under it is here.
+(The source's side is the `image` request of replica.protocol.)
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from casfs.catalog import images as rows
-from casfs.errors import Conflict, NotFound
+from casfs.errors import Conflict
 from casfs.ids import InodeNo, SnapshotNo
 from casfs.kinds import VolumeKind
 from casfs.replica.adopt import adopt, shared_bucket
@@ -24,17 +25,6 @@ from casfs.replica.stream import Moved, root_kind
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
 from casfs.units import check_name
-
-
-def offer_image(repo: Repository, name: str) -> dict[str, Any]:
-    """The source's side: a ready image as the `image` request answers it."""
-    row = rows.image_row(repo.conn, name)
-    if row is None or row.root is None or row.phase != "ready":
-        raise NotFound(f"no ready image named {name!r}")
-    return {
-        "name": name, "kind": str(row.kind), "root": row.root.hex(), "size": row.size,
-        "chunk_size": row.chunk_size, "next_ino": row.next_ino, "digest": row.digest, "oci": row.oci,
-    }  # fmt: skip
 
 
 def pull_image(

@@ -76,9 +76,7 @@ def _handle(repo: Repository, req: dict[str, Any]) -> dict[str, Any]:
     if op == "where":
         return {"blobs": where(repo, [BlobId(bytes.fromhex(h)) for h in req["ids"]])}
     if op == "image":
-        from casfs.replica.image import offer_image
-
-        return offer_image(repo, check_name(str(req.get("name")), "image"))
+        return _image(repo, check_name(str(req.get("name")), "image"))
     name = check_name(str(req.get("name")), "volume")
     if op == "volume":
         row = rows.volume_row(repo.conn, name)
@@ -92,6 +90,19 @@ def _handle(repo: Repository, req: dict[str, Any]) -> dict[str, Any]:
         wait_folded(repo, name, n)  # (taken while mounted: its fold may still run)
         return offer_of(repo, name, n).to_json()
     raise UsageError(f"unknown request {op!r}")
+
+
+def _image(repo: Repository, name: str) -> dict[str, Any]:
+    """A ready image, as `image pull` (replica.image) lands it."""
+    from casfs.catalog import images
+
+    row = images.image_row(repo.conn, name)
+    if row is None or row.root is None or row.phase != "ready":
+        raise NotFound(f"no ready image named {name!r}")
+    return {
+        "name": name, "kind": str(row.kind), "root": row.root.hex(), "size": row.size,
+        "chunk_size": row.chunk_size, "next_ino": row.next_ino, "digest": row.digest, "oci": row.oci,
+    }  # fmt: skip
 
 
 def _requests(r: Reader, q: queue.Queue[tuple[bytes, bytes] | BaseException | None]) -> None:
