@@ -99,7 +99,11 @@ def _reaped(store: S3BlobStore, key: str, made: float) -> bool:
         return True
     except (ValueError, KeyError, TypeError):
         return False  # (not one casfs wrote: kept)
-    if adopter.exists(adopted):
+    try:
+        if adopter.exists(adopted):
+            return False
+    except OSError as e:  # (the adopter's prefix unreadable with our credentials: kept)
+        log.warning("cannot tell whether reference %s is stale: %s", key, e)
         return False
     log.warning("removing stale reference %s: its adopter's %s is gone", key, adopted)
     store.remote.delete([key])
