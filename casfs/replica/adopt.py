@@ -172,6 +172,7 @@ def _take(
     found: list[Want] = []
     for (bid, kind), loc in items:
         stored, plain = read_back.get(bid, (b"", b""))
+        named = list(children(kind, plain)) if kind != BlobKind.DATA else []
         moved.bucket_bytes += len(stored)
         if loc.foreign in refused:
             if asm.meta.put(plain, kind) != bid:
@@ -179,14 +180,10 @@ def _take(
             moved.copied += 1
         else:
             staging.adopt(bid, loc.foreign, loc.offset, loc.length)
-            kids = (
-                Counter(c for c, _ in children(kind, plain)) if kind != BlobKind.DATA else Counter[BlobId]()
-            )
-            asm.meta.adopted(bid, kind, loc.size, loc.length, kids)
+            asm.meta.adopted(bid, kind, loc.size, loc.length, Counter(c for c, _ in named))
             if stored:
                 s3.cache.put(bid, stored)  # (metadata: what a mount reads first)
             moved.adopted += 1
         asm.took(bid)
-        if kind != BlobKind.DATA:
-            found.extend(asm.missing(list(children(kind, plain))))
+        found.extend(asm.missing(named))
     return found
