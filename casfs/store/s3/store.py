@@ -375,10 +375,13 @@ class S3BlobStore(DamagedMarks, BlobStore):
                     if not self.remote.exists(packfmt.index_key(name)):
                         self.remote.delete([packfmt.pack_key(name)])
                 elif f.name.endswith(".ref"):  # a pin of a batch that died (staging.pin)
-                    doc = json.loads(Path(f.path).read_text())
-                    foreign = Foreign(doc["prefix"], doc["store"], doc["pack"])
-                    if not self.remote.exists(packfmt.adopted_key(f"{foreign.pack}.{doc['tag']}")):
-                        pins.unpin(self, foreign, doc["tag"])
+                    try:
+                        doc = json.loads(Path(f.path).read_text())
+                        foreign, tag = Foreign(doc["prefix"], doc["store"], doc["pack"]), str(doc["tag"])
+                    except (ValueError, KeyError, TypeError):
+                        continue  # (cut short by the crash: written before its pin, so no pin)
+                    if not self.remote.exists(packfmt.adopted_key(f"{foreign.pack}.{tag}")):
+                        pins.unpin(self, foreign, tag)
                 elif f.name.endswith(".ent"):
                     removed += f.stat().st_size // ENTRY.size
             shutil.rmtree(entry.path)
