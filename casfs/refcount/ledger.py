@@ -80,6 +80,14 @@ class Batch:
                 self.stored_bytes += stored
         return bid
 
+    def adopted(self, bid: BlobId, kind: BlobKind, size: int, stored: int, kids: Counter[BlobId]) -> None:
+        """Count a blob the caller staged without its bytes (an adoption of another
+        store's copy on the same bucket: replica.adopt); its row comes at commit."""
+        with self._mutex:
+            if bid not in self.new:
+                self.new[bid] = (kind, size, stored, kids)
+                self.stored_bytes += stored
+
     def put_kind(self, plain: bytes, kind: BlobKind) -> BlobId:
         """put() with the (plain, kind) order chunkmap.Put expects."""
         return self.put(plain, kind)

@@ -8,6 +8,8 @@
     protocol.py   `casfs serve-replica`: the request/response protocol of `pull`
     peers.py      SOURCE (a path or ssh://) and the connection to its serve-replica
     pull.py       `casfs pull SOURCE VOL`
+    adopt.py      a pull through a shared bucket: blobs adopted where they are, not moved
+    image.py      `casfs image pull SOURCE IMAGE`
     status.py     `volume info`'s replica lines and `volume rm --if-replicated`
 
 Snapshot numbers and root ids are the origin's on every replica; see README.md

@@ -54,9 +54,9 @@ class Assembler:
 
     def start(self) -> list[Want]:
         """What to fetch first: the root, unless it is present (nothing to move)."""
-        return self._missing([(self.root, self.kind)])
+        return self.missing([(self.root, self.kind)])
 
-    def _missing(self, items: Sequence[Want]) -> list[Want]:
+    def missing(self, items: Sequence[Want]) -> list[Want]:
         """Those of `items` neither present nor wanted yet; they become wanted."""
         fresh: dict[BlobId, BlobKind] = {}
         for bid, kind in items:
@@ -70,6 +70,11 @@ class Assembler:
                 del fresh[BlobId(b)]
         self.wanted.update(fresh)
         return list(fresh.items())
+
+    def took(self, bid: BlobId) -> None:
+        """A wanted blob was staged by the caller (an adoption: replica.adopt)."""
+        self.wanted.pop(bid, None)
+        self.present.add(bid)
 
     def arrive(self, records: Sequence[Record]) -> list[Want]:
         """Verify and store arrived blobs; returns what they name that is missing.
@@ -93,7 +98,7 @@ class Assembler:
             self.present.add(r.bid)
             take.append((r, plain))
             if r.kind != BlobKind.DATA:
-                found.extend(self._missing(list(children(r.kind, plain))))
+                found.extend(self.missing(list(children(r.kind, plain))))
 
         def store(item: tuple[Record, bytes]) -> None:
             r, plain = item

@@ -4,11 +4,16 @@
 Every message is a frame: a tag byte, a u32 length (little-endian), the payload.
 
     client -> server   Q  JSON request: {"op": "hello"} | {"op": "volume", "name"} |
-                          {"op": "offer", "name", "n"}
+                          {"op": "offer", "name", "n"} | {"op": "image", "name"} |
+                          {"op": "where", "ids": [hex]}
                        G  blobs wanted: (id 32 bytes, kind u8) each
     server -> client   R  JSON response        E  JSON error {"code": exit code, "message"}
                        b  one blob record (replica.wire), per id of a G, in its order
                        .  the end of a G's blobs
+
+`hello` names the server's bucket when its blobs are in one ({"blobs": {"bucket",
+"prefix", "store"}}); `where` answers, per id, the catalog record and where its bytes
+are in the bucket (replica.adopt: a pull through the bucket moves only those).
 
 Responses come in the order of the requests, so a client may keep several in flight
 (the server reads requests on a thread of its own: it never stops reading while it
@@ -28,6 +33,7 @@ from casfs.catalog import volumes as rows
 from casfs.errors import CasfsError, Conflict, Corruption, NotFound, UsageError
 from casfs.ids import SnapshotNo
 from casfs.kinds import BlobKind
+from casfs.replica.adopt import bucket_of, where
 from casfs.replica.land import offer_of, store_id
 from casfs.replica.walk import read_records
 from casfs.replica.wire import Reader, Writer
@@ -66,7 +72,11 @@ def error_of(payload: bytes) -> CasfsError:
 def _handle(repo: Repository, req: dict[str, Any]) -> dict[str, Any]:
     op = req.get("op")
     if op == "hello":
-        return {"protocol": PROTOCOL, "store": store_id(repo)}
+        return {"protocol": PROTOCOL, "store": store_id(repo), "blobs": bucket_of(repo)}
+    if op == "where":
+        return {"blobs": where(repo, [BlobId(bytes.fromhex(h)) for h in req["ids"]])}
+    if op == "image":
+        return _image(repo, check_name(str(req.get("name")), "image"))
     name = check_name(str(req.get("name")), "volume")
     if op == "volume":
         row = rows.volume_row(repo.conn, name)
@@ -80,6 +90,19 @@ def _handle(repo: Repository, req: dict[str, Any]) -> dict[str, Any]:
         wait_folded(repo, name, n)  # (taken while mounted: its fold may still run)
         return offer_of(repo, name, n).to_json()
     raise UsageError(f"unknown request {op!r}")
+
+
+def _image(repo: Repository, name: str) -> dict[str, Any]:
+    """A ready image, as `image pull` (replica.image) lands it."""
+    from casfs.catalog import images
+
+    row = images.image_row(repo.conn, name)
+    if row is None or row.root is None or row.phase != "ready":
+        raise NotFound(f"no ready image named {name!r}")
+    return {
+        "name": name, "kind": str(row.kind), "root": row.root.hex(), "size": row.size,
+        "chunk_size": row.chunk_size, "next_ino": row.next_ino, "digest": row.digest, "oci": row.oci,
+    }  # fmt: skip
 
 
 def _requests(r: Reader, q: queue.Queue[tuple[bytes, bytes] | BaseException | None]) -> None:

@@ -8,6 +8,9 @@ with WINDOW requests in flight. Blobs are verified as they arrive (replica.assem
 the snapshot appears in one transaction once every blob under it is here. Killed at
 any point, a rerun walks again and fetches only what has no row yet: at most one
 batch of data, and the metadata, move twice.
+
+When the source's blobs are in the same bucket as this store's, nothing of them moves:
+the pull adopts them (replica.adopt) and only catalog records cross the connection.
 """
 
 from __future__ import annotations
@@ -38,15 +41,16 @@ BATCH = 64  # blobs per request
 WINDOW = 4  # requests in flight
 
 
-def listing(conn: Connection, volume: str) -> tuple[str, dict[SnapshotNo, BlobId | None]]:
-    """The source's store id and its snapshots of `volume` (root None: still folding)."""
+def listing(conn: Connection, volume: str) -> tuple[dict[str, Any], dict[SnapshotNo, BlobId | None]]:
+    """The source's hello (its store id, its bucket) and its snapshots of `volume` (root
+    None: still folding)."""
     hello = conn.request("hello")
     doc = conn.request("volume", name=volume)
     snaps = {
         SnapshotNo(int(s["n"])): None if s["root"] is None else BlobId(bytes.fromhex(s["root"]))
         for s in doc["snapshots"]
     }
-    return str(hello["store"]), snaps
+    return hello, snaps
 
 
 def peer_row(source: str, store: str, remote: str, snaps: dict[SnapshotNo, BlobId | None]) -> rows.Peer:
@@ -66,7 +70,8 @@ def pull(
     (The caller starts the connection first: the source starts while this store opens.)"""
     name = check_name(as_name or volume, "volume")
     where = normalize(conn.source)
-    theirs_id, snaps = listing(conn, volume)
+    hello, snaps = listing(conn, volume)
+    theirs_id = str(hello["store"])
     if not snaps:
         raise NotFound(f"{conn.source} holds no snapshot of {volume}")
     target = max(snaps) if n is None else n
@@ -84,8 +89,14 @@ def pull(
     if moved.plan == Plan.HAVE:
         moved.bytes = conn.r.meter.bytes
         return moved
+    from casfs.replica.adopt import adopt, shared_bucket
+
+    shared = shared_bucket(repo, hello)
     with ThreadPoolExecutor(2) as pool, Assembler(repo, offer.root, root_kind(offer.kind), pool) as asm:
-        _fetch(conn, asm, moved, progress)
+        if shared is not None:
+            adopt(conn, asm, shared, moved, progress)
+        else:
+            _fetch(conn, asm, moved, progress)
         conn.end()
 
         def then(c: Any) -> None:

@@ -54,12 +54,12 @@ def check_replicated(repo: Repository, name: str, k: int, remote: str | None = N
     for peer in rows.peers(conn, name):
         try:
             with Connection(peer.source, remote) as c:
-                theirs, snaps = listing(c, peer.remote)
+                hello, snaps = listing(c, peer.remote)
         except CasfsError as e:
             why.append(f"{peer.source}: {e}")
             continue
         with transaction(conn):
-            rows.record_peer(conn, name, peer_row(peer.source, theirs, peer.remote, snaps))
+            rows.record_peer(conn, name, peer_row(peer.source, str(hello["store"]), peer.remote, snaps))
         same = snaps.get(newest)
         if same is not None and mine is not None and same != mine.root:
             why.append(f"{peer.source}: its {peer.remote}@{newest} is another snapshot ({same.hex()})")

@@ -61,6 +61,9 @@ class Moved:
     plan: Plan
     blobs: int = 0  # records received (or sent)
     bytes: int = 0  # bytes read (or written) in all
+    adopted: int = 0  # blobs adopted through a shared bucket (replica.adopt), not moved
+    copied: int = 0  # of the rest, blobs read from that bucket (their pack was going)
+    bucket_bytes: int = 0  # bytes read from that bucket (metadata, copied blobs)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "plan": str(self.plan)}

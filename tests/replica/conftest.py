@@ -1,5 +1,6 @@
-"""A real sshd for the replica tests: on 127.0.0.1, a free port, a throwaway host key
-and user key in a temporary directory, key logins only; stopped by its pid."""
+"""Fixtures of the replica tests: two empty stores (`two`), and a real sshd on
+127.0.0.1, a free port, a throwaway host key and user key in a temporary directory,
+key logins only; stopped by its pid."""
 
 from __future__ import annotations
 
@@ -15,8 +16,20 @@ from pathlib import Path
 
 import pytest
 
+from casfs.repo import Repository
+from tests.helpers.fsck import Stores
+
 SSHD = Path("/usr/sbin/sshd")
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def two(tmp_path: Path, stores: Stores) -> tuple[Path, Path]:
+    """Stores a and b, empty, keeping their own blobs (fsck'd when the test ends)."""
+    a, b = stores.add(tmp_path / "a"), stores.add(tmp_path / "b")
+    for s in (a, b):
+        Repository.init(s).close()
+    return a, b
 
 
 @dataclass(frozen=True)

@@ -8,21 +8,9 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-
-from casfs.repo import Repository
-from tests.helpers.fsck import Stores
 from tests.helpers.mount import mounted
 from tests.replica.conftest import Sshd
 from tests.replica.helpers import MiB, block_volume, cli, exported, root_of, write_block
-
-
-@pytest.fixture
-def two(tmp_path: Path, stores: Stores) -> tuple[Path, Path]:
-    a, b = stores.add(tmp_path / "a"), stores.add(tmp_path / "b")
-    for s in (a, b):
-        Repository.init(s).close()
-    return a, b
 
 
 def pull(store: Path, *args: str | Path) -> dict[str, object]:

@@ -18,21 +18,13 @@ from casfs.replica.wire import RECORD
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
 from tests.api.test_roundtrip import make_tree
-from tests.helpers.fsck import Stores, fsck_clean
+from tests.helpers.fsck import fsck_clean
 from tests.helpers.trees import compare
 from tests.replica.conftest import Sshd
 from tests.replica.helpers import MiB, block_volume, cli, exported, root_of, visible, write_block
 
 KILLS = int(os.environ.get("CASFS_REPLICA_KILLS", "3"))  # the issue asks 20 of each
 FRAMING = RECORD.size + 6  # per blob on the wire, besides its encoded bytes
-
-
-@pytest.fixture
-def two(tmp_path: Path, stores: Stores) -> tuple[Path, Path]:
-    a, b = stores.add(tmp_path / "a"), stores.add(tmp_path / "b")
-    for s in (a, b):
-        Repository.init(s).close()
-    return a, b
 
 
 def pull(store: Path, source: str, *args: str, **env: str) -> dict[str, object]:
@@ -121,3 +113,25 @@ def test_killed_pulls_finish_when_run_again(two: tuple[Path, Path], tmp_path: Pa
         assert exported(a, ref, tmp_path / f"a{i}.img") == exported(b, ref, tmp_path / f"b{i}.img")
         assert cli(b, "volume", "rm", "vm1").returncode == 0
         assert cli(b, "gc").returncode == 0
+
+
+def test_image_pull_copies_between_stores_that_keep_their_blobs(
+    two: tuple[Path, Path], tmp_path: Path
+) -> None:
+    a, b = two
+    make_tree(tmp_path / "src")
+    assert cli(a, "image", "import", "tree", tmp_path / "src").returncode == 0
+    p = cli(b, "image", "pull", str(a), "tree", "--as", "copy", "--json")
+    assert p.returncode == 0, p.stderr
+    moved = json.loads(p.stdout)
+    assert moved["plan"] == "new" and moved["adopted"] == 0 and moved["blobs"] > 0
+    assert cli(b, "image", "pull", str(a), "tree", "--as", "copy").stdout.startswith(
+        b"already have image copy"
+    )
+    assert cli(b, "image", "export", "copy", tmp_path / "out").returncode == 0
+    assert compare(tmp_path / "src", tmp_path / "out", ignore={"atime"}) == []
+    assert cli(b, "image", "pull", str(a), "nothing").returncode == 3
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "f").write_text("other")
+    assert cli(a, "image", "import", "other", tmp_path / "other").returncode == 0
+    assert cli(b, "image", "pull", str(a), "other", "--as", "copy").returncode == 4

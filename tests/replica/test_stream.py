@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 
 from casfs.kinds import BlobKind
-from casfs.repo import Repository
 from tests.api.test_roundtrip import make_tree
-from tests.helpers.fsck import Stores
 from tests.helpers.trees import compare
 from tests.replica.helpers import (
     MiB,
@@ -27,14 +25,6 @@ from tests.replica.helpers import (
     visible,
     write_block,
 )
-
-
-@pytest.fixture
-def two(tmp_path: Path, stores: Stores) -> tuple[Path, Path]:
-    a, b = stores.add(tmp_path / "a"), stores.add(tmp_path / "b")
-    for s in (a, b):
-        Repository.init(s).close()
-    return a, b
 
 
 def test_block_round_trip_keeps_numbers_roots_and_bytes(two: tuple[Path, Path], tmp_path: Path) -> None:

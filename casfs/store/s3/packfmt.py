@@ -17,11 +17,25 @@
                             a second store's init on it is refused (its gc would see the
                             first store's blobs as orphans and delete them).
 
+Adoption (another store on the same bucket uses this store's packs; store/s3/pins.py):
+
+    adopted/<pack>.<tag>    in the adopter's prefix: blobs it uses from another store's
+                            pack: b"casfsad1", u16 length, JSON {"owner": the owner's
+                            prefix, "store": its id, "pack": <pack>}, then an index
+                            (as above, entries of the blobs adopted). <tag> is random:
+                            each adopting batch writes its own.
+    refs/<pack>/<store>.<tag>   in the owner's prefix: adopter <store> relies on <pack>
+                            through its adopted/<pack>.<tag>; JSON {"prefix", "adopted"}.
+                            The owner never deletes or rewrites a pack with a reference.
+    deleting/<pack>         in the owner's prefix: its gc is about to delete <pack>
+                            (written before it looks for references; removed after).
+
 All are written with If-None-Match: * and never change. Little-endian throughout.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 from collections.abc import Iterable
@@ -33,10 +47,12 @@ from casfs.store.ids import ID_SIZE, BlobId
 
 PACK_MAGIC = b"casfspk1"
 INDEX_MAGIC = b"casfsix1"
+ADOPTED_MAGIC = b"casfsad1"
 PACK_HEADER_SIZE = len(PACK_MAGIC) + 16
 CLAIM = "casfs-store.json"
 _HEAD = struct.Struct("<8sQI")
 _ENTRY = struct.Struct(f"<{ID_SIZE}sQI")
+_U16 = struct.Struct("<H")
 
 Entry = tuple[BlobId, int, int]  # id, offset in the pack, stored length
 
@@ -59,6 +75,18 @@ def index_key(name: str) -> str:
 
 def dead_key(name: str, bid: BlobId) -> str:
     return f"dead/{name}/{bid.hex()}"
+
+
+def adopted_key(name: str) -> str:
+    return f"adopted/{name}"
+
+
+def ref_key(pack: str, store: str, tag: str) -> str:
+    return f"refs/{pack}/{store}.{tag}"
+
+
+def marker_key(pack: str) -> str:
+    return f"deleting/{pack}"
 
 
 def encode_index(pack_size: int, entries: Iterable[Entry]) -> bytes:
@@ -85,3 +113,23 @@ def decode_index(data: bytes, what: str) -> tuple[int, list[Entry]]:
             raise Corruption(f"{what} is corrupt: entry {i} lies outside its pack")
         entries.append((BlobId(bid), offset, length))
     return size, entries
+
+
+def encode_adopted(owner: str, store: str, pack: str, pack_size: int, entries: Iterable[Entry]) -> bytes:
+    head = json.dumps({"owner": owner, "store": store, "pack": pack}).encode()
+    return ADOPTED_MAGIC + _U16.pack(len(head)) + head + encode_index(pack_size, entries)
+
+
+def decode_adopted(data: bytes, what: str) -> tuple[dict[str, str], int, list[Entry]]:
+    """(header: owner, store, pack; the pack's size; entries); Corruption if damaged."""
+    start = len(ADOPTED_MAGIC) + _U16.size
+    if len(data) < start or not data.startswith(ADOPTED_MAGIC):
+        raise Corruption(f"{what} is corrupt: bad header")
+    (n,) = _U16.unpack_from(data, len(ADOPTED_MAGIC))
+    try:
+        head = json.loads(data[start : start + n])
+        owner = {k: str(head[k]) for k in ("owner", "store", "pack")}
+    except (ValueError, KeyError, TypeError):
+        raise Corruption(f"{what} is corrupt: bad header") from None
+    size, entries = decode_index(data[start + n :], what)
+    return owner, size, entries

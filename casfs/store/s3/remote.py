@@ -142,6 +142,17 @@ class Remote:
             except Exception as e:
                 raise self.error(f"cannot delete {keys[i]}", e) from None
 
+    def list_dated(self, prefix: str) -> Iterator[tuple[str, float]]:
+        """(key, last modified as a unix time) of every object under `prefix`."""
+        import obstore
+
+        try:
+            for page in obstore.list(self.store, prefix=prefix, chunk_size=1000):
+                for meta in page:
+                    yield meta["path"], meta["last_modified"].timestamp()
+        except Exception as e:
+            raise self.error(f"cannot list {prefix}", e) from None
+
     def list(self, prefix: str) -> Iterator[tuple[str, int]]:
         """(key, size) of every object under `prefix`."""
         import obstore

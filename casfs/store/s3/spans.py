@@ -16,7 +16,6 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from casfs.store.ids import BlobId
-from casfs.store.s3 import packfmt
 
 if TYPE_CHECKING:
     from casfs.store.s3.diskcache import DiskCache
@@ -27,17 +26,20 @@ SPAN = 1 << 20
 
 
 class SpanReader:
-    def __init__(self, remote: Remote, cache: DiskCache) -> None:
-        self.remote = remote
+    def __init__(self, cache: DiskCache) -> None:
         self.cache = cache
         self._lock = threading.Lock()
         self._inflight: dict[tuple[str, int], Future[dict[BlobId, bytes]]] = {}
 
-    def read(self, name: str, pack: Pack | None, bid: BlobId, offset: int, length: int) -> bytes:
-        """The stored bytes of `bid` at `offset` in pack `name` (FileNotFoundError if
-        the pack is gone, RemoteError if it cannot be read)."""
+    def read(
+        self, remote: Remote, name: str, pack: Pack | None, bid: BlobId, offset: int, length: int
+    ) -> bytes:
+        """The stored bytes of `bid` at `offset` in object `name` of `remote` (the pack,
+        or the other store's pack an adopted one names: `pack` lists the blobs this
+        store knows in it). FileNotFoundError if it is gone, RemoteError if it cannot
+        be read."""
         if pack is None or self.cache.max_bytes <= 0:
-            return self.remote.get(packfmt.pack_key(name), offset, length)
+            return remote.get(name, offset, length)
         key = (name, offset // SPAN)
         with self._lock:
             future = self._inflight.get(key)
@@ -46,7 +48,7 @@ class SpanReader:
                 future = self._inflight[key] = Future()
         if owner:
             try:
-                future.set_result(self._fetch(name, pack, key[1]))
+                future.set_result(self._fetch(remote, name, pack, key[1]))
             except BaseException as e:
                 future.set_exception(e)
             finally:
@@ -55,14 +57,14 @@ class SpanReader:
         blobs = future.result()
         stored = blobs.get(bid)
         if stored is None or len(stored) != length:  # (not this copy's cell: read it alone)
-            return self.remote.get(packfmt.pack_key(name), offset, length)
+            return remote.get(name, offset, length)
         return stored
 
-    def _fetch(self, name: str, pack: Pack, cell: int) -> dict[BlobId, bytes]:
+    def _fetch(self, remote: Remote, name: str, pack: Pack, cell: int) -> dict[BlobId, bytes]:
         entries = [(b, o, n) for b, (o, n) in pack.entries.items() if o // SPAN == cell]
         start = min(o for _, o, _ in entries)
         end = max(o + n for _, o, n in entries)
-        data = self.remote.get(packfmt.pack_key(name), start, end - start)
+        data = remote.get(name, start, end - start)
         blobs = {b: data[o - start : o - start + n] for b, o, n in entries}
         for b, stored in blobs.items():
             self.cache.put(b, stored)

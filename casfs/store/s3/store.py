@@ -15,11 +15,18 @@ against the catalog by the writer anyway (refcount.ledger).
 
 Deleting a blob records a dead object for its pack; the pack and its index go once no
 blob in it is live. A partly dead pack keeps its dead blobs' bytes until gc repacks it.
+
+Another store on the same bucket may rely on a pack (pins: a reference object), and this
+store may rely on another's: an adopted object names blobs in the other store's pack,
+read where they are (Pack.foreign); dropping its last blob drops the reference, never
+the pack.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -33,13 +40,14 @@ from casfs.errors import Corruption, MissingBlob
 from casfs.store import BlobStore, Domain
 from casfs.store.damaged import DamagedMarks
 from casfs.store.ids import BlobId
-from casfs.store.s3 import packfmt
+from casfs.store.s3 import packfmt, pins
 from casfs.store.s3.diskcache import DiskCache
 from casfs.store.s3.location import Credentials, Location
 from casfs.store.s3.remote import Remote, RemoteError
 from casfs.store.s3.spans import SpanReader
 from casfs.store.s3.staging import ENTRY, S3Staging
-from casfs.store.s3.table import PackTable
+from casfs.store.s3.table import Foreign, Pack, PackTable
+from casfs.store.s3.table import Location as Copy
 from casfs.store.verified import verified
 
 log = logging.getLogger(__name__)
@@ -51,12 +59,14 @@ class S3BlobStore(DamagedMarks, BlobStore):
     def __init__(self, root: Path, loc: Location, creds: Credentials) -> None:
         self.root = root
         self.loc = loc
+        self.creds = creds
         self.remote = Remote(loc, creds)
+        self._remotes: dict[str, Remote] = {loc.prefix: self.remote}  # by prefix (remote_for)
         self.tmp_dir = root / "tmp"
         self.index_dir = root / "cache" / "index"
         self.damaged_dir = root / "damaged"
         self.cache = DiskCache(root / "cache" / "blobs", loc.cache_bytes)
-        self.spans = SpanReader(self.remote, self.cache)
+        self.spans = SpanReader(self.cache)
         self.table = PackTable()
         self._loaded_at: float | None = None
         self._refresh_lock = threading.Lock()
@@ -68,6 +78,16 @@ class S3BlobStore(DamagedMarks, BlobStore):
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="casfs-s3")
             return self._pool
+
+    def remote_for(self, prefix: str) -> Remote:
+        """A client for another prefix of this bucket (another store's: adoption)."""
+        with self._pool_lock:
+            remote = self._remotes.get(prefix)
+            if remote is None:
+                remote = self._remotes[prefix] = Remote(
+                    dataclasses.replace(self.loc, prefix=prefix), self.creds
+                )
+            return remote
 
     def create(self) -> None:
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
@@ -90,6 +110,7 @@ class S3BlobStore(DamagedMarks, BlobStore):
             # Known before the listing: a pack published while it runs is not dropped.
             known = self.table.names()
             names = {key.rsplit("/", 1)[-1] for key, _ in self.remote.list("index/")}
+            names |= {key.rsplit("/", 1)[-1] for key, _ in self.remote.list("adopted/")}
             dead: dict[str, set[BlobId]] = {}
             for key, _ in self.remote.list("dead/"):
                 _, name, hexid = key.split("/")
@@ -100,7 +121,8 @@ class S3BlobStore(DamagedMarks, BlobStore):
             new = sorted(names - self.table.names())
             for name, loaded in zip(new, self.uploads().map(self._load_index, new), strict=True):
                 if loaded is not None:
-                    self.table.add(name, *loaded, dead.get(name, ()))
+                    size, entries, foreign = loaded
+                    self.table.add(name, size, entries, dead.get(name, ()), foreign)
             for name in names:
                 for bid in dead.get(name, ()):
                     if name not in new:
@@ -111,19 +133,28 @@ class S3BlobStore(DamagedMarks, BlobStore):
         if self._loaded_at is None:
             self.refresh()
 
-    def _load_index(self, name: str) -> tuple[int, list[packfmt.Entry]] | None:
-        cached = self.index_dir / name
-        what = f"index of pack {name} in {self.remote.where}"
+    def _load_index(self, name: str) -> tuple[int, list[packfmt.Entry], Foreign | None] | None:
+        """An index object (`name` a pack's), or an adopted one (`<pack>.<tag>`)."""
+        adopted = "." in name
+        key = packfmt.adopted_key(name) if adopted else packfmt.index_key(name)
+        what = f"{key} in {self.remote.where}"
+
+        def decode(data: bytes) -> tuple[int, list[packfmt.Entry], Foreign | None]:
+            if not adopted:
+                return (*packfmt.decode_index(data, what), None)
+            head, size, entries = packfmt.decode_adopted(data, what)
+            return size, entries, Foreign(head["owner"], head["store"], head["pack"])
+
         try:
-            return packfmt.decode_index(cached.read_bytes(), what)
+            return decode((self.index_dir / name).read_bytes())
         except (FileNotFoundError, Corruption):
             pass
         try:
-            data = self.remote.get(packfmt.index_key(name))
+            data = self.remote.get(key)
         except FileNotFoundError:
             return None  # deleted since the listing
         try:
-            loaded = packfmt.decode_index(data, what)
+            loaded = decode(data)
         except Corruption as e:
             log.error("%s: its blobs are unreachable until it is rewritten", e)
             return None
@@ -139,9 +170,12 @@ class S3BlobStore(DamagedMarks, BlobStore):
         except OSError as e:
             log.warning("cannot keep a copy of index %s: %s", name, e)
 
-    def published(self, name: str, size: int, entries: list[packfmt.Entry], index: bytes) -> None:
-        """A staging wrote pack `name` and its index: its blobs are visible now."""
-        self.table.add(name, size, entries)
+    def published(
+        self, name: str, size: int, entries: list[packfmt.Entry], index: bytes, foreign: Foreign | None = None
+    ) -> None:
+        """A staging wrote pack `name` and its index (or adopted object `name`, naming
+        `foreign`): its blobs are visible now."""
+        self.table.add(name, size, entries, foreign=foreign)
         self._cache_index(name, index)
 
     def reload(self) -> None:
@@ -162,18 +196,16 @@ class S3BlobStore(DamagedMarks, BlobStore):
         cached = self._cached(bid, domain, None, nowait=False)
         if cached is not None:
             return cached
-        self._ensure_loaded()
         corrupt: Corruption | None = None
-        for attempt in range(2):
+        locations = self._locate(bid)
+        for _ in range(2):
             asked = time.monotonic()
-            locations = self.table.locate(bid)
-            if not locations and attempt == 0:
-                self.refresh(since=asked)
-                continue
             gone = False
             for name, offset, length in locations:
+                pack = self.table.pack(name)
+                remote, key = self._source(name, pack)
                 try:
-                    stored = self.spans.read(name, self.table.pack(name), bid, offset, length)
+                    stored = self.spans.read(remote, key, pack, bid, offset, length)
                 except FileNotFoundError:
                     gone = True  # deleted by another process's gc since we loaded
                     continue
@@ -191,10 +223,43 @@ class S3BlobStore(DamagedMarks, BlobStore):
             if not gone:
                 break
             self.refresh(since=asked)
+            locations = self.table.locate(bid)
         if corrupt is not None:
             self.mark_damaged(bid)
             raise corrupt
         raise MissingBlob(f"blob {bid.hex()} is missing")
+
+    def _source(self, name: str, pack: Pack | None) -> tuple[Remote, str]:
+        """Where pack `name`'s bytes are: this prefix's packs/, or an adopted pack's owner's."""
+        if pack is not None and pack.foreign is not None:
+            return self.remote_for(pack.foreign.prefix), packfmt.pack_key(pack.foreign.pack)
+        return self.remote, packfmt.pack_key(name)
+
+    def _locate(self, bid: BlobId) -> list[Copy]:
+        """Every live copy of `bid`, newest first; the table refreshed once if it knows
+        none (another process may have published it since we loaded)."""
+        self._ensure_loaded()
+        asked = time.monotonic()
+        locations = self.table.locate(bid)
+        if not locations:
+            self.refresh(since=asked)
+            locations = self.table.locate(bid)
+        return locations
+
+    def where(self, bid: BlobId) -> tuple[Foreign, int, int, int] | None:
+        """Where the bytes of `bid` are, for a store adopting it: (the pack, as another
+        store names it; the pack's size; offset; stored length), or None."""
+        for name, offset, length in self._locate(bid):
+            pack = self.table.pack(name)
+            if pack is None:
+                continue
+            foreign = pack.foreign or Foreign(self.loc.prefix, self.loc.store_id, name)
+            return foreign, pack.size, offset, length
+        return None
+
+    def read_foreign(self, foreign: Foreign, offset: int, length: int) -> bytes:
+        """Stored bytes from another store's pack (not verified: the caller does)."""
+        return self.remote_for(foreign.prefix).get(packfmt.pack_key(foreign.pack), offset, length)
 
     def get_if_cached(self, bid: BlobId, max_stored: int, domain: Domain | None = None) -> bytes | None:
         """From the local cache, if the blob is there and in the page cache."""
@@ -215,12 +280,7 @@ class S3BlobStore(DamagedMarks, BlobStore):
         return self.table.has(bid)
 
     def stored_size(self, bid: BlobId) -> int:
-        self._ensure_loaded()
-        asked = time.monotonic()
-        locations = self.table.locate(bid)
-        if not locations:
-            self.refresh(since=asked)
-            locations = self.table.locate(bid)
+        locations = self._locate(bid)
         if not locations:
             raise MissingBlob(f"blob {bid.hex()} is missing")
         return locations[0][2]
@@ -235,30 +295,38 @@ class S3BlobStore(DamagedMarks, BlobStore):
         # (Another process's cache may keep a copy: verified bytes, read only by a
         # reader the catalog sent there, and evicted in time.)
         self.cache.discard(bid)
-        self._ensure_loaded()
-        asked = time.monotonic()
-        locations = self.table.locate(bid)
-        if not locations:
-            self.refresh(since=asked)
-            locations = self.table.locate(bid)
-        for name, _, _ in locations:
+        for name, _, _ in self._locate(bid):
             pack = self.table.pack(name)
             if pack is None:
                 continue
             with pack.lock:  # its dead records are written before the pack goes
                 live = self.table.mark_dead(name, bid)
-                if live > 0:
+                # (a pack another store relies on stays, all dead: record the last one too)
+                if live > 0 or (live == 0 and not self.remove_pack(name, tuple(pack.entries))):
                     self.remote.put_new(packfmt.dead_key(name, bid), b"")
-                elif live == 0:
-                    self.remove_pack(name, tuple(pack.entries))
 
-    def remove_pack(self, name: str, ids: Iterable[BlobId]) -> None:
-        """Index first (the blobs vanish at once), then the pack, then its dead records."""
-        self.remote.delete([packfmt.index_key(name)])
+    def remove_pack(self, name: str, ids: Iterable[BlobId]) -> bool:
+        """Index first (the blobs vanish at once), then the pack, then its dead records.
+        A pack another store relies on stays (pins: False). An adopted one: the
+        reference in its owner's prefix goes first, then the adopted object; the
+        owner's pack is the owner's."""
+        pack = self.table.pack(name)
+        foreign = pack.foreign if pack is not None else None
+        if foreign is not None:
+            pins.unpin(self, foreign, pins.tag_of(name))
+            self.remote.delete([packfmt.adopted_key(name)])
+        elif pins.may_remove(self, name):
+            self.remote.delete([packfmt.index_key(name)])
+        else:
+            return False
         self.table.drop(name)
         with contextlib.suppress(FileNotFoundError):
             (self.index_dir / name).unlink()
-        self.remote.delete([packfmt.pack_key(name), *(packfmt.dead_key(name, b) for b in ids)])
+        own = [] if foreign is not None else [packfmt.pack_key(name)]
+        self.remote.delete([*own, *(packfmt.dead_key(name, b) for b in ids)])
+        if foreign is None:
+            pins.removed(self, name)
+        return True
 
     def compact(self, below: float) -> tuple[int, int]:
         from casfs.store.s3.repack import repack
@@ -267,7 +335,6 @@ class S3BlobStore(DamagedMarks, BlobStore):
 
     def claim(self, store_id: str) -> None:
         """Make the prefix this store's (packfmt.CLAIM); Conflict if another has it."""
-        import json
         import socket
 
         from casfs.errors import Conflict
@@ -307,6 +374,14 @@ class S3BlobStore(DamagedMarks, BlobStore):
                     name = Path(f.path).read_text().strip()
                     if not self.remote.exists(packfmt.index_key(name)):
                         self.remote.delete([packfmt.pack_key(name)])
+                elif f.name.endswith(".ref"):  # a pin of a batch that died (staging.pin)
+                    try:
+                        doc = json.loads(Path(f.path).read_text())
+                        foreign, tag = Foreign(doc["prefix"], doc["store"], doc["pack"]), str(doc["tag"])
+                    except (ValueError, KeyError, TypeError):
+                        continue  # (cut short by the crash: written before its pin, so no pin)
+                    if not self.remote.exists(packfmt.adopted_key(f"{foreign.pack}.{tag}")):
+                        pins.unpin(self, foreign, tag)
                 elif f.name.endswith(".ent"):
                     removed += f.stat().st_size // ENTRY.size
             shutil.rmtree(entry.path)

@@ -1,7 +1,8 @@
 """The in-memory index of an S3 store: which packs hold which published blobs.
 
-Built from the index objects (packfmt) and the dead records, kept current by the store
-as it publishes and deletes. A blob may live in several packs (written again by a
+Built from the index objects (packfmt), the adopted ones (blobs of another store's
+pack: Pack.foreign) and the dead records, kept current by the store as it publishes
+and deletes. A blob may live in several packs (written again by a
 writer that did not know it was there, or to heal a damaged copy): every live location
 is kept, newest last, and a read tries the newest first.
 """
@@ -16,12 +17,22 @@ from casfs.store.ids import BlobId
 from casfs.store.s3.packfmt import Entry
 
 
+@dataclass(frozen=True)
+class Foreign:
+    """A pack of another store on the same bucket, as an adopted object names it."""
+
+    prefix: str  # the owner's prefix in the bucket
+    store: str  # the owner's store id
+    pack: str  # the pack's name there
+
+
 @dataclass
 class Pack:
     size: int
     entries: dict[BlobId, tuple[int, int]]  # id -> (offset, stored length)
     dead: set[BlobId] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)  # orders its dead records
+    foreign: Foreign | None = None  # adopted: the bytes are in another store's pack
 
     @property
     def live(self) -> int:
@@ -37,8 +48,15 @@ class PackTable:
         self.packs: dict[str, Pack] = {}
         self._where: dict[BlobId, list[str]] = {}
 
-    def add(self, name: str, size: int, entries: Iterable[Entry], dead: Iterable[BlobId] = ()) -> None:
-        pack = Pack(size, {bid: (off, n) for bid, off, n in entries}, set(dead))
+    def add(
+        self,
+        name: str,
+        size: int,
+        entries: Iterable[Entry],
+        dead: Iterable[BlobId] = (),
+        foreign: Foreign | None = None,
+    ) -> None:
+        pack = Pack(size, {bid: (off, n) for bid, off, n in entries}, set(dead), foreign=foreign)
         with self._lock:
             old = self.packs.get(name)
             if old is not None:
