@@ -13,12 +13,11 @@ the snapshots taken, which `casfs umount` prints once the daemon has exited.
 
 Starting it (in the background, with a ready pipe), its run files and `casfs umount`
 are the launcher's (casfs.fuse.launcher); `python -m casfs.fuse.daemon` is what the
-launcher starts. mount_main and umount_main are here too, where the CLI finds them.
+launcher starts; a foreground mount (`casfs mount --foreground`) calls run_daemon.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import ctypes.util
@@ -45,7 +44,6 @@ from casfs.fuse import launcher, rwsession
 from casfs.fuse.control import CatalogWriter, ControlPlane, syncfs_path
 from casfs.fuse.inodes import InodeTable
 from casfs.fuse.launcher import Config
-from casfs.fuse.launcher import umount_main as umount_main  # the CLI's `casfs umount`
 from casfs.fuse.mountinfo import find_mount
 from casfs.fuse.operations import MountOptions, Operations
 from casfs.ids import FIRST_FREE_INO
@@ -96,11 +94,6 @@ class _Mounted:
 
 
 # -- entry points ------------------------------------------------------------------
-
-
-def mount_main(args: argparse.Namespace) -> int:
-    """`casfs mount`: see launcher.mount_main; --foreground serves in this process."""
-    return launcher.mount_main(args, run_daemon)
 
 
 def main(argv: list[str] | None = None) -> int:
