@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import faulthandler
 import functools
 import logging
@@ -138,7 +137,7 @@ def _one_malloc_arena() -> None:
     there: with read-ahead threads allocating 64 KiB chunks, resident memory grew to
     3x the chunk cache (822 MB for a 256 MiB cache). One arena keeps it near cache + 50 MB."""
     with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)  # (the process's own symbols: find_library forks ldconfig)
         libc.mallopt(_M_ARENA_MAX, 1)
 
 
