@@ -9,7 +9,7 @@
     mountinfo.py   /proc/self/mountinfo: what is mounted where, without a stat
 
 daemon imports launcher, never the other way: the launcher imports neither trio nor
-pyfuse3, and a foreground mount is handed the daemon's run_daemon by daemon.mount_main.
+pyfuse3, and a foreground mount is handed the daemon's run_daemon by casfs.cli.mounts.
 
 The concurrency protocol (who owns what, which locks, what runs in threads) is stated
 once, in docs/developer-notes.md, "Concurrency protocol of the daemon".

@@ -13,15 +13,13 @@ the snapshots taken, which `casfs umount` prints once the daemon has exited.
 
 Starting it (in the background, with a ready pipe), its run files and `casfs umount`
 are the launcher's (casfs.fuse.launcher); `python -m casfs.fuse.daemon` is what the
-launcher starts. mount_main and umount_main are here too, where the CLI finds them.
+launcher starts; a foreground mount (`casfs mount --foreground`) calls run_daemon.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
-import ctypes.util
 import faulthandler
 import functools
 import logging
@@ -45,7 +43,6 @@ from casfs.fuse import launcher, rwsession
 from casfs.fuse.control import CatalogWriter, ControlPlane, syncfs_path
 from casfs.fuse.inodes import InodeTable
 from casfs.fuse.launcher import Config
-from casfs.fuse.launcher import umount_main as umount_main  # the CLI's `casfs umount`
 from casfs.fuse.mountinfo import find_mount
 from casfs.fuse.operations import MountOptions, Operations
 from casfs.ids import FIRST_FREE_INO
@@ -102,11 +99,6 @@ class _Mounted:
 # -- entry points ------------------------------------------------------------------
 
 
-def mount_main(args: argparse.Namespace) -> int:
-    """`casfs mount`: see launcher.mount_main; --foreground serves in this process."""
-    return launcher.mount_main(args, run_daemon)
-
-
 def main(argv: list[str] | None = None) -> int:
     """`python -m casfs.fuse.daemon` (launcher.daemon_command writes the command line)."""
     args = launcher.daemon_parser().parse_args(argv)
@@ -149,7 +141,7 @@ def _one_malloc_arena() -> None:
     there: with read-ahead threads allocating 64 KiB chunks, resident memory grew to
     3x the chunk cache (822 MB for a 256 MiB cache). One arena keeps it near cache + 50 MB."""
     with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)  # (the process's own symbols: find_library forks ldconfig)
         libc.mallopt(_M_ARENA_MAX, 1)
 
 

@@ -17,6 +17,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,8 @@ from casfs.cli.parser import GRAMMAR, LazyCommand
 from casfs.images import import_image
 from casfs.repo import Repository
 from casfs.volumes import Source, create_snapshot, create_volume
-from tests.helpers.cli import env
+from tests.helpers.cli import env, ok
+from tests.helpers.mount import cleanup
 
 HEAVY = ("trio", "pyfuse3", "zstandard")
 COMMAND_MODULES = tuple(f"casfs.cli.{m}" for m in ("images", "maintenance", "mounts", "snapshots", "volumes"))
@@ -35,6 +37,14 @@ NOT_FOR_A_CLONE = (
     "casfs.snapshots.chunkmap",
     "casfs.refcount.gc",
     "casfs.lifecycle.queue",
+)
+
+
+# `casfs -s STORE ARGS...` run as a module, in the probing interpreter.
+RUN_CASFS = (
+    "import runpy\nsys.argv = ['casfs', '-s', *sys.argv[1:]]\n"
+    "try:\n    runpy.run_module('casfs', run_name='__main__')\nexcept SystemExit as e:\n"
+    "    assert not e.code, e.code"
 )
 
 
@@ -99,9 +109,33 @@ def test_short_commands_load_only_what_they_use(
         import_image(repo, "img", raw)
         create_volume(repo, "v", Source(image="img"))
         create_snapshot(repo, "v")
-    code = (
-        "import runpy\nsys.argv = ['casfs', '-s', *sys.argv[1:]]\n"
-        "try:\n    runpy.run_module('casfs', run_name='__main__')\nexcept SystemExit as e:\n"
-        "    assert not e.code, e.code"
-    )
-    assert loaded(code, str(store), *argv, probe=absent) == []
+    assert loaded(RUN_CASFS, str(store), *argv, probe=absent) == []
+
+
+def test_a_background_mount_loads_no_trio_in_the_cli(store: Path, tmp_path: Path) -> None:
+    """`casfs mount` starts the daemon and waits for it: the daemon imports trio and
+    pyfuse3, the CLI process need not (a mount's start-up would pay for them twice)."""
+    with contextlib.closing(Repository.open(store)) as repo:
+        create_volume(repo, "b", Source(blank_block=1 << 20))
+    target = tmp_path / "b.raw"
+    target.touch()
+    try:
+        assert loaded(RUN_CASFS, str(store), "mount", str(target), "--volume", "b", probe=HEAVY[:2]) == []
+        assert target.stat().st_size == 1 << 20  # (mounted: the volume's size)
+        ok(store, "umount", target)  # (waits for the daemon to exit)
+        # --foreground serves in the CLI's own process (trio and pyfuse3 loaded there).
+        cmd = [sys.executable, "-m", "casfs", "-s", str(store), "mount", str(target), "--volume", "b"]
+        log = tmp_path / "fg.log"
+        with log.open("wb") as err, subprocess.Popen([*cmd, "--foreground"], env=env(), stderr=err) as fg:
+            try:
+                deadline = time.monotonic() + 30
+                while target.stat().st_size != 1 << 20 and fg.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert target.stat().st_size == 1 << 20, log.read_text()
+                ok(store, "umount", target)
+                assert fg.wait(timeout=30) == 0, log.read_text()
+            finally:
+                if fg.poll() is None:
+                    fg.kill()
+    finally:
+        cleanup(target, None)
