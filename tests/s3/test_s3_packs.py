@@ -4,6 +4,7 @@ packs are rewritten by compact (gc's repack), one store per prefix."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import obstore
@@ -11,6 +12,7 @@ import pytest
 
 from casfs.store.ids import BlobId, blob_id
 from casfs.store.s3.location import Location
+from casfs.store.s3.spans import READ_AHEAD, SPAN
 from casfs.store.s3.store import S3BlobStore, connect
 from tests.helpers.cli import CLI, TIMEOUT, run
 from tests.helpers.cli import env as cli_env
@@ -87,3 +89,28 @@ def test_one_store_per_prefix(seaweed: Seaweed, s3_prefix: str, tmp_path: Path) 
     assert code == 4 and "give each store its own prefix" in err
     assert not (tmp_path / "two").exists()
     assert casfs(tmp_path / "two", "init", "--blobs", f"{url}-two")[0] == 0
+
+
+def test_a_sequential_reader_finds_the_next_spans_fetched_ahead(store: S3BlobStore, tmp_path: Path) -> None:
+    """Reading a pack's blobs in order, from a host that has none cached: the second
+    span's miss fetches the next READ_AHEAD spans at once (into the disk cache), and
+    spans further on only when the reader gets near them."""
+    blobs = _stage(store, 150)  # 50 kB of random bytes each: one pack of about 7 MB
+    host = connect(tmp_path / "host2", store.loc)
+    host.create()
+    cell = {bid: host._locate(bid)[0][1] // SPAN for bid in blobs}
+    assert READ_AHEAD >= 1 and max(cell.values()) > READ_AHEAD + 2
+
+    def cached(c: int) -> bool:
+        return all(host.cache.get(b) is not None for b in blobs if cell[b] == c)
+
+    for bid in blobs:  # the reader: the first two spans
+        if cell[bid] <= 1:
+            assert host.get(bid) == blobs[bid]
+    deadline = time.monotonic() + 30
+    while not all(cached(c) for c in range(2, READ_AHEAD + 2)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(cached(c) for c in range(2, READ_AHEAD + 2))
+    assert not cached(READ_AHEAD + 2)
+    for bid, plain in blobs.items():  # and on to the end: every blob reads back verified
+        assert host.get(bid) == plain
