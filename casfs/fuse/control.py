@@ -43,6 +43,7 @@ from casfs.fuse import rwsession
 from casfs.ids import InodeNo, SnapshotNo
 from casfs.lifecycle.phases import ImagePhase, VolumePhase
 from casfs.repo import Repository
+from casfs.store import BlobStore
 from casfs.store.ids import BlobId
 from casfs.store.local import syncfs
 from casfs.vfs.api import Piece, View, assemble
@@ -93,8 +94,9 @@ def nodata() -> OSError:
 class CatalogWriter:
     """Catalog writes off the trio thread: one connection, used by one thread at a time."""
 
-    def __init__(self, store: Path) -> None:
-        self.repo = Repository.open(store)
+    def __init__(self, store: Path, blobs: BlobStore | None = None) -> None:
+        # (the daemon's blob store, shared: on S3 another would list the bucket again)
+        self.repo = Repository.open(store, blobs)
         self._limiter = trio.CapacityLimiter(1)
 
     async def run(self, fn: Callable[[Repository], T]) -> T:

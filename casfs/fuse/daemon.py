@@ -187,7 +187,7 @@ async def serve(cfg: Config) -> int:
             stack.callback(repo.close)
             for message in recover(repo):
                 log.warning("recovered: %s", message)
-            writer = CatalogWriter(cfg.store)
+            writer = CatalogWriter(cfg.store, repo.blobs)
             stack.callback(writer.close)
             cache_bytes = DEFAULT_CACHE_BYTES if cfg.cache_bytes is None else cfg.cache_bytes
             chunks = ChunkCache(repo.get, cache_bytes, get_nowait=repo.get_if_cached)
