@@ -213,7 +213,7 @@ async def serve(cfg: Config) -> int:
             log.info("mounted %s on %s", cfg.volume or cfg.store, cfg.mountpoint)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_watch_signals, signals, cfg.mountpoint)
-                nursery.start_soon(_announce_ready, cfg)
+                nursery.start_soon(_announce_ready, cfg, repo)
                 nursery.start_soon(_flush_timer, ops, mounted)
                 nursery.start_soon(_fold_timer, mounted)
                 await pyfuse3.main(min_tasks=SERVING_TASKS)
@@ -336,13 +336,14 @@ async def _fold_timer(mounted: _Mounted) -> None:
                 await trio.sleep(FOLD_RETRY_S)
 
 
-async def _announce_ready(cfg: Config) -> None:
+async def _announce_ready(cfg: Config, repo: Repository) -> None:
     # The stat goes through our own main loop: once it returns, the mount answers.
     with trio.fail_after(launcher.READY_TIMEOUT_S):
         st = await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
     _widen_read_ahead(st.st_dev)
     launcher.write_run_file(cfg, {"state": "mounted"})
-    launcher.tell_ready(cfg.ready_fd)
+    warnings = launcher.unsaved_warnings(repo, cfg.volume) if cfg.ready_fd is not None else []
+    launcher.tell_ready(cfg.ready_fd, warnings)
     cfg.ready_fd = None
 
 

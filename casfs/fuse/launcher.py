@@ -78,25 +78,24 @@ def mount_main(args: argparse.Namespace, serve: Callable[[Config], int]) -> int:
     process by `serve` (the daemon's run_daemon); the exit status."""
     cfg = config(args)
     if getattr(args, "foreground", False):
-        _warn_unsaved(cfg)
+        repo = Repository.open(cfg.store)
+        try:
+            _warn(unsaved_warnings(repo, cfg.volume))
+        finally:
+            repo.close()
         return serve(cfg)
-    rc = _spawn(cfg)
-    if rc == 0:
-        _warn_unsaved(cfg)
-    return rc
+    return _spawn(cfg)  # (the daemon's ready line carries the warnings: one store open)
 
 
-def _warn_unsaved(cfg: Config) -> None:
-    """Say so when a volume's last read/write mount ended without saving everything."""
-    repo = Repository.open(cfg.store)
-    try:
-        infos = [volumes.get_volume(repo, cfg.volume)] if cfg.volume else volumes.list_volumes(repo)
-    finally:
-        repo.close()
-    for info in infos:
-        if info.unsaved:
-            what = volumes.describe_unsaved(info.unsaved)
-            print(f"casfs: warning: volume {info.name}: {what}", file=sys.stderr)
+def unsaved_warnings(repo: Repository, volume: str | None) -> list[str]:
+    """What to say of volumes whose last read/write mount ended without saving everything."""
+    infos = [volumes.get_volume(repo, volume)] if volume else volumes.list_volumes(repo)
+    return [f"volume {i.name}: {volumes.describe_unsaved(i.unsaved)}" for i in infos if i.unsaved]
+
+
+def _warn(warnings: list[str]) -> None:
+    for w in warnings:
+        print(f"casfs: warning: {w}", file=sys.stderr)
 
 
 def daemon_command(cfg: Config, ready_fd: int) -> list[str]:
@@ -148,6 +147,8 @@ def _spawn(cfg: Config) -> int:
     finally:
         os.close(r)
     if line.startswith("ready"):
+        rest = line[len("ready") :].strip()
+        _warn(json.loads(rest) if rest else [])
         return 0
     if line.startswith("error "):
         _, code, message = [*line.rstrip("\n").split(" ", 2), ""][:3]
@@ -172,9 +173,10 @@ def _error(message: str) -> None:
 # -- the ready pipe ------------------------------------------------------------------------
 
 
-def tell_ready(fd: int | None) -> None:
-    """The daemon's side, once the mount answers."""
-    _tell(fd, "ready\n")
+def tell_ready(fd: int | None, warnings: list[str]) -> None:
+    """The daemon's side, once the mount answers: `ready`, then the warnings for the
+    user (a JSON list), if any."""
+    _tell(fd, f"ready {json.dumps(warnings)}\n" if warnings else "ready\n")
 
 
 def fail(fd: int | None, code: int, message: str) -> None:
