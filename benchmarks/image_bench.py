@@ -13,7 +13,8 @@ takes both into one repository, timed, page cache dropped before each step:
   restic      `restic backup` of each (a fresh repository; its defaults: encrypted, zstd auto)
   borg        `borg create` of each (a fresh repository, `-e none`; its defaults: lz4)
   squashfuse  `mksquashfs tree OUT -comp zstd -keep-as-directory`, then disk.img appended,
-              then `sync OUT` (mksquashfs does not sync; the others do)
+              then `sync OUT` (mksquashfs does not sync; the others do); in the last
+              repetition only (zstd's level 15, mksquashfs's default, takes minutes)
 
 Then the last repetition's repositories are mounted by each peer's daemon (casfs: the
 whole-store mount, MNT/images/{tree,disk}; borg: `borg mount -f` of the repository;
@@ -36,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -86,18 +88,27 @@ def _shell(
 ) -> tuple[float, str]:
     """Seconds a shell line takes, and its output; fails if the line does."""
     t = time.perf_counter()
-    done = subprocess.run(
+    # Its own process group, so that an interruption stops the whole line (bash's
+    # children too: a killed bash would leave mksquashfs running).
+    with subprocess.Popen(
         ["bash", "-o", "pipefail", "-c", cmd],
         cwd=cwd,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env=env,
-        timeout=timeout,
-    )
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
     elapsed = time.perf_counter() - t
-    if done.returncode != 0:
-        raise RuntimeError(f"{cmd}: exit {done.returncode}: {done.stderr.strip()[-2000:]}")
-    return elapsed, done.stdout
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd}: exit {proc.returncode}: {err.strip()[-2000:]}")
+    return elapsed, out
 
 
 def tree_bytes(top: Path) -> tuple[int, int]:
@@ -260,6 +271,8 @@ def run(tree: Path, size: int, reps: int, work: Path, squashfuse: str) -> dict[s
             order = ARCHIVERS[rep % len(ARCHIVERS) :] + ARCHIVERS[: rep % len(ARCHIVERS)]
             for source in SOURCES:
                 for peer in order:
+                    if peer == "squashfuse" and rep != reps - 1:
+                        continue  # mksquashfs at zstd's level 15 takes minutes: once is enough
                     dropped = drop_caches() and dropped
                     secs = repos.take(peer, source)
                     imports[source][peer].append(sizes[source] / secs / 1e6)
