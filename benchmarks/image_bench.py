@@ -2,7 +2,8 @@
 """Images and imports beside squashfuse, borg and restic, in one run.
 
     python benchmarks/image_bench.py [--tree /usr/share] [--size 1G] [--reps 2]
-                                     [--squashfuse squashfuse] [--workdir DIR] [--json]
+                                     [--squashfuse squashfuse] [--chunk-size 64K]
+                                     [--workdir DIR] [--json]
 
 Two sources under DIR/src: `tree`, a copy of --tree (default /usr/share, its entries
 counted), and `disk.img`, a generated mixed image of --size (a third zeros, a third
@@ -128,8 +129,9 @@ def tree_bytes(top: Path) -> tuple[int, int]:
 class Repos:
     """One repetition's repositories, one per archiver, each holding both sources."""
 
-    def __init__(self, base: Path, src: Path, env: dict[str, str]) -> None:
+    def __init__(self, base: Path, src: Path, env: dict[str, str], chunk_size: str | None) -> None:
         self.base, self.src, self.env = base, src, env
+        self.chunk_opt = f" --chunk-size {chunk_size}" if chunk_size else ""
         base.mkdir()
         self.store = base / "casfs-store"
         self.borg = base / "borg-repo"
@@ -145,7 +147,8 @@ class Repos:
         """Import one source into the peer's repository; seconds."""
         path = "tree" if source == "tree" else "disk.img"
         if peer == "casfs":
-            cmd = f"{' '.join(CLI)} image import {source} '{self.src / path}'"
+            opt = self.chunk_opt if source == "disk" else ""
+            cmd = f"{' '.join(CLI)} image import {source} '{self.src / path}'{opt}"
             return _shell(cmd, self.cas.env)[0]
         if peer == "borg":
             return _shell(f"borg create '{self.borg}::{source}' {path}", self.env, cwd=self.src)[0]
@@ -249,7 +252,9 @@ def read_once(
     return figures, dropped
 
 
-def run(tree: Path, size: int, reps: int, work: Path, squashfuse: str) -> dict[str, Any]:
+def run(
+    tree: Path, size: int, reps: int, work: Path, squashfuse: str, chunk_size: str | None = None
+) -> dict[str, Any]:
     env = _env(work)
     src = work / "src"
     src.mkdir()
@@ -267,7 +272,7 @@ def run(tree: Path, size: int, reps: int, work: Path, squashfuse: str) -> dict[s
         for rep in range(reps):
             if repos is not None:
                 sh("rm", "-rf", repos.base)
-            repos = Repos(work / f"rep{rep}", src, env)
+            repos = Repos(work / f"rep{rep}", src, env, chunk_size)
             order = ARCHIVERS[rep % len(ARCHIVERS) :] + ARCHIVERS[: rep % len(ARCHIVERS)]
             for source in SOURCES:
                 for peer in order:
@@ -301,6 +306,8 @@ def run(tree: Path, size: int, reps: int, work: Path, squashfuse: str) -> dict[s
         "size": size,
         "reps": reps,
         "squashfuse": squashfuse,
+        "chunk_size": chunk_size,
+        "casfs": os.environ.get("PYTHONPATH", ""),
         "dropped_caches": dropped,
         "cpus": os.cpu_count(),
         "samples": {"imports": imports, "reads": reads},
@@ -364,9 +371,12 @@ def main() -> int:
     p.add_argument("--size", default="1G", help="size of the generated mixed image (default 1G)")
     p.add_argument("--reps", type=int, default=2, help="interleaved repetitions (default 2)")
     p.add_argument("--squashfuse", default="squashfuse", help="squashfuse or squashfuse_ll")
+    p.add_argument("--chunk-size", default=None, help="casfs's chunk size for the image (default: casfs's)")
     args = p.parse_args()
     with scratch(args.workdir, "casfs-imagebench-", mounts=("mnt",)) as work:
-        report = run(Path(args.tree), parse_size(args.size), args.reps, work, args.squashfuse)
+        report = run(
+            Path(args.tree), parse_size(args.size), args.reps, work, args.squashfuse, args.chunk_size
+        )
     emit(report, args.json, *report_text(report))
     return 0
 
