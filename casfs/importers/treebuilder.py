@@ -89,6 +89,16 @@ class TreeBuilder:
         node = Node(_normal(attrs).with_(size=size), content)
         return self.add_link(parts, node)
 
+    def add_file_later(self, parts: Parts, attrs: tree.Attrs) -> Node:
+        """Place a file whose content is stored afterwards (set_content, before finish):
+        an importer stores files in worker threads while its walk goes on."""
+        return self.add_link(parts, Node(_normal(attrs)))
+
+    @staticmethod
+    def set_content(node: Node, content: BlobId, size: int) -> None:
+        node.data = content
+        node.attrs = node.attrs.with_(size=size)
+
     def add_symlink(self, parts: Parts, attrs: tree.Attrs, target: bytes) -> Node:
         mode = stat.S_IFLNK | stat.S_IMODE(attrs.mode)
         return self.add_link(parts, Node(_normal(attrs).with_(mode=mode, size=len(target)), target))
