@@ -16,6 +16,7 @@ from casfs.importers import dirtree
 from casfs.importers.treebuilder import TreeBuilder
 from casfs.repo import Repository
 from casfs.snapshots.tree import Attrs
+from casfs.store.ids import BlobId
 from casfs.vfs.treeview import TreeView
 from tests.helpers.trees import compare
 
@@ -38,7 +39,7 @@ def many_files(top: Path) -> None:
         os.link(sub / "f001", sub / "f001.link")
 
 
-def import_root(repo: Repository, src: Path) -> bytes:
+def import_root(repo: Repository, src: Path) -> BlobId:
     with repo.batch() as b:
         built = dirtree.import_dir(b, src, CHUNK)
         b.commit({built.root: 1})
