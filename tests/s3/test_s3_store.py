@@ -26,13 +26,6 @@ MIB = 1 << 20
 
 
 @pytest.fixture
-def s3_env(seaweed: Seaweed, monkeypatch: pytest.MonkeyPatch) -> Seaweed:
-    for k, v in seaweed.env().items():
-        monkeypatch.setenv(k, v)
-    return seaweed
-
-
-@pytest.fixture
 def s3_store(s3_env: Seaweed, s3_prefix: str, tmp_path: Path) -> Path:
     store = tmp_path / "store"
     done = ok(store, "init", "--blobs", f"s3://{BUCKET}/{s3_prefix}")

@@ -27,13 +27,6 @@ from tests.replica.helpers import MiB, block_volume, cli, exported, root_of, wri
 
 
 @pytest.fixture
-def s3_env(seaweed: Seaweed, monkeypatch: pytest.MonkeyPatch) -> Seaweed:
-    for k, v in seaweed.env().items():
-        monkeypatch.setenv(k, v)
-    return seaweed
-
-
-@pytest.fixture
 def pair(s3_env: Seaweed, s3_prefix: str, tmp_path: Path) -> tuple[Path, Path]:
     """Stores a and b, each with its own prefix of the bucket."""
     for name in ("a", "b"):
