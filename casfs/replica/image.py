@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from casfs.catalog import images as rows
 from casfs.errors import Conflict
 from casfs.ids import InodeNo, SnapshotNo
 from casfs.kinds import VolumeKind
-from casfs.replica.adopt import adopt, shared_bucket
-from casfs.replica.assemble import Assembler
 from casfs.replica.land import Plan
 from casfs.replica.peers import Connection, normalize
-from casfs.replica.stream import Moved, root_kind
+from casfs.replica.stream import Moved
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
 from casfs.units import check_name
@@ -35,7 +32,7 @@ def pull_image(
     progress: Callable[[int], None] | None = None,
 ) -> Moved:
     """Pull image `image` of the source as `as_name` (default: the same name)."""
-    from casfs.replica.pull import _fetch
+    from casfs.replica.pull import bring
 
     name = check_name(as_name or image, "image")
     hello = conn.request("hello")
@@ -46,24 +43,17 @@ def pull_image(
     if _held(repo, name, root):
         moved.plan = Plan.HAVE
         return moved
-    shared = shared_bucket(repo, hello)
-    with ThreadPoolExecutor(2) as pool, Assembler(repo, root, root_kind(kind), pool) as asm:
-        if shared is not None:
-            adopt(conn, asm, shared, moved, progress)
-        else:
-            _fetch(conn, asm, moved, progress)
-        conn.end()
 
-        def then(c: Any) -> None:
-            if rows.image_row(c, name) is not None:
-                raise Conflict(f"image {name!r} was made here during the pull")
-            spec = json.dumps({"pulled": f"{image}@{root.hex()}"}, sort_keys=True)
-            source = f"pulled from {normalize(conn.source)}"
-            rows.insert_queued(c, name, kind, int(doc["chunk_size"]), source, spec, os.getpid())
-            size, next_ino = int(doc["size"]), InodeNo(int(doc["next_ino"]))
-            rows.finish(c, name, os.getpid(), root, size, next_ino, doc["digest"], doc["oci"])
+    def then(c: sqlite3.Connection) -> None:
+        if rows.image_row(c, name) is not None:
+            raise Conflict(f"image {name!r} was made here during the pull")
+        spec = json.dumps({"pulled": f"{image}@{root.hex()}"}, sort_keys=True)
+        source = f"pulled from {normalize(conn.source)}"
+        rows.insert_queued(c, name, kind, int(doc["chunk_size"]), source, spec, os.getpid())
+        size, next_ino = int(doc["size"]), InodeNo(int(doc["next_ino"]))
+        rows.finish(c, name, os.getpid(), root, size, next_ino, doc["digest"], doc["oci"])
 
-        asm.finish({root: 1}, then)
+    bring(repo, conn, hello, root, kind, moved, progress, {root: 1}, then)
     moved.bytes = conn.r.meter.bytes
     return moved
 

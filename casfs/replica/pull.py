@@ -16,6 +16,7 @@ the pull adopts them (replica.adopt) and only catalog records cross the connecti
 from __future__ import annotations
 
 import queue
+import sqlite3
 import threading
 import time
 from collections import deque
@@ -27,7 +28,7 @@ from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import NotFound
 from casfs.ids import SnapshotNo
-from casfs.kinds import BlobKind
+from casfs.kinds import BlobKind, VolumeKind
 from casfs.replica.assemble import Assembler, Want
 from casfs.replica.land import Offer, Plan, check, land, store_id
 from casfs.replica.peers import Connection, normalize
@@ -89,24 +90,41 @@ def pull(
     if moved.plan == Plan.HAVE:
         moved.bytes = conn.r.meter.bytes
         return moved
+
+    def then(c: sqlite3.Connection) -> None:
+        moved.plan = check(c, name, offer, theirs, mine)
+        land(c, name, offer, moved.plan, where)
+        rows.record_peer(c, name, peer)
+
+    bring(repo, conn, hello, offer.root, offer.kind, moved, progress, {}, then)
+    moved.bytes = conn.r.meter.bytes
+    return moved
+
+
+def bring(
+    repo: Repository,
+    conn: Connection,
+    hello: dict[str, Any],
+    root: BlobId,
+    kind: VolumeKind,
+    moved: Moved,
+    progress: Callable[[int], None] | None,
+    refs: dict[BlobId, int],
+    then: Callable[[sqlite3.Connection], None],
+) -> None:
+    """Make everything under `root` present here (adopted where the source's blobs share
+    this store's bucket, else fetched), then land it: `refs` and the caller's rows
+    (`then`) in the transaction that publishes it."""
     from casfs.replica.adopt import adopt, shared_bucket
 
     shared = shared_bucket(repo, hello)
-    with ThreadPoolExecutor(2) as pool, Assembler(repo, offer.root, root_kind(offer.kind), pool) as asm:
+    with ThreadPoolExecutor(2) as pool, Assembler(repo, root, root_kind(kind), pool) as asm:
         if shared is not None:
             adopt(conn, asm, shared, moved, progress)
         else:
             _fetch(conn, asm, moved, progress)
         conn.end()
-
-        def then(c: Any) -> None:
-            moved.plan = check(c, name, offer, theirs, mine)
-            land(c, name, offer, moved.plan, where)
-            rows.record_peer(c, name, peer)
-
-        asm.finish({}, then)
-    moved.bytes = conn.r.meter.bytes
-    return moved
+        asm.finish(refs, then)
 
 
 def _fetch(conn: Connection, asm: Assembler, moved: Moved, progress: Callable[[int], None] | None) -> None:
