@@ -84,9 +84,10 @@ class SpanReader:
         """After a miss in the cell following the furthest fetched from this pack, fetch
         the next cells in worker threads (into the disk cache)."""
         with self._lock:
-            sequential = self._last.get(name) == cell - 1
-            last_cell = max(o for o, _ in pack.entries.values()) // SPAN
-            ahead = range(cell + 1, min(cell + READ_AHEAD, last_cell) + 1) if sequential else range(0)
+            ahead = range(0)
+            if self._last.get(name) == cell - 1:  # (a sequential reader: only then the scan)
+                last_cell = max(o for o, _ in pack.entries.values()) // SPAN
+                ahead = range(cell + 1, min(cell + READ_AHEAD, last_cell) + 1)
             if len(self._last) > 4096:
                 self._last.clear()  # (many packs read once: no stream to follow)
             self._last[name] = ahead[-1] if ahead else cell
