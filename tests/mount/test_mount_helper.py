@@ -35,17 +35,41 @@ TIMEOUT = 60
 
 @pytest.fixture(scope="module")
 def helper() -> Iterator[Path]:
-    made = False
-    if not os.path.lexists(INSTALLED):
-        if os.geteuid() != 0:
-            pytest.skip("mount(8) tests need root (or scripts/install.sh's /sbin/mount.fuse.casfs)")
-        INSTALLED.symlink_to(HELPER)
-        made = True
+    """/sbin/mount.fuse.casfs running this tree's helper script while the module runs:
+    the link install.sh made may name another checkout's (a different version, or one
+    since deleted, as a CI clone is). As root a missing or different link is made or
+    redirected for the module, and put back as it was afterwards."""
+    before = os.readlink(INSTALLED) if INSTALLED.is_symlink() else None
+    if os.path.lexists(INSTALLED) and before is None:
+        pytest.skip(f"{INSTALLED} is not a link: these tests would not run this tree's helper")
+    if before is not None and _same_file_text(INSTALLED.parent / before, HELPER):
+        yield INSTALLED  # (the tests pass CASFS_BIN: the script is all that matters)
+        return
+    if os.geteuid() != 0:
+        pytest.skip(f"mount(8) tests need root, or {INSTALLED} linked to {HELPER}")
+    _link(INSTALLED, HELPER)
     try:
         yield INSTALLED
     finally:
-        if made:
+        if before is None:
             INSTALLED.unlink()
+        else:
+            _link(INSTALLED, Path(before))
+
+
+def _same_file_text(a: Path, b: Path) -> bool:
+    try:
+        return a.read_bytes() == b.read_bytes()
+    except FileNotFoundError:
+        return False
+
+
+def _link(path: Path, target: Path) -> None:
+    """Point the link at `target` in one rename, so a concurrent mount(8) never misses it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target)
+    tmp.replace(path)
 
 
 @pytest.fixture
