@@ -252,12 +252,23 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
     def prepare_freeze(self, label: str | None) -> FreezeJob | None:
         """Right after a flush: the written epoch can become the next snapshot as it
         is, unless something else changed too (the disk file's attributes, chunks an
-        older casfs flushed): then None, and the snapshot is a fold."""
-        active = self.upper
-        if active is None or active.dirty or self.chunk_ids or self._root_row:
+        older casfs flushed): then None, and the snapshot is a fold. Nothing written
+        since the last snapshot: an empty epoch is frozen, so this snapshot too is
+        O(1) instead of a fold that would wait for the ones queued before it."""
+        if self.chunk_ids or self._root_row:
             return None
+        new = None
+        if self.upper is None:
+            active = self._writable_upper()
+            first = active.capture()
+            assert first is not None and first.first  # (a new epoch: its files to name)
+            new = (active, first)
+        else:
+            active = self.upper
+            if active.dirty:
+                return None
         self._frozen = True
-        return FreezeJob(active.epoch, label)
+        return FreezeJob(active.epoch, label, new=new)
 
     def _touch(self, ino: InodeNo) -> None:
         self._root_row = True  # (writes do not come here: only attribute changes)
@@ -269,6 +280,8 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
     def apply_freeze(self, job: FreezeJob) -> None:
         self._frozen = False
         assert self.upper is not None and self.upper.epoch == job.epoch
+        if job.new is not None:
+            self.upper.synced(job.new[1])
         self.uppers.frozen.append(Frozen(self.upper, job.snapshot, job.label, time.time()))
         self.uppers.active = None
         self.overlay.discard(ROOT_INO)  # (what it held is the frozen epoch's now)
@@ -276,6 +289,8 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
 
     def abort_freeze(self, job: FreezeJob) -> None:
         self._frozen = False
+        if job.new is not None and self.upper is not None:
+            self.upper.failed(job.new[1])  # (the next flush names the empty epoch)
         self._thaw_deferred()
 
     def prepare_background_fold(self) -> FrozenFold | None:

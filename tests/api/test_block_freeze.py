@@ -129,6 +129,32 @@ def test_a_volume_at_rest_with_frozen_epochs_settles_them(repo: Repository, tmp_
     assert overlay_rows.uppers(repo.conn, "vm") == []
 
 
+def test_a_snapshot_of_an_unchanged_volume_does_not_wait_for_the_fold_before_it(
+    repo: Repository, tmp_path: Path
+) -> None:
+    """Nothing written since the last snapshot, still frozen: the next one freezes an
+    empty epoch (no fold first); both fold to the same disk, and a crash between the
+    freeze and the folds loses neither."""
+    v, ref = clone(repo, tmp_path)
+    scribble(v, ref, random.Random(8), 30)
+    assert snapshot_now(v, "first") == 1
+    assert snapshot_now(v, "again") == 2  # (snapshot_now asserts it froze: no fold)
+    assert [f.snapshot for f in v.uppers.frozen] == [1, 2]
+    assert repo.conn.execute("SELECT count(*) FROM snapshots").fetchone()[0] == 0
+    assert whole(v) == bytes(ref)
+    del v  # the daemon died before either fold
+
+    again = open_volume(repo, "vm")
+    assert isinstance(again, BlockVolume)
+    assert [f.snapshot for f in again.uppers.frozen] == [1, 2]
+    assert again.fold_frozen_sync() == 2
+    assert stored(repo, 1, tmp_path) == stored(repo, 2, tmp_path) == bytes(ref)
+    labels = [(s.n, s.label) for s in volumes.list_snapshots(repo, "vm")]
+    assert labels == [(1, "first"), (2, "again")]
+    assert again.close() is None  # nothing written after them: no third snapshot
+    assert overlay_rows.uppers(repo.conn, "vm") == []
+
+
 @pytest.mark.parametrize("seed", [1, 4, 9])
 def test_writes_syncs_freezes_folds_and_crashes_against_a_model(
     repo: Repository, tmp_path: Path, seed: int

@@ -220,10 +220,18 @@ class FreezeJob:
     epoch: int
     label: str | None
     snapshot: SnapshotNo = _NOT_YET  # given out by run_freeze
+    # An epoch made for this snapshot, nothing written to it (the volume is unchanged
+    # since the last one): its files made durable and named here, then frozen.
+    new: tuple[Upper, Sync] | None = None
 
 
 def run_freeze(repo: Repository, volume: str, job: FreezeJob) -> None:
+    if job.new is not None:
+        upper, first = job.new
+        upper.sync(first)
     with transaction(repo.conn) as conn:
+        if job.new is not None:
+            overlay.add_upper(conn, volume, job.epoch)
         job.snapshot = overlay.freeze_upper(conn, volume, job.epoch, job.label)
 
 
