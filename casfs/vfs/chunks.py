@@ -68,9 +68,12 @@ _PREFETCH_RUN = 4
 _INLINE_MAX = 2
 _INLINE_GIVE_UP = 8
 _INLINE_BACKOFF = 256
-# A blocking read on the trio thread slower than this (a busy or failing disk) stops
-# them for _BLOCKING_PAUSE_S: other requests must not queue behind such reads.
+# _BLOCKING_SLOW_RUN blocking reads in a row on the trio thread slower than this (a
+# failing disk, a remote store) stop them for _BLOCKING_PAUSE_S: other requests must not
+# queue behind such reads. Not one: on a disk shared with other work, a cold read now
+# and then takes longer, and pausing for it sent the next 10 s of misses to workers.
 _BLOCKING_SLOW_S = 0.05
+_BLOCKING_SLOW_RUN = 3
 _BLOCKING_PAUSE_S = 10.0
 # Threads for misses read in workers: enough to keep a disk's queue full at the depth
 # a hypervisor uses (16), few enough not to fight over the GIL.
@@ -116,6 +119,7 @@ class ChunkCache:
         self.inline = 0
         self.blocking = 0  # misses read by a blocking read on the trio thread
         self._block_after = 0.0  # (time.monotonic) no blocking read here before this
+        self._slow_run = 0  # blocking reads in a row slower than _BLOCKING_SLOW_S
         self._waiting = 0  # fetch_async calls waiting for a worker
         self._misses = _Workers(miss_workers, "casfs-read")
         self._lru: LRU[BlobId, bytes] = LRU(max_bytes)
@@ -250,8 +254,9 @@ class ChunkCache:
                 self.count_corrupt(bid)
                 raise
             finally:
-                if time.monotonic() - start > _BLOCKING_SLOW_S:
-                    self._block_after = time.monotonic() + _BLOCKING_PAUSE_S
+                self._slow_run = self._slow_run + 1 if time.monotonic() - start > _BLOCKING_SLOW_S else 0
+                if self._slow_run >= _BLOCKING_SLOW_RUN:
+                    self._slow_run, self._block_after = 0, time.monotonic() + _BLOCKING_PAUSE_S
             self.blocking += 1
             self._lru.put(bid, data, len(data))
             out[bid] = data

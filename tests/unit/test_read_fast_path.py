@@ -160,15 +160,16 @@ async def test_a_small_miss_from_a_local_store_is_read_here_even_when_others_wai
 
 
 async def test_a_slow_blocking_read_pauses_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    blobs = Blobs(3)
+    blobs = Blobs(chunks._BLOCKING_SLOW_RUN + 1)
     ids = list(blobs.by_id)
     cache = ChunkCache(blobs.get, workers=0, idle=lambda: True)
     monkeypatch.setattr(chunks, "_BLOCKING_SLOW_S", -1.0)  # every read is slow
     try:
-        await cache.fetch_async([ids[0]])
-        await cache.fetch_async([ids[1]])
-        assert cache.blocking == 1
-        assert blobs.threads[0] == threading.current_thread().name != blobs.threads[1]
+        for bid in ids:
+            await cache.fetch_async([bid])
+        assert cache.blocking == chunks._BLOCKING_SLOW_RUN  # a run of slow reads, then a pause
+        here = threading.current_thread().name
+        assert blobs.threads[:-1] == [here] * chunks._BLOCKING_SLOW_RUN and blobs.threads[-1] != here
     finally:
         cache.close()
 
