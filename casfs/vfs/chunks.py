@@ -10,7 +10,8 @@ cores around a read and check of a 64 KiB chunk that itself costs about 100), so
 blocking read, as long as such reads stay fast: from a local store (`local`) always,
 even with other requests waiting (their wait for the disk costs them less than the
 hand-off: a clone read at random after a drop of caches went from 1,866-1,909 IOPS at
-queue depth 16 to 2,605-2,747, at half the CPU per request; block_ops, same hour); from
+queue depth 16 to 2,605-2,747 at half the CPU per request in a quiet hour, and kept
+its IOPS at 20% less CPU at load 3; block_ops, main and this interleaved); from
 a remote one (a network round trip per miss) only when no other request waits
 (`idle`: no fetch in a worker and nothing queued by the kernel). Where it may not
 block, a miss whose blob is wholly in the page cache is still read here (`get_nowait`,
