@@ -33,7 +33,7 @@ class StatChanges(AttrChanges, total=False):
     blocks: int | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Stat(Attrs):
     """An inode's attributes as the adapter replies them: the tree's Attrs (one record
     for both), plus the blocks allocated."""

@@ -141,16 +141,35 @@ async def test_a_miss_is_read_here_when_nothing_waits() -> None:
         cache.close()
 
 
+async def test_a_small_miss_from_a_local_store_is_read_here_even_when_others_wait() -> None:
+    """From a local store, a miss of one or two chunks is read on the trio thread even
+    with requests queued (a disk wait costs them less than a hand-off); a bigger miss
+    still goes to workers (read in parallel)."""
+    blobs = Blobs(6)
+    ids = list(blobs.by_id)
+    cache = ChunkCache(blobs.get, workers=0, get_nowait=blobs.get_nowait, idle=lambda: False, local=True)
+    here = threading.current_thread().name
+    try:
+        assert await cache.fetch_async([ids[0]]) == {ids[0]: blobs.by_id[ids[0]]}
+        assert await cache.fetch_async(ids[1:3]) == {bid: blobs.by_id[bid] for bid in ids[1:3]}
+        assert blobs.threads == [here] * 3 and cache.blocking == 3 and blobs.nowait_calls == 0
+        assert await cache.fetch_async(ids[3:6]) == {bid: blobs.by_id[bid] for bid in ids[3:6]}
+        assert here not in blobs.threads[3:] and cache.blocking == 3
+    finally:
+        cache.close()
+
+
 async def test_a_slow_blocking_read_pauses_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    blobs = Blobs(3)
+    blobs = Blobs(chunks._BLOCKING_SLOW_RUN + 1)
     ids = list(blobs.by_id)
     cache = ChunkCache(blobs.get, workers=0, idle=lambda: True)
     monkeypatch.setattr(chunks, "_BLOCKING_SLOW_S", -1.0)  # every read is slow
     try:
-        await cache.fetch_async([ids[0]])
-        await cache.fetch_async([ids[1]])
-        assert cache.blocking == 1
-        assert blobs.threads[0] == threading.current_thread().name != blobs.threads[1]
+        for bid in ids:
+            await cache.fetch_async([bid])
+        assert cache.blocking == chunks._BLOCKING_SLOW_RUN  # a run of slow reads, then a pause
+        here = threading.current_thread().name
+        assert blobs.threads[:-1] == [here] * chunks._BLOCKING_SLOW_RUN and blobs.threads[-1] != here
     finally:
         cache.close()
 
