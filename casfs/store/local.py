@@ -247,7 +247,7 @@ class FileStaging(Staging):
                 syncfs(dfd)
             else:
                 for d in touched:
-                    _fsync_dir(d)
+                    fsync_dir(d)
         finally:
             os.close(dfd)
         self.pending.clear()
@@ -287,7 +287,7 @@ def _remove_quietly(path: str) -> None:
         _log().warning("cannot remove staged file %s: %s", path, e)
 
 
-def _fsync_dir(path: str | Path) -> None:
+def fsync_dir(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

@@ -40,12 +40,13 @@ from casfs.errors import Corruption, MissingBlob
 from casfs.store import BlobStore, Domain
 from casfs.store.damaged import DamagedMarks
 from casfs.store.ids import BlobId
+from casfs.store.packfile import ENTRY
 from casfs.store.s3 import packfmt, pins
 from casfs.store.s3.diskcache import DiskCache
 from casfs.store.s3.location import Credentials, Location
 from casfs.store.s3.remote import Remote, RemoteError
 from casfs.store.s3.spans import SpanReader
-from casfs.store.s3.staging import ENTRY, S3Staging
+from casfs.store.s3.staging import S3Staging
 from casfs.store.s3.table import Foreign, Pack, PackTable
 from casfs.store.s3.table import Location as Copy
 from casfs.store.verified import verified
