@@ -1,6 +1,6 @@
 """A blob store that fails on purpose: for tests of what happens above a failing disk.
 
-    store = FaultyBlobStore(FileBlobStore(path), Faults.parse("stage:3:ENOSPC,publish:1:EIO"))
+    store = FaultyBlobStore(PackBlobStore(path), Faults.parse("stage:3:ENOSPC,publish:1:EIO"))
 
 wraps any BlobStore; the nth call of an operation (counted from 1, per operation, since
 the plan was made) raises the errno given, and every other call goes through. Plans

@@ -1,5 +1,6 @@
-"""FileBlobStore: one file per blob under the store's directory; the only code that
-knows where a blob's bytes are on disk.
+"""FileBlobStore: one file per blob under the store's directory: the layout of every
+local store made before catalog format 9, whose files the pack store (store.packstore)
+reads, lists and deletes where they are. New stores write packs.
 
     blobs/ab/abcdef…       a published blob (one codec byte, then the payload), 0444
     tmp/<pid>-<random>/    the staging directory of one batch in flight
@@ -64,11 +65,8 @@ def syncfs(fd: int) -> None:
 
 class FileBlobStore(DamagedMarks, BlobStore):
     """One file per blob: blobs/ab/abcdef…, written to tmp/ and renamed into place.
-
-    Measured against pack files: at 64 KiB chunks a file per blob imports faster than
-    the disk reads (see benchmarks/import_speed.py), and deleting is a plain unlink,
-    so gc needs no repacking.
-    """
+    (A whole BlobStore still: the conformance suite runs over it, and over the pack
+    store reading a store written by it.)"""
 
     def __init__(self, root: Path) -> None:
         self.root = root

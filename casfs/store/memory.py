@@ -1,6 +1,6 @@
 """MemoryBlobStore: a blob store in a dict, the second implementation of BlobStore.
 
-For tests: the conformance suite runs over it as over FileBlobStore, and a Repository
+For tests: the conformance suite runs over it as over the disk stores, and a Repository
 given one keeps its blobs in memory (its catalog stays on disk). It stores the encoded
 form and checks it on every read, as a disk store does, so a test can corrupt a blob
 (`stored[bid] = ...`) and see the same errors. "Durable" means: until the object goes.

@@ -79,15 +79,39 @@ def remove(repo: Repository | BlobStore, bid: BlobId) -> None:
     local_store(repo).delete(bid)
 
 
+def _index(store: Path, sql: str) -> set[str]:
+    index = store / "packs" / "index.sqlite"
+    if not index.exists():
+        return set()
+    conn = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
+    try:
+        return {bytes(r[0]).hex() if isinstance(r[0], bytes) else str(r[0]) for r in conn.execute(sql)}
+    finally:
+        conn.close()
+
+
 def blob_ids(store: Path) -> set[str]:
     """The hex ids of every blob the store at `store` holds (packed or in files), read
     from its files without opening it."""
-    found = {p.name for p in (store / "blobs").glob("*/*")}
-    index = store / "packs" / "index.sqlite"
-    if index.exists():
-        conn = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
-        try:
-            found |= {bytes(r[0]).hex() for r in conn.execute("SELECT id FROM blobs")}
-        finally:
-            conn.close()
-    return found
+    return {p.name for p in (store / "blobs").glob("*/*")} | _index(store, "SELECT id FROM blobs")
+
+
+def stored_sizes(repo: Repository) -> dict[str, int]:
+    """{hex id: stored bytes} of every blob stored, packed or in a file."""
+    store = local_store(repo)
+    return {bid.hex(): store.stored_size(bid) for bid in store.list()}
+
+
+def stored_files(store: Path) -> list[str]:
+    """What a command that stores nothing must not change: the ids stored, the pack
+    files and what is staged (tmp/), as sorted names."""
+    staged = [str(p.relative_to(store)) for p in (store / "tmp").rglob("*")]
+    return sorted(blob_ids(store)) + sorted(pack_files(store)) + sorted(staged)
+
+
+def pack_files(store: Path) -> set[str]:
+    return {p.name.removesuffix(".pack") for p in (store / "packs").glob("*.pack")}
+
+
+def indexed_packs(store: Path) -> set[str]:
+    return _index(store, "SELECT name FROM packs")

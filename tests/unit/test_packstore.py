@@ -195,7 +195,7 @@ def test_processes_publish_into_one_store_at_once(tmp_path: Path) -> None:
 def test_open_pack_files_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = _store(tmp_path)
     monkeypatch.setattr(store, "fds", FdCache(4))
-    blobs = {}
+    blobs: dict[BlobId, bytes] = {}
     for _ in range(12):
         blobs |= _stage(store, 1)
     fds_before = len(os.listdir("/proc/self/fd"))
