@@ -33,20 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import (
-    MIB,
-    Casfs,
-    Row,
-    arguments,
-    drop_caches,
-    emit,
-    generate,
-    memory_kib,
-    scratch,
-    sh,
-    stop_on_sigterm,
-    table,
-)
+import benchlib as bl
 from block_bench import CasfsDisk, write_random
 from image_bench import tree_bytes
 
@@ -63,7 +50,7 @@ STEPS = {
 
 
 def _timed(fn: Any) -> float:
-    drop_caches()
+    bl.drop_caches()
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
@@ -73,21 +60,21 @@ def one(checkout: str, work: Path, src: Path, sizes: dict[str, int], fold: int) 
     """Every step on a fresh store, with the casfs of `checkout`."""
     os.environ["PYTHONPATH"] = checkout
     store = work / "store"
-    sh("rm", "-rf", store)
-    cas = Casfs(store, work / "mnt")
+    bl.sh("rm", "-rf", store)
+    cas = bl.Casfs(store, work / "mnt")
     cas.cli("init")
     figures = {}
     for source, path in (("tree", src / "tree"), ("disk", src / "disk.img")):
         secs = _timed(lambda s=source, p=path: cas.cli("image", "import", s, p, timeout=3600))
         figures[f"import {source}"] = sizes[source] / secs / 1e6
     (work / "mnt").mkdir(exist_ok=True)
-    drop_caches()
+    bl.drop_caches()
     with cas.mounted() as mnt:
         t = time.perf_counter()
-        sh("dd", f"if={mnt / 'images' / 'disk'}", "of=/dev/null", "bs=1M", timeout=3600)
+        bl.sh("dd", f"if={mnt / 'images' / 'disk'}", "of=/dev/null", "bs=1M", timeout=3600)
         figures["seq read cold"] = sizes["disk"] / (time.perf_counter() - t) / 1e6
-        figures["daemon peak RSS"] = memory_kib(cas.pid()).get("VmHWM", 0) / 1024
-    vol = Casfs(store, work / "vol.img", volume="v")
+        figures["daemon peak RSS"] = bl.memory_kib(cas.pid()).get("VmHWM", 0) / 1024
+    vol = bl.Casfs(store, work / "vol.img", volume="v")
     vol.cli("volume", "create", "v", "--from", "disk")
     vol.mnt.touch()
     with vol.mounted():
@@ -102,22 +89,22 @@ def one(checkout: str, work: Path, src: Path, sizes: dict[str, int], fold: int) 
 
 
 def main() -> int:
-    p = arguments(__doc__)
+    p = bl.arguments(__doc__)
     p.add_argument("--casfs", required=True, help="two checkouts, comma-separated: OLD,NEW")
     p.add_argument("--tree", default="/usr/share")
     p.add_argument("--size", default="1G")
     p.add_argument("--fold", default="1G", help="bytes written before the folded snapshot")
     p.add_argument("--reps", type=int, default=2)
     args = p.parse_args()
-    stop_on_sigterm()
+    bl.stop_on_sigterm()
     checkouts = args.casfs.split(",")
     size, fold = parse_size(args.size), parse_size(args.fold)
     samples: dict[str, dict[str, list[float]]] = {s: {c: [] for c in checkouts} for s in STEPS}
-    with scratch(args.workdir, "store-bench-", mounts=("mnt", "vol.img")) as work:
+    with bl.scratch(args.workdir, "store-bench-", mounts=("mnt", "vol.img")) as work:
         src = work / "src"
         src.mkdir()
-        sh("cp", "-a", args.tree, src / "tree", timeout=1800)
-        generate(src / "disk.img", size, seed=1, runs="zrt")
+        bl.sh("cp", "-a", args.tree, src / "tree", timeout=1800)
+        bl.generate(src / "disk.img", size, seed=1, runs="zrt")
         entries, tree_size = tree_bytes(src / "tree")
         sizes = {"tree": tree_size, "disk": size}
         for rep in range(args.reps):
@@ -127,15 +114,15 @@ def main() -> int:
     medians = {s: {c: statistics.median(v) for c, v in by.items()} for s, by in samples.items()}
     old, new = checkouts
     rows = [
-        Row(s, unit, {"old": medians[s][old], "casfs": medians[s][new]}, up)
+        bl.Row(s, unit, {"old": medians[s][old], "casfs": medians[s][new]}, up)
         for s, (unit, up) in STEPS.items()
     ]
     report = {"casfs": checkouts, "entries": entries, "sizes": sizes, "fold": fold, "samples": samples}
     heading = (
-        f"{entries} entries, {tree_size // MIB} MiB tree; {size // MIB} MiB image; median of {args.reps}; "
-        f"old = {old}, casfs = {new}"
+        f"{entries} entries, {tree_size // bl.MIB} MiB tree; {size // bl.MIB} MiB image; "
+        f"median of {args.reps}; old = {old}, casfs = {new}"
     )
-    emit(report, args.json, heading, table(rows, ("old", "casfs"), ("old",)))
+    bl.emit(report, args.json, heading, bl.table(rows, ("old", "casfs"), ("old",)))
     return 0
 
 

@@ -136,12 +136,14 @@ class Repository:
         return c
 
     def close(self) -> None:
-        """Close every thread's connection (none may be in use: the work is done)."""
+        """Close every thread's connection (none may be in use: the work is done), and
+        what the blob store holds open."""
         with self._conns_lock:
             conns, self._conns = self._conns, []
         for c in conns:
             c.close()
         self._local = threading.local()
+        self.blobs.close()
 
     # -- blobs ---------------------------------------------------------------
 

@@ -145,6 +145,12 @@ class BlobStore(Protocol):
         locked exclusively, as gc is. This default has nothing to do: (0, 0)."""
         return 0, 0
 
+    def close(self) -> None:
+        """Let go of open files and connections (the repository's close() calls it);
+        the store stays usable: they are opened again when needed. This default has
+        nothing to let go of."""
+        return None
+
     def put(self, plain: bytes) -> BlobId:
         """Store one data blob and publish it at once; returns its id. Idempotent.
         A convenience for tests and small writers: it takes no store lock and no

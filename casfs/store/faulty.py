@@ -105,6 +105,9 @@ class FaultyBlobStore(BlobStore):
     def recover_staging(self, owner_alive: Callable[[int], bool]) -> int:
         return self.inner.recover_staging(owner_alive)
 
+    def close(self) -> None:
+        self.inner.close()
+
     def mark_damaged(self, bid: BlobId) -> None:
         self.inner.mark_damaged(bid)
 

@@ -14,6 +14,7 @@ import errno
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 
 IDLE_S = 60.0
@@ -37,6 +38,7 @@ class FdCache:
         # O_NOATIME: a read does not write the pack's inode. Refused (EPERM) where the
         # store is not the reader's own: then without it.
         self._flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOATIME
+        weakref.finalize(self, _close_all, self._fds)  # (a store dropped without close())
 
     def acquire(self, path: str, open_missing: bool = True) -> CachedFd | None:
         """The fd of `path`, held until release(); None if it is not open and not
@@ -75,6 +77,14 @@ class FdCache:
             if f is not None:
                 self._drop(f)
 
+    def close(self) -> None:
+        """Close every fd (one in use: once released)."""
+        with self._lock:
+            fds = list(self._fds.values())
+            self._fds.clear()
+            for f in fds:
+                self._drop(f)
+
     def _evict(self, now: float) -> None:
         while self._fds:
             path, oldest = next(iter(self._fds.items()))
@@ -96,3 +106,8 @@ class FdCache:
                 raise
             self._flags &= ~os.O_NOATIME
             return os.open(path, self._flags)
+
+
+def _close_all(fds: OrderedDict[str, CachedFd]) -> None:
+    for f in fds.values():
+        os.close(f.fd)

@@ -21,11 +21,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from casfs.errors import Corruption, MissingBlob
+from casfs.errors import MissingBlob
 from casfs.store import BlobStore, Domain, Staging, codec
 from casfs.store.damaged import DamagedMarks
 from casfs.store.ids import ID_SIZE, BlobId
-from casfs.store.verified import verified
+from casfs.store.packfile import dead_stagings
+from casfs.store.verified import checked
 
 if TYPE_CHECKING:
     import ctypes
@@ -124,14 +125,7 @@ class FileBlobStore(DamagedMarks, BlobStore):
                 stored += part
         finally:
             os.close(fd)
-        return self._checked(bid, stored, domain)
-
-    def _checked(self, bid: BlobId, stored: bytes, domain: Domain | None) -> bytes:
-        try:
-            return verified(bid, stored, domain)
-        except Corruption:
-            self.mark_damaged(bid)
-            raise
+        return checked(self, bid, stored, domain)
 
     def get_if_cached(self, bid: BlobId, max_stored: int, domain: Domain | None = None) -> bytes | None:
         """get(), only when the blob's file is at most `max_stored` bytes and all of it
@@ -151,7 +145,7 @@ class FileBlobStore(DamagedMarks, BlobStore):
                 return None
         finally:
             os.close(fd)
-        return self._checked(bid, bytes(buf), domain)
+        return checked(self, bid, bytes(buf), domain)
 
     def has(self, bid: BlobId) -> bool:
         return os.path.exists(self.path_str(bid))
@@ -180,12 +174,7 @@ class FileBlobStore(DamagedMarks, BlobStore):
         not `owner_alive`, and anything there not named by a pid; returns how many
         files were removed."""
         removed = 0
-        if not self.tmp_dir.exists():
-            return 0
-        for entry in os.scandir(self.tmp_dir):
-            pid_text = entry.name.split("-", 1)[0]
-            if pid_text.isdigit() and owner_alive(int(pid_text)):
-                continue
+        for entry in dead_stagings(self.tmp_dir, owner_alive):
             for sub in os.scandir(entry.path) if entry.is_dir() else []:
                 os.unlink(sub.path)
                 removed += 1
@@ -220,7 +209,7 @@ class FileStaging(Staging):
             if len(self.pending) < _SYNCFS_THRESHOLD:
                 os.fsync(fd)
         except BaseException:
-            _remove_quietly(tmp)  # a partial file (a full disk): the error is the write's
+            remove_quietly(tmp)  # a partial file (a full disk): the error is the write's
             raise
         finally:
             os.close(fd)
@@ -264,7 +253,7 @@ class FileStaging(Staging):
             _log().warning("cannot list staging directory %s: %s", self.dir, e)
             return
         for entry in leftovers:
-            _remove_quietly(entry.path)
+            remove_quietly(entry.path)
         self._remove_dir()
 
     def _remove_dir(self) -> None:
@@ -276,13 +265,13 @@ class FileStaging(Staging):
             _log().warning("cannot remove staging directory %s: %s", self.dir, e)
 
 
-def _remove_quietly(path: str) -> None:
+def remove_quietly(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
     except OSError as e:
-        _log().warning("cannot remove staged file %s: %s", path, e)
+        _log().warning("cannot remove %s: %s", path, e)
 
 
 def fsync_dir(path: str | Path) -> None:

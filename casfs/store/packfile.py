@@ -30,7 +30,7 @@ from casfs.store.ids import ID_SIZE, BlobId
 from casfs.store.verified import verified
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from casfs.store import BlobStore
 
@@ -79,7 +79,9 @@ class PackStaging(Staging, Generic[P]):
         self._lock = threading.Lock()
         self._seq = itertools.count()
         self._open: P | None = None
+        self._sealed: list[P] = []
         self._sizes: dict[BlobId, int] = {}
+        self._done = False  # published or discarded
 
     def _path(self, pack: StagedPack, ext: str) -> str:
         return f"{self.dir}/{pack.seq}.{ext}"
@@ -111,7 +113,7 @@ class PackStaging(Staging, Generic[P]):
             if pack.size >= self.target:
                 full, self._open = pack, None
         if full is not None:
-            self._seal(full)
+            self._seal_full(full)
         return len(stored)
 
     def _start(self) -> P:
@@ -129,7 +131,28 @@ class PackStaging(Staging, Generic[P]):
         return self._open
 
     def _seal(self, pack: P) -> None:
+        """The store's: a full pack's fds are closed after it (sync it, upload it...)."""
         raise NotImplementedError
+
+    def _seal_full(self, pack: P) -> None:
+        self._seal(pack)
+        with self._lock:
+            self._sealed.append(pack)
+
+    def _seal_last(self) -> bool:
+        """publish()'s first step: seal the pack being filled (close it, if its only add
+        failed); False if this staging was published or discarded already."""
+        with self._lock:
+            if self._done:
+                return False
+            if not self.dir.exists():
+                raise FileNotFoundError(f"staging {self.dir} was removed by recover_staging")
+            last, self._open = self._open, None
+        if last is not None and last.entries:
+            self._seal_full(last)
+        elif last is not None:
+            close_pack(last)
+        return True
 
 
 def close_pack(pack: StagedPack) -> None:
@@ -145,9 +168,14 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view) :]
 
 
-def staged_count(path: str) -> int:
-    """How many blobs a staging directory's .ent files record."""
-    return sum(f.stat().st_size // ENTRY.size for f in os.scandir(path) if f.name.endswith(".ent"))
+def dead_stagings(tmp_dir: Path, owner_alive: Callable[[int], bool]) -> list[os.DirEntry[str]]:
+    """The entries of tmp/ (stagings, tmp/<pid>-<tag>) whose writer, the pid their name
+    starts with, is not `owner_alive`, and any not named by a pid."""
+    try:
+        entries = list(os.scandir(tmp_dir))
+    except FileNotFoundError:
+        return []
+    return [e for e in entries if not ((pid := e.name.split("-", 1)[0]).isdigit() and owner_alive(int(pid)))]
 
 
 def restage(

@@ -14,11 +14,11 @@ renamed in (data before the rows that point at it); deletes commit without a syn
 delete is not durable by itself, BlobStore.delete), except the one that removes a
 pack's row, which is made durable (with every delete before it) before the file goes.
 
-Connections: one per thread, opened at first use (sqlite3 connections belong to their
-thread), each with a small page cache: a daemon's RSS must not grow with the store
-(the OS page cache keeps the file). Writers of one process queue on a lock rather
-than on SQLite's busy handler, which sleeps in steps of milliseconds; writers of other
-processes (the CLI beside a mount daemon) wait on SQLite's lock, up to BUSY_TIMEOUT_S.
+Connections: a pool, each taken by one thread at a time, each with a small page cache:
+a daemon's RSS must not grow with the store (the OS page cache keeps the file).
+Writers of one process queue on a lock rather than on SQLite's busy handler, which
+sleeps in steps of milliseconds; writers of other processes (the CLI beside a mount
+daemon) wait on SQLite's lock, up to BUSY_TIMEOUT_S.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from casfs.store.ids import BlobId
 from casfs.store.packfile import Entry
@@ -57,18 +58,55 @@ Location = tuple[str, int, int]  # pack name, offset, stored length
 class PackIndex:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._idle: list[sqlite3.Connection] = []  # (a stack: the warmest page cache next)
+        self._all: list[sqlite3.Connection] = []
         self._write_lock = threading.Lock()
         self._created = False
+        self._names: dict[int, str] = {}  # pack id -> name (one str per pack: not per blob)
 
     def create(self) -> None:
-        self._conn()
+        self._put(self._take())
 
-    def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = self._connect()
+    def close(self) -> None:
+        """Close every connection (none in use); later calls open new ones."""
+        with self._lock:
+            conns, self._all, self._idle = self._all, [], []
+        for c in conns:
+            c.close()
+
+    # Connections are pooled, not one per thread: a daemon's worker threads come and go,
+    # and SQLite keeps the file descriptor of a closed connection open while another
+    # holds a lock on the file. The pool holds as many as ever ran at once.
+    def _take(self) -> sqlite3.Connection:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        conn = self._connect()
+        with self._lock:
+            self._all.append(conn)
         return conn
+
+    def _put(self, conn: sqlite3.Connection) -> None:
+        with self._lock:
+            if conn in self._all:  # (not if close() ran meanwhile)
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def _rows(self, sql: str, params: tuple[object, ...]) -> list[Any]:
+        conn = self._take()
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            self._put(conn)
+
+    def _row(self, sql: str, params: tuple[object, ...]) -> Any:
+        conn = self._take()
+        try:
+            return conn.execute(sql, params).fetchone()
+        finally:
+            self._put(conn)
 
     def _connect(self) -> sqlite3.Connection:
         if not self._created:
@@ -91,48 +129,48 @@ class PackIndex:
 
     @contextmanager
     def _write(self, durable: bool) -> Iterator[sqlite3.Connection]:
-        conn = self._conn()
-        with self._write_lock:
-            if durable:
-                conn.execute("PRAGMA synchronous = FULL")
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    yield conn
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-                conn.execute("COMMIT")
-            finally:
+        conn = self._take()
+        try:
+            with self._write_lock:
                 if durable:
-                    conn.execute("PRAGMA synchronous = NORMAL")
+                    conn.execute("PRAGMA synchronous = FULL")
+                try:
+                    with conn:  # (sqlite3's: COMMIT, or ROLLBACK on an error)
+                        conn.execute("BEGIN IMMEDIATE")
+                        yield conn
+                finally:
+                    if durable:
+                        conn.execute("PRAGMA synchronous = NORMAL")
+        finally:
+            self._put(conn)
 
     # -- reads ---------------------------------------------------------------------
 
     def locate(self, bid: BlobId) -> Location | None:
-        row = (
-            self._conn()
-            .execute(
-                "SELECT p.name, b.offset, b.length FROM blobs b JOIN packs p ON p.id = b.pack WHERE b.id = ?",
-                (bid,),
-            )
-            .fetchone()
-        )
-        return None if row is None else (row[0], row[1], row[2])
+        row = self._row("SELECT pack, offset, length FROM blobs WHERE id = ?", (bid,))
+        if row is None:
+            return None
+        name = self._names.get(row[0])
+        if name is None:  # (a pack's id is never reused: AUTOINCREMENT)
+            found = self._row("SELECT name FROM packs WHERE id = ?", (row[0],))
+            if found is None:
+                return None  # (dropped since: a repack)
+            name = self._names[row[0]] = found[0]
+        return name, row[1], row[2]
 
     def has(self, bid: BlobId) -> bool:
-        return self._conn().execute("SELECT 1 FROM blobs WHERE id = ?", (bid,)).fetchone() is not None
+        return self._row("SELECT 1 FROM blobs WHERE id = ?", (bid,)) is not None
 
     def page(self, after: bytes, n: int) -> list[BlobId]:
         """Up to n published ids above `after`, in order (list() pages through them)."""
-        rows = self._conn().execute("SELECT id FROM blobs WHERE id > ? ORDER BY id LIMIT ?", (after, n))
+        rows = self._rows("SELECT id FROM blobs WHERE id > ? ORDER BY id LIMIT ?", (after, n))
         return [BlobId(r[0]) for r in rows]
 
     def has_pack(self, name: str) -> bool:
-        return self._conn().execute("SELECT 1 FROM packs WHERE name = ?", (name,)).fetchone() is not None
+        return bool(self._rows("SELECT 1 FROM packs WHERE name = ?", (name,)))
 
     def pack_names(self) -> set[str]:
-        return {r[0] for r in self._conn().execute("SELECT name FROM packs")}
+        return {r[0] for r in self._rows("SELECT name FROM packs", ())}
 
     def pack_usage(self) -> list[tuple[str, int, int]]:
         """(name, size, live stored bytes) of every pack."""
@@ -140,7 +178,7 @@ class PackIndex:
             "SELECT p.name, p.size, COALESCE(SUM(b.length), 0) FROM packs p "
             "LEFT JOIN blobs b ON b.pack = p.id GROUP BY p.id"
         )
-        return [(r[0], r[1], r[2]) for r in self._conn().execute(query)]
+        return [(r[0], r[1], r[2]) for r in self._rows(query, ())]
 
     def live(self, name: str) -> list[Entry]:
         """The blobs pack `name` holds, in the pack's order."""
@@ -148,7 +186,7 @@ class PackIndex:
             "SELECT b.id, b.offset, b.length FROM blobs b JOIN packs p ON p.id = b.pack "
             "WHERE p.name = ? ORDER BY b.offset"
         )
-        return [(BlobId(r[0]), r[1], r[2]) for r in self._conn().execute(query, (name,))]
+        return [(BlobId(r[0]), r[1], r[2]) for r in self._rows(query, (name,))]
 
     # -- writes --------------------------------------------------------------------
 

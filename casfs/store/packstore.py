@@ -40,15 +40,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from casfs.errors import Corruption, MissingBlob
+from casfs.errors import MissingBlob
 from casfs.store import BlobStore, Domain
 from casfs.store.damaged import DamagedMarks
 from casfs.store.fdcache import FdCache
 from casfs.store.ids import BlobId
-from casfs.store.local import FileBlobStore, fsync_dir
-from casfs.store.packfile import ENTRY, PackStaging, StagedPack, close_pack
+from casfs.store.local import FileBlobStore, fsync_dir, remove_quietly
+from casfs.store.packfile import ENTRY, PackStaging, StagedPack, close_pack, dead_stagings
 from casfs.store.packindex import Location, PackIndex
-from casfs.store.verified import verified
+from casfs.store.verified import checked
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,10 @@ class PackBlobStore(DamagedMarks, BlobStore):
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         self.index.create()
 
+    def close(self) -> None:
+        self.fds.close()
+        self.index.close()
+
     def pack_path(self, name: str) -> str:
         return f"{self._pack_dir_s}/{name}.pack"
 
@@ -92,7 +96,7 @@ class PackBlobStore(DamagedMarks, BlobStore):
                 stored = self._read(where)
             except FileNotFoundError:
                 continue  # the pack went since (compaction moved the blob): look again
-            return self._checked(bid, stored, domain)
+            return checked(self, bid, stored, domain)
         if self.legacy is not None:
             return self.legacy.get(bid, domain)
         raise MissingBlob(f"blob {bid.hex()} is missing")
@@ -105,13 +109,6 @@ class PackBlobStore(DamagedMarks, BlobStore):
             return os.pread(f.fd, length, offset)
         finally:
             self.fds.release(f)
-
-    def _checked(self, bid: BlobId, stored: bytes, domain: Domain | None) -> bytes:
-        try:
-            return verified(bid, stored, domain)
-        except Corruption:
-            self.mark_damaged(bid)
-            raise
 
     def get_if_cached(self, bid: BlobId, max_stored: int, domain: Domain | None = None) -> bytes | None:
         """get(), only when the blob is at most `max_stored` bytes, its pack already
@@ -137,7 +134,7 @@ class PackBlobStore(DamagedMarks, BlobStore):
                 return None
         finally:
             self.fds.release(f)
-        return self._checked(bid, bytes(buf), domain)
+        return checked(self, bid, bytes(buf), domain)
 
     def has(self, bid: BlobId) -> bool:
         return self.index.has(bid) or (self.legacy is not None and self.legacy.has(bid))
@@ -188,14 +185,8 @@ class PackBlobStore(DamagedMarks, BlobStore):
         renamed into packs/ without committing their rows; returns how many staged
         blobs were removed (.ent records, and a pre-pack staging's files)."""
         removed = 0
-        try:
-            entries = list(os.scandir(self.tmp_dir))
-        except FileNotFoundError:
-            return 0
-        for entry in entries:
-            pid_text, _, tag = entry.name.partition("-")
-            if pid_text.isdigit() and owner_alive(int(pid_text)):
-                continue
+        for entry in dead_stagings(self.tmp_dir, owner_alive):
+            tag = entry.name.partition("-")[2]
             if not entry.is_dir():
                 os.unlink(entry.path)
                 removed += 1
@@ -223,8 +214,6 @@ class LocalPackStaging(PackStaging[_Pack]):
         store.tmp_dir.mkdir(parents=True, exist_ok=True)
         super().__init__(store.tmp_dir, store.pack_target, _Pack)
         self.store = store
-        self._sealed: list[_Pack] = []
-        self._done = False
         self.written = 0  # bytes of the packs published
 
     def _seal(self, pack: _Pack) -> None:
@@ -235,20 +224,10 @@ class LocalPackStaging(PackStaging[_Pack]):
         finally:
             close_pack(pack)
         pack.name = f"{self.tag}-{pack.seq}"
-        with self._lock:
-            self._sealed.append(pack)
 
     def publish(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            if not self.dir.exists():
-                raise FileNotFoundError(f"staging {self.dir} was removed by recover_staging")
-            last, self._open = self._open, None
-        if last is not None and last.entries:
-            self._seal(last)
-        elif last is not None:
-            close_pack(last)  # (its only add failed: nothing to publish)
+        if not self._seal_last():
+            return
         with self._lock:
             packs = [p for p in self._sealed if not p.published]
         if packs:
@@ -277,19 +256,10 @@ class LocalPackStaging(PackStaging[_Pack]):
             close_pack(last)
         for p in packs:
             if p.renamed and not p.published:
-                _remove_quietly(self.store.pack_path(p.name))
+                remove_quietly(self.store.pack_path(p.name))
         try:
             shutil.rmtree(self.dir)
         except FileNotFoundError:
             pass
         except OSError as e:  # what is left, recover_staging removes
             log.warning("cannot remove staging %s: %s", self.dir, e)
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        log.warning("cannot remove unpublished pack %s: %s", path, e)

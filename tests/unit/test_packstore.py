@@ -135,7 +135,7 @@ def test_compact_removes_pack_files_no_row_names(tmp_path: Path) -> None:
     (store.pack_dir / "0123456789abcdef-0.pack").write_bytes(b"casfspk1" + bytes(5000))
     st = store.staging()  # a live batch's pack, renamed in, rows not yet committed
     st_add(st, b"in flight" * 100)
-    st._seal(st._open)  # type: ignore[arg-type]
+    st._seal_full(st._open)  # type: ignore[arg-type]
     in_flight = store.pack_path(st._sealed[0].name)
     os.rename(st._path(st._sealed[0], "pack"), in_flight)
     st._sealed[0].renamed = True

@@ -70,8 +70,6 @@ class S3Staging(PackStaging[_Pack]):
     def __init__(self, store: S3BlobStore) -> None:
         super().__init__(store.tmp_dir, PACK_TARGET, _Pack)
         self.store = store
-        self._sealed: list[_Pack] = []
-        self._done = False
         self._adopted: dict[Foreign, _Adoption] = {}
         self.published_names: list[str] = []  # the packs publish() made visible
 
@@ -138,20 +136,10 @@ class S3Staging(PackStaging[_Pack]):
         pack.upload = self.store.uploads().submit(
             self.store.remote.put_new, packfmt.pack_key(pack.name), data
         )
-        with self._lock:
-            self._sealed.append(pack)
 
     def publish(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            if not self.dir.exists():
-                raise FileNotFoundError(f"staging {self.dir} was removed by recover_staging")
-            last, self._open = self._open, None
-        if last is not None and last.entries:
-            self._seal(last)
-        elif last is not None:
-            close_pack(last)  # (its only add failed: nothing to upload)
+        if not self._seal_last():
+            return
         with self._lock:
             packs = list(self._sealed)
         for pack in packs:
