@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from casfs.errors import Corruption
+from casfs.errors import Corruption, MissingBlob
+from casfs.refcount.fsck import fsck
+from casfs.repo import Repository
 from casfs.store import Staging
 from casfs.store.fdcache import FdCache
 from casfs.store.ids import BlobId, blob_id
@@ -202,3 +204,20 @@ def test_open_pack_files_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyP
     for bid, plain in blobs.items():
         assert store.get(bid) == plain
     assert len(os.listdir("/proc/self/fd")) <= fds_before + 4
+
+
+@pytest.mark.no_fsck("a pack file is lost on purpose")
+def test_a_lost_pack_is_missing_blobs_for_fsck(tmp_path: Path) -> None:
+    repo = Repository.init(tmp_path / "repo")
+    try:
+        with repo.batch() as batch:
+            ids = [batch.put(os.urandom(3000)) for _ in range(3)]
+            batch.commit()
+        os.unlink(blob_files.location(repo, ids[0])[0])
+        with pytest.raises(MissingBlob):
+            repo.blobs.get(ids[1])
+        report = fsck(repo, timeout=0)
+        missing = sorted(p.blob for p in report.problems if p.kind == "missing")
+        assert missing == sorted(b.hex() for b in ids)
+    finally:
+        repo.close()
