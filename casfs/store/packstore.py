@@ -52,6 +52,8 @@ from casfs.store.verified import checked
 
 log = logging.getLogger(__name__)
 
+# restic's default. 4-32 MiB imported a 1 GiB image alike here (92-250 MB/s, within
+# the noise of a loaded 2-core machine); compaction rewrites at this granularity.
 PACK_TARGET = 16 << 20
 OPEN_PACKS = 64  # fds kept open (store.fdcache)
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 8)  # Linux 4.14; Python exposes it on Linux only
