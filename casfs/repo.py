@@ -1,8 +1,10 @@
 """A store on disk: its catalog, its blobs and its locks, opened together.
 
     STORE/catalog.db    the catalog (SQLite, WAL)
-    STORE/blobs/ab/…    one file per blob (store.local.FileBlobStore, unless another
-                        store.BlobStore is given)
+    STORE/packs/        blobs in pack files, and their index (store.packstore.PackBlobStore,
+                        unless another store.BlobStore is given); a store made before
+                        catalog format 9 also has STORE/blobs/ab/…, one file per blob,
+                        read where they are
     STORE/blobs.json    or: the blobs are in a bucket (store.s3, `casfs init --blobs`)
     STORE/tmp/          staging files of batches in flight
     STORE/lock          flock: shared by every writer batch, exclusive for gc
@@ -33,7 +35,7 @@ from casfs.refcount.ledger import Batch
 from casfs.store import BlobStore
 from casfs.store.cache import LRU
 from casfs.store.ids import BlobId
-from casfs.store.local import FileBlobStore
+from casfs.store.packstore import PackBlobStore
 
 ENV_STORE = "CASFS_STORE"
 META_CACHE_BYTES = 64 << 20
@@ -134,12 +136,14 @@ class Repository:
         return c
 
     def close(self) -> None:
-        """Close every thread's connection (none may be in use: the work is done)."""
+        """Close every thread's connection (none may be in use: the work is done), and
+        what the blob store holds open."""
         with self._conns_lock:
             conns, self._conns = self._conns, []
         for c in conns:
             c.close()
         self._local = threading.local()
+        self.blobs.close()
 
     # -- blobs ---------------------------------------------------------------
 
@@ -181,14 +185,14 @@ class Repository:
 
 
 def _blob_store(path: Path) -> BlobStore:
-    """The blob store STORE/blobs.json names (connected), else the file store."""
+    """The blob store STORE/blobs.json names (connected), else the local pack store."""
     if not (path / "blobs.json").exists():
-        return FileBlobStore(path)  # (without importing the S3 modules)
+        return PackBlobStore(path)  # (without importing the S3 modules)
     from casfs.store.s3.location import read_location
 
     loc = read_location(path)
     if loc is None:
-        return FileBlobStore(path)
+        return PackBlobStore(path)
     from casfs.store.s3.store import connect
 
     return connect(path, loc)

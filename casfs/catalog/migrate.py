@@ -265,6 +265,15 @@ def _migrate_7_to_8(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+# Format 9: a local store's new blobs go into pack files (casfs.store.packstore), named by
+# an index of the store's own (STORE/packs/index.sqlite), not by a file per blob. No
+# catalog table changes: the step is the version, so that an older casfs, which would
+# see none of the packed blobs, refuses the store. The blob files of the older store
+# stay where they are and are read there (why: casfs.store.packstore).
+def _migrate_8_to_9(conn: sqlite3.Connection) -> None:
+    pass
+
+
 Migration = Callable[[sqlite3.Connection], None]
 MIGRATIONS: dict[int, Migration] = {
     1: _migrate_1_to_2,
@@ -274,4 +283,5 @@ MIGRATIONS: dict[int, Migration] = {
     5: _migrate_5_to_6,
     6: _migrate_6_to_7,
     7: _migrate_7_to_8,
+    8: _migrate_8_to_9,
 }

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-FORMAT_VERSION = 8
+FORMAT_VERSION = 9
 
 IMAGE_PHASES = ("queued", "importing", "verifying", "ready", "failed")
 VOLUME_PHASES = ("creating", "ready", "mounted", "snapshotting", "deleting")

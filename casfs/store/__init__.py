@@ -1,9 +1,12 @@
 """Where blob bytes live: the `BlobStore` interface every backend implements.
 
 Modules: ids (BlobId, hashing), codec (on-disk encoding), verified (the check on every
-read), local (FileBlobStore: a file per blob), memory (MemoryBlobStore, for tests),
-faulty (a wrapper that fails on purpose), cache (an LRU), verify (outside digests),
-damaged (the damaged-blob marks the file and S3 stores share).
+read), packstore (PackBlobStore: a local store's blobs in pack files; with packindex,
+its SQLite index, fdcache and packcompact), packfile (pack files and their staging,
+shared with s3), local (FileBlobStore: a file per blob, the layout of stores made
+before packs), memory (MemoryBlobStore, for tests), faulty (a wrapper that fails on
+purpose), cache (an LRU), verify (outside digests), damaged (the damaged-blob marks
+the local and S3 stores share), s3 (blobs in a bucket).
 
 Lifecycle of a blob in a store (containerd's content store is the model):
 
@@ -141,6 +144,12 @@ class BlobStore(Protocol):
         live); (packs rewritten or dropped, bytes reclaimed). Called with the store
         locked exclusively, as gc is. This default has nothing to do: (0, 0)."""
         return 0, 0
+
+    def close(self) -> None:
+        """Let go of open files and connections (the repository's close() calls it);
+        the store stays usable: they are opened again when needed. This default has
+        nothing to let go of."""
+        return None
 
     def put(self, plain: bytes) -> BlobId:
         """Store one data blob and publish it at once; returns its id. Idempotent.

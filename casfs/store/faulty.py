@@ -1,6 +1,6 @@
 """A blob store that fails on purpose: for tests of what happens above a failing disk.
 
-    store = FaultyBlobStore(FileBlobStore(path), Faults.parse("stage:3:ENOSPC,publish:1:EIO"))
+    store = FaultyBlobStore(PackBlobStore(path), Faults.parse("stage:3:ENOSPC,publish:1:EIO"))
 
 wraps any BlobStore; the nth call of an operation (counted from 1, per operation, since
 the plan was made) raises the errno given, and every other call goes through. Plans
@@ -104,6 +104,9 @@ class FaultyBlobStore(BlobStore):
 
     def recover_staging(self, owner_alive: Callable[[int], bool]) -> int:
         return self.inner.recover_staging(owner_alive)
+
+    def close(self) -> None:
+        self.inner.close()
 
     def mark_damaged(self, bid: BlobId) -> None:
         self.inner.mark_damaged(bid)

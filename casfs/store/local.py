@@ -1,5 +1,6 @@
-"""FileBlobStore: one file per blob under the store's directory; the only code that
-knows where a blob's bytes are on disk.
+"""FileBlobStore: one file per blob under the store's directory: the layout of every
+local store made before catalog format 9, whose files the pack store (store.packstore)
+reads, lists and deletes where they are. New stores write packs.
 
     blobs/ab/abcdef…       a published blob (one codec byte, then the payload), 0444
     tmp/<pid>-<random>/    the staging directory of one batch in flight
@@ -20,11 +21,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from casfs.errors import Corruption, MissingBlob
+from casfs.errors import MissingBlob
 from casfs.store import BlobStore, Domain, Staging, codec
 from casfs.store.damaged import DamagedMarks
 from casfs.store.ids import ID_SIZE, BlobId
-from casfs.store.verified import verified
+from casfs.store.packfile import dead_stagings
+from casfs.store.verified import checked
 
 if TYPE_CHECKING:
     import ctypes
@@ -64,11 +66,8 @@ def syncfs(fd: int) -> None:
 
 class FileBlobStore(DamagedMarks, BlobStore):
     """One file per blob: blobs/ab/abcdef…, written to tmp/ and renamed into place.
-
-    Measured against pack files: at 64 KiB chunks a file per blob imports faster than
-    the disk reads (see benchmarks/import_speed.py), and deleting is a plain unlink,
-    so gc needs no repacking.
-    """
+    (A whole BlobStore still: the conformance suite runs over it, and over the pack
+    store reading a store written by it.)"""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -126,14 +125,7 @@ class FileBlobStore(DamagedMarks, BlobStore):
                 stored += part
         finally:
             os.close(fd)
-        return self._checked(bid, stored, domain)
-
-    def _checked(self, bid: BlobId, stored: bytes, domain: Domain | None) -> bytes:
-        try:
-            return verified(bid, stored, domain)
-        except Corruption:
-            self.mark_damaged(bid)
-            raise
+        return checked(self, bid, stored, domain)
 
     def get_if_cached(self, bid: BlobId, max_stored: int, domain: Domain | None = None) -> bytes | None:
         """get(), only when the blob's file is at most `max_stored` bytes and all of it
@@ -153,7 +145,7 @@ class FileBlobStore(DamagedMarks, BlobStore):
                 return None
         finally:
             os.close(fd)
-        return self._checked(bid, bytes(buf), domain)
+        return checked(self, bid, bytes(buf), domain)
 
     def has(self, bid: BlobId) -> bool:
         return os.path.exists(self.path_str(bid))
@@ -182,12 +174,7 @@ class FileBlobStore(DamagedMarks, BlobStore):
         not `owner_alive`, and anything there not named by a pid; returns how many
         files were removed."""
         removed = 0
-        if not self.tmp_dir.exists():
-            return 0
-        for entry in os.scandir(self.tmp_dir):
-            pid_text = entry.name.split("-", 1)[0]
-            if pid_text.isdigit() and owner_alive(int(pid_text)):
-                continue
+        for entry in dead_stagings(self.tmp_dir, owner_alive):
             for sub in os.scandir(entry.path) if entry.is_dir() else []:
                 os.unlink(sub.path)
                 removed += 1
@@ -222,7 +209,7 @@ class FileStaging(Staging):
             if len(self.pending) < _SYNCFS_THRESHOLD:
                 os.fsync(fd)
         except BaseException:
-            _remove_quietly(tmp)  # a partial file (a full disk): the error is the write's
+            remove_quietly(tmp)  # a partial file (a full disk): the error is the write's
             raise
         finally:
             os.close(fd)
@@ -247,7 +234,7 @@ class FileStaging(Staging):
                 syncfs(dfd)
             else:
                 for d in touched:
-                    _fsync_dir(d)
+                    fsync_dir(d)
         finally:
             os.close(dfd)
         self.pending.clear()
@@ -266,7 +253,7 @@ class FileStaging(Staging):
             _log().warning("cannot list staging directory %s: %s", self.dir, e)
             return
         for entry in leftovers:
-            _remove_quietly(entry.path)
+            remove_quietly(entry.path)
         self._remove_dir()
 
     def _remove_dir(self) -> None:
@@ -278,16 +265,16 @@ class FileStaging(Staging):
             _log().warning("cannot remove staging directory %s: %s", self.dir, e)
 
 
-def _remove_quietly(path: str) -> None:
+def remove_quietly(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
     except OSError as e:
-        _log().warning("cannot remove staged file %s: %s", path, e)
+        _log().warning("cannot remove %s: %s", path, e)
 
 
-def _fsync_dir(path: str | Path) -> None:
+def fsync_dir(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

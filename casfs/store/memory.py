@@ -1,6 +1,6 @@
 """MemoryBlobStore: a blob store in a dict, the second implementation of BlobStore.
 
-For tests: the conformance suite runs over it as over FileBlobStore, and a Repository
+For tests: the conformance suite runs over it as over the disk stores, and a Repository
 given one keeps its blobs in memory (its catalog stays on disk). It stores the encoded
 form and checks it on every read, as a disk store does, so a test can corrupt a blob
 (`stored[bid] = ...`) and see the same errors. "Durable" means: until the object goes.
@@ -13,10 +13,10 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 
-from casfs.errors import Corruption, MissingBlob
+from casfs.errors import MissingBlob
 from casfs.store import BlobStore, Domain, Staging, codec
 from casfs.store.ids import BlobId
-from casfs.store.verified import verified
+from casfs.store.verified import checked
 
 
 class MemoryBlobStore(BlobStore):
@@ -42,11 +42,7 @@ class MemoryBlobStore(BlobStore):
             stored = self.stored.get(bid)
         if stored is None:
             raise MissingBlob(f"blob {bid.hex()} is missing")
-        try:
-            return verified(bid, stored, domain)
-        except Corruption:
-            self.mark_damaged(bid)
-            raise
+        return checked(self, bid, stored, domain)
 
     def get_if_cached(self, bid: BlobId, max_stored: int, domain: Domain | None = None) -> bytes | None:
         """Memory never waits: get(), for blobs up to `max_stored` stored bytes."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from casfs.errors import Corruption
-from casfs.store import Domain, codec
+from casfs.store import BlobStore, Domain, codec
 from casfs.store.ids import BlobId, blob_id, meta_id
 
 _HASHES: dict[Domain | None, tuple[Callable[[bytes], BlobId], ...]] = {
@@ -32,3 +32,12 @@ def verified(bid: BlobId, stored: bytes, domain: Domain | None) -> bytes:
     if any(h(plain) == bid for h in hashes):
         return plain
     raise Corruption(f"blob {name} is corrupt: its content hashes to {hashes[0](plain).hex()}")
+
+
+def checked(store: BlobStore, bid: BlobId, stored: bytes, domain: Domain | None) -> bytes:
+    """verified(); a blob that fails it is first recorded damaged in `store` (get's promise)."""
+    try:
+        return verified(bid, stored, domain)
+    except Corruption:
+        store.mark_damaged(bid)
+        raise

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.blobs import stored_files
 from tests.helpers.cli import CLI, TIMEOUT, casfs, env, fails, js, out
 from tests.helpers.fsck import Stores, query
 
@@ -27,10 +28,9 @@ CHUNK = 64 << 10
 
 
 def state(store: Path) -> tuple[list[tuple[Any, ...]], list[str]]:
-    """The blob rows, the blob files and the staging area: what a failed command must not change."""
+    """The blob rows, the blobs stored and the staging area: what a failed command must not change."""
     rows = query(store, "SELECT id, kind, refs, size, stored FROM blobs ORDER BY id")
-    files = sorted(str(p.relative_to(store)) for d in ("blobs", "tmp") for p in (store / d).rglob("*"))
-    return rows, files
+    return rows, stored_files(store)
 
 
 def stored_total(store: Path) -> int:

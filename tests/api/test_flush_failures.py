@@ -25,7 +25,7 @@ from casfs.snapshots.chunkmap import ChunkMap
 from casfs.store.ids import BlobId
 from casfs.vfs.api import ROOT_INO, assemble
 from casfs.vfs.volume import Volume, open_volume
-from tests.helpers.fsck import file_store
+from tests.helpers import blobs as blob_files
 
 CHUNK = 64 << 10
 
@@ -207,11 +207,7 @@ def test_importing_the_same_content_again_heals_a_damaged_blob(repo: Repository,
     images.import_image(repo, "one", src)
     victim = images.get_image(repo, "one")
     chunk = ChunkMap(repo.get_meta, BlobId(bytes.fromhex(victim.root or ""))).chunk(ChunkNo(2))
-    path = file_store(repo).path(chunk)
-    path.chmod(0o644)
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x10
-    path.write_bytes(bytes(data))
+    blob_files.corrupt(repo, chunk)
     report = fsck(repo)
     [problem] = report.problems
     assert problem.kind == "corrupt" and "importing the same content again heals it" in problem.message

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from casfs.ids import ROOT_INO
+from tests.helpers.blobs import blob_ids
 from tests.helpers.cli import CLI, casfs, env, js, ok
-from tests.helpers.fsck import assert_consistent, blob_files, query
+from tests.helpers.fsck import assert_consistent, query
 
 CHUNK = 64 << 10
 
@@ -34,7 +35,7 @@ def snapshot_of(store: Path) -> tuple[object, ...]:
         query(store, "SELECT * FROM volumes ORDER BY name"),
         query(store, "SELECT * FROM snapshots ORDER BY volume, n"),
         query(store, "SELECT * FROM blobs ORDER BY id"),
-        blob_files(store),
+        blob_ids(store),
     )
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.blobs import blob_ids
 from tests.helpers.cli import casfs, js, ok
 
 
@@ -30,7 +31,7 @@ def tar(tree: Path, out: Path, *flags: str) -> Path:
 
 
 def stored_blobs(store: Path) -> int:
-    return sum(len(os.listdir(d)) for d in (store / "blobs").iterdir())
+    return len(blob_ids(store))
 
 
 def bad_inputs(tree: Path, tmp: Path) -> dict[str, Path]:

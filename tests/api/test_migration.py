@@ -30,6 +30,7 @@ from casfs.lifecycle.phases import ImagePhase, VolumePhase
 from casfs.lifecycle.pids import alive
 from casfs.repo import Repository
 from casfs.vfs.volume import open_volume
+from tests.helpers import blobs as blob_files
 from tests.helpers.cli import CLI, env, js, ok
 from tests.helpers.fsck import assert_consistent, query
 from tests.helpers.mount import cleanup, start_daemon, unmount, wait_gone
@@ -129,6 +130,13 @@ def test_an_old_store_opens_with_nothing_lost(tmp_path: Path, version: int) -> N
     ok(store, "volume", "create", "fresh", "--from", f"{next(iter(sorted(snapshots)))}", "--grace", "1h")
     assert_consistent(store)
     assert _shape(store) == _shape(_fresh(tmp_path / "fresh"))
+    # The old store's blob files stay where they are and are read there (the exports
+    # above); what was written since (the killed mounts' folds) went into packs.
+    assert (store / "blobs").is_dir()
+    if overlay:
+        assert blob_files.indexed_packs(store) and blob_files.pack_files(store) == blob_files.indexed_packs(
+            store
+        )
 
 
 @pytest.mark.parametrize("end", ["unmount", "kill"])

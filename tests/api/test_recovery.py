@@ -15,8 +15,9 @@ import pytest
 from casfs.ids import ROOT_INO
 from casfs.repo import Repository
 from casfs.vfs.volume import open_volume
+from tests.helpers.blobs import blob_ids
 from tests.helpers.cli import casfs, js, killed_at, ok, recovered
-from tests.helpers.fsck import assert_consistent, blob_files, query, tmp_files
+from tests.helpers.fsck import assert_consistent, query, tmp_files
 
 CHUNK = 64 << 10
 
@@ -31,7 +32,7 @@ def raw(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("point", ["import:after-claim", "import:after-stage", "import:after-publish"])
 def test_killed_import_is_rolled_back(store: Path, raw: Path, point: str) -> None:
     ok(store, "image", "import", "base", str(raw))
-    files_before = blob_files(store)
+    files_before = blob_ids(store)
     other = raw.with_name("other.raw")
     other.write_bytes(os.urandom(16 * CHUNK))
 
@@ -41,12 +42,12 @@ def test_killed_import_is_rolled_back(store: Path, raw: Path, point: str) -> Non
     if point == "import:after-stage":
         assert tmp_files(store), "the import had staged blobs"
     if point == "import:after-publish":
-        assert blob_files(store) - files_before, "the import had published blob files"
+        assert blob_ids(store) - files_before, "the import had published blob files"
 
     p = ok(store, "image", "ls")  # any command recovers
     assert any(f"image new: import by dead process {row[1]}" in m for m in recovered(p)), p.stderr
     assert query(store, "SELECT name FROM images ORDER BY name") == [("base",)]
-    assert blob_files(store) == files_before
+    assert blob_ids(store) == files_before
     assert_consistent(store)
     # The name is free again, and the next command has nothing left to recover.
     p = ok(store, "image", "import", "new", str(other))
@@ -86,7 +87,7 @@ def test_killed_snapshot_keeps_the_overlay_and_is_redone(store: Path, tmp_path: 
 
 def test_killed_delete_is_finished(store: Path, raw: Path) -> None:
     ok(store, "image", "import", "base", str(raw))
-    files_before = blob_files(store)
+    files_before = blob_ids(store)
     ok(store, "volume", "create", "v", "--blank-block", "1M")
     ok(store, "snapshot", "create", "v")
 
@@ -100,7 +101,7 @@ def test_killed_delete_is_finished(store: Path, raw: Path) -> None:
     assert js(store, "volume", "ls") == []
     assert query(store, "SELECT COUNT(*) FROM snapshots") == [(0,)]
     ok(store, "gc")
-    assert blob_files(store) == files_before
+    assert blob_ids(store) == files_before
     assert_consistent(store)
 
 

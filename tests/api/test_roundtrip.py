@@ -25,6 +25,7 @@ from casfs.repo import Repository
 from casfs.snapshots import chunkmap
 from casfs.snapshots.tree import Tree
 from casfs.store.ids import ZERO_ID, BlobId
+from tests.helpers.blobs import blob_ids
 from tests.helpers.trees import compare
 
 pytestmark = pytest.mark.no_fsck(
@@ -120,8 +121,8 @@ def import_tarball(repo: Repository, data: bytes, chunk_size: int = CHUNK) -> Bu
     return built
 
 
-def blob_files(repo: Repository) -> int:
-    return sum(1 for p in (repo.path / "blobs").rglob("*") if p.is_file())
+def stored_blobs(repo: Repository) -> int:
+    return len(blob_ids(repo.path))
 
 
 def trees(repo: Repository, root: BlobId) -> Iterator[tuple[bytes, Tree]]:
@@ -190,10 +191,10 @@ def test_large_file_uses_a_paged_chunk_map(repo: Repository, src: Path) -> None:
 
 def test_importing_the_same_tree_twice_adds_no_blobs(repo: Repository, src: Path) -> None:
     first = import_tree(repo, src)
-    count = blob_files(repo)
+    count = stored_blobs(repo)
     assert count > 0
     assert import_tree(repo, src).root == first.root
-    assert blob_files(repo) == count
+    assert stored_blobs(repo) == count
 
 
 def test_dir_import_reports_progress(repo: Repository, src: Path) -> None:

@@ -7,7 +7,6 @@ import gzip
 import io
 import os
 import tarfile
-from pathlib import Path
 
 import pytest
 import zstandard
@@ -15,6 +14,7 @@ import zstandard
 from casfs.errors import CasfsError, HostileArchive, UsageError
 from casfs.importers.tarball import import_tar
 from casfs.repo import Repository
+from tests.helpers.blobs import stored_files
 
 pytestmark = pytest.mark.no_fsck(
     "content is imported through the importers alone: its roots are in no image row, "
@@ -50,10 +50,8 @@ def _member(tf: tarfile.TarFile, name: str, kind: bytes, arg: bytes) -> None:
     tf.addfile(ti)
 
 
-def store_files(repo: Repository) -> list[Path]:
-    return [p for p in repo.path.joinpath("blobs").rglob("*") if p.is_file()] + list(
-        repo.path.joinpath("tmp").rglob("*")
-    )
+def store_files(repo: Repository) -> list[str]:
+    return stored_files(repo.path)
 
 
 def refused(repo: Repository, data: bytes, error: type[CasfsError], match: str) -> None:

@@ -1,6 +1,8 @@
 """One conformance suite for every BlobStore (containerd's content testsuite is the
-model): the file store, the memory store, the S3 store (on a real SeaweedFS server), and
-the fault-injecting wrapper with nothing armed all keep the promises written on
+model): the local pack store, the same over blob files of a store made before packs
+(written and read in the old layout, read through the pack store), the file store
+itself, the memory store, the S3 store (on a real SeaweedFS server), and the
+fault-injecting wrapper with nothing armed all keep the promises written on
 casfs.store.BlobStore and Staging. Then the wrapper's faults, over each real store: a
 failure leaves nothing half visible, and a read never returns wrong bytes. Last, a
 Repository given a memory store runs import, export, gc, fsck and recovery: nothing
@@ -24,14 +26,16 @@ from casfs.lifecycle.recovery import recover
 from casfs.refcount.fsck import fsck
 from casfs.refcount.gc import gc
 from casfs.repo import Repository
-from casfs.store import BlobStore, Domain, codec
+from casfs.store import BlobStore, Domain, Staging, codec
 from casfs.store.faulty import CORRUPT, Faults, FaultyBlobStore
 from casfs.store.ids import BlobId, blob_id, meta_id
 from casfs.store.local import FileBlobStore
 from casfs.store.memory import MemoryBlobStore
+from casfs.store.packstore import PackBlobStore
 from casfs.store.s3 import packfmt
 from casfs.store.s3.location import Location
 from casfs.store.s3.store import connect
+from tests.helpers import blobs as blob_files
 from tests.helpers.seaweed import BUCKET, Seaweed, fresh_prefix
 
 
@@ -55,6 +59,29 @@ def _file(request: pytest.FixtureRequest, tmp_path: Path) -> Subject:
         path.write_bytes(stored)
 
     return Subject(store, overwrite)
+
+
+def _packs(request: pytest.FixtureRequest, tmp_path: Path) -> Subject:
+    # Small packs, so that a test's blobs span several and a pack fills mid-batch.
+    store = PackBlobStore(tmp_path / "store", pack_target=32 << 10)
+    store.create()
+    return Subject(store, lambda bid, stored: blob_files.overwrite(store, bid, stored))
+
+
+class _OldLayout(PackBlobStore):
+    """The pack store over a store made before packs: its blobs written as files
+    (store.local), read, listed and deleted through the pack store's fallback."""
+
+    def staging(self) -> Staging:  # type: ignore[override]
+        assert self.legacy is not None
+        return self.legacy.staging()
+
+
+def _old_layout(request: pytest.FixtureRequest, tmp_path: Path) -> Subject:
+    FileBlobStore(tmp_path / "store").create()
+    store = _OldLayout(tmp_path / "store")
+    store.create()
+    return Subject(store, lambda bid, stored: blob_files.overwrite(store, bid, stored))
 
 
 def _memory(request: pytest.FixtureRequest, tmp_path: Path) -> Subject:
@@ -106,7 +133,14 @@ def _faulty(inner: Factory) -> Factory:
     return make
 
 
-STORES = {"file": _file, "memory": _memory, "s3": _s3, "faulty-file": _faulty(_file)}
+STORES = {
+    "packs": _packs,
+    "old-layout": _old_layout,
+    "file": _file,
+    "memory": _memory,
+    "s3": _s3,
+    "faulty-packs": _faulty(_packs),
+}
 
 
 @pytest.fixture(params=list(STORES))
@@ -191,7 +225,7 @@ def test_create_is_idempotent(sub: Subject) -> None:
 
 
 def test_staged_blobs_are_invisible_until_published(sub: Subject) -> None:
-    blobs = _blobs(20)  # above the file store's fsync-each threshold: one syncfs
+    blobs = _blobs(20)  # above the file store's fsync-each threshold (one syncfs); several packs
     st = sub.store.staging()
     sizes = {bid: st.add(bid, plain) for bid, plain in blobs.items()}
     assert not any(sub.store.has(b) for b in blobs) and list(sub.store.list()) == []
@@ -351,7 +385,7 @@ def test_damaged_marks_are_kept_until_cleared(sub: Subject) -> None:
 # -- faults: FaultyBlobStore over each real store -----------------------------------
 
 
-@pytest.fixture(params=["file", "memory", "s3"])
+@pytest.fixture(params=["packs", "file", "memory", "s3"])
 def faulty(request: pytest.FixtureRequest, tmp_path: Path) -> Subject:
     return _faulty(STORES[request.param])(request, tmp_path)
 

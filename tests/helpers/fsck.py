@@ -11,7 +11,7 @@ from typing import Any
 
 from casfs.refcount.fsck import fsck
 from casfs.repo import Repository
-from casfs.store.local import FileBlobStore
+from tests.helpers.blobs import blob_ids, indexed_packs, pack_files
 
 
 class Stores:
@@ -43,24 +43,15 @@ def query(store: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         conn.close()
 
 
-def blob_files(store: Path) -> set[str]:
-    return {p.name for p in (store / "blobs").glob("*/*")}
-
-
 def tmp_files(store: Path) -> list[str]:
     return [str(p.relative_to(store)) for p in (store / "tmp").rglob("*")]
 
 
 def assert_consistent(store: Path) -> None:
-    """fsck is clean, every blob file has a row (no orphans), nothing is left staged."""
+    """fsck is clean, every stored blob has a row (no orphans), every pack file an
+    index row and every index row its file, nothing is left staged."""
     fsck_clean(store)
     rows = {bytes(r[0]).hex() for r in query(store, "SELECT id FROM blobs")}
-    assert blob_files(store) == rows
+    assert blob_ids(store) == rows
+    assert pack_files(store) == indexed_packs(store)
     assert tmp_files(store) == []
-
-
-def file_store(repo: Repository) -> FileBlobStore:
-    """The repository's blob store as the file store it is in these tests, for the
-    ones that reach its files on purpose (to corrupt, evict or inspect them)."""
-    assert isinstance(repo.blobs, FileBlobStore), repo.blobs
-    return repo.blobs

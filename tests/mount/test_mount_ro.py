@@ -21,9 +21,9 @@ from casfs.repo import Repository
 from casfs.snapshots.chunkmap import Content
 from casfs.snapshots.tree import Tree
 from casfs.store.ids import ZERO_ID, BlobId
+from tests.helpers import blobs as blob_files
 from tests.helpers import trees
 from tests.helpers.cli import casfs, run
-from tests.helpers.fsck import file_store
 from tests.helpers.mount import (
     as_nobody,
     casfs_mounts,
@@ -341,7 +341,7 @@ def test_ro_mount_option(populated: Populated, tmp_path: Path) -> None:
 # -- corruption -------------------------------------------------------------------------------
 
 
-@pytest.mark.no_fsck("a blob file is corrupted on purpose: fsck reports it, and cannot repair it")
+@pytest.mark.no_fsck("a blob is corrupted on purpose: fsck reports it, and cannot repair it")
 def test_a_corrupt_blob_fails_that_read_only(populated: Populated, tmp_path: Path) -> None:
     repo, src, _ = populated
     root = BlobId(bytes.fromhex(images.get_image(repo, "tree").root or ""))
@@ -351,11 +351,7 @@ def test_a_corrupt_blob_fails_that_read_only(populated: Populated, tmp_path: Pat
     assert big is not None
     victim = Content(repo.get, big.blob, big.attrs.size, CHUNK).chunk(ChunkNo(2))
     assert victim != ZERO_ID
-    path = file_store(repo).path(victim)
-    os.chmod(path, 0o644)
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x40
-    path.write_bytes(bytes(data))
+    blob_files.corrupt(repo, victim)
     with mounted(repo.path, tmp_path / "mnt") as m:
         tree = m.path / "images" / "tree"
         with pytest.raises(OSError) as e:
@@ -373,7 +369,7 @@ def test_a_corrupt_blob_fails_that_read_only(populated: Populated, tmp_path: Pat
     assert victim in repo.blobs.damaged()  # remembered: the next import of it heals it
 
 
-@pytest.mark.no_fsck("a tree blob file is corrupted on purpose: fsck reports it, and cannot repair it")
+@pytest.mark.no_fsck("a tree blob is corrupted on purpose: fsck reports it, and cannot repair it")
 def test_a_corrupt_tree_blob_is_counted_too(populated: Populated, tmp_path: Path) -> None:
     """Issue 7, defect 7: metadata (trees, maps) failing its check counts in
     user.casfs.corrupt_reads and corrupt_ids, as data chunks do."""
@@ -381,11 +377,7 @@ def test_a_corrupt_tree_blob_is_counted_too(populated: Populated, tmp_path: Path
     root = BlobId(bytes.fromhex(images.get_image(repo, "tree").root or ""))
     sub = Tree.decode(repo.get(root)).find(b"sub")
     assert sub is not None
-    path = file_store(repo).path(sub.blob)
-    os.chmod(path, 0o644)
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0x01
-    path.write_bytes(bytes(data))
+    blob_files.corrupt(repo, sub.blob)
     with mounted(repo.path, tmp_path / "mnt") as m:
         assert xattr_value(m.path, "user.casfs.corrupt_reads") == "0"
         with pytest.raises(OSError) as e:

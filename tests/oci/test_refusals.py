@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.blobs import stored_files
 from tests.helpers.cli import fails, js, ok
 from tests.helpers.fsck import query
 from tests.oci import build
@@ -23,7 +24,7 @@ REG, DIR, SYM, LNK = tarfile.REGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.
 
 
 def snapshot(store: Path) -> tuple[list[str], int, list[str]]:
-    files = sorted(str(p.relative_to(store)) for p in (store / "blobs").rglob("*") if p.is_file())
+    files = stored_files(store)
     (rows,) = query(store, "SELECT count(*) FROM blobs")[0]
     return files, rows, [i["name"] for i in js(store, "image", "ls")]
 

@@ -23,7 +23,7 @@ from casfs.repo import Repository
 from casfs.snapshots import chunkmap, tree
 from casfs.snapshots.children import children
 from casfs.store.ids import ZERO_ID, BlobId, blob_id, meta_id
-from tests.helpers.fsck import file_store
+from tests.helpers import blobs as blob_files
 
 CS = 65536
 
@@ -110,7 +110,7 @@ def reachable(repo: Repository, root: BlobId, kind: int) -> set[BlobId]:
 
 
 def files_on_disk(repo: Repository) -> dict[str, int]:
-    return {p.name: p.stat().st_size for p in file_store(repo).blob_dir.rglob("*") if p.is_file()}
+    return blob_files.stored_sizes(repo)
 
 
 def refs(repo: Repository, bid: BlobId) -> int:
@@ -120,11 +120,7 @@ def refs(repo: Repository, bid: BlobId) -> int:
 
 
 def flip_byte(repo: Repository, bid: BlobId) -> None:
-    path = file_store(repo).path(bid)
-    os.chmod(path, 0o644)
-    raw = bytearray(path.read_bytes())
-    raw[len(raw) // 2] ^= 0x40
-    path.write_bytes(bytes(raw))
+    blob_files.corrupt(repo, bid)
 
 
 def sql(repo: Repository, statement: str, *args: object) -> None:
@@ -328,6 +324,7 @@ def test_gc_cascades_root_pages_chunks(repo: Repository) -> None:
     assert report.blobs_freed == 1 + 3 + 40
     assert report.rounds == 3  # root, then its pages, then their chunks
     assert files_on_disk(repo) == {}
+    assert blob_files.pack_files(repo.path) == set()  # plain gc drops packs wholly dead
     assert repo.conn.execute("SELECT count(*) FROM blobs").fetchone() == (0,)
     assert fsck(repo).clean
 
@@ -372,7 +369,7 @@ def test_gc_refuses_while_a_batch_is_in_flight(repo: Repository) -> None:
 
 
 def test_gc_sweeps_staging_of_dead_processes(repo: Repository) -> None:
-    dead = file_store(repo).tmp_dir / "999999999-deadbeef"
+    dead = blob_files.local_store(repo).tmp_dir / "999999999-deadbeef"
     dead.mkdir()
     (dead / ("ab" * 32)).write_bytes(b"half a blob")
     assert gc(repo).tmp_files_removed == 1

@@ -1,5 +1,5 @@
-"""The read path's fast path, without a mount: a chunk whose blob file is wholly in the
-page cache is read and verified on the trio thread (RWF_NOWAIT), so is any small miss
+"""The read path's fast path, without a mount: a chunk whose stored bytes are wholly in
+the page cache is read and verified on the trio thread (RWF_NOWAIT), so is any small miss
 when no other request waits (a blocking read); anything else goes to a worker thread."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from pathlib import Path
 
 import pytest
 import trio
@@ -17,14 +16,15 @@ from casfs.repo import Repository
 from casfs.store.ids import BlobId, blob_id
 from casfs.vfs import chunks
 from casfs.vfs.chunks import ChunkCache
-from tests.helpers.fsck import file_store
+from tests.helpers import blobs as blob_files
 
 
-def _evict(path: str) -> None:
+def _evict(repo: Repository, bid: BlobId) -> None:
+    path, offset, length = blob_files.location(repo, bid)
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
 
@@ -37,23 +37,20 @@ def test_get_if_cached_reads_only_what_is_in_memory(repo: Repository) -> None:
     assert repo.get(bid) == plain  # now in the page cache
     assert repo.get_if_cached(bid) == plain
     assert repo.get_if_cached(bid, max_stored=1000) is None  # too big to decode inline
-    _evict(file_store(repo).path_str(bid))
+    _evict(repo, bid)
     if repo.get_if_cached(bid) is not None:
         pytest.skip("this file system keeps the page after POSIX_FADV_DONTNEED")
     assert repo.get(bid) == plain
 
 
-@pytest.mark.no_fsck("a blob file is corrupted to check the fast path verifies")
+@pytest.mark.no_fsck("a blob is corrupted to check the fast path verifies")
 def test_get_if_cached_verifies(repo: Repository) -> None:
     plain = b"x" * 70_000
     with repo.batch() as batch:
         bid = batch.put(plain)
         batch.commit()
-    path = file_store(repo).path_str(bid)
-    os.chmod(path, 0o644)
-    data = bytearray(Path(path).read_bytes())
-    data[-1] ^= 1
-    Path(path).write_bytes(data)
+    assert repo.get(bid) == plain  # (its pack open, its bytes in the page cache)
+    blob_files.corrupt(repo, bid)
     with pytest.raises(Corruption):
         repo.get_if_cached(bid)
 
@@ -219,9 +216,12 @@ def test_blob_reads_fall_back_without_noatime(repo: Repository, monkeypatch: pyt
             raise PermissionError(errno.EPERM, "Operation not permitted")
         return real_open(path, flags, *args)
 
-    store = file_store(repo)
+    store = blob_files.local_store(repo)
     monkeypatch.setattr(os, "open", no_noatime)
     assert store.get(bid) == plain and store.get(bid) == plain
+    assert [bool(f & os.O_NOATIME) for f in flags_seen] == [True, False]  # (then its fd is kept)
+    store.fds.forget(blob_files.location(repo, bid)[0])
+    assert store.get(bid) == plain
     assert [bool(f & os.O_NOATIME) for f in flags_seen] == [True, False, False]
 
 

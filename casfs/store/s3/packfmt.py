@@ -1,7 +1,7 @@
 """The objects an S3 store writes under its prefix (restic's repository is the model):
 
-    packs/<name>            blobs, encoded (store.codec) and concatenated after a header:
-                            b"casfspk1" and 16 random bytes. <name> is the BLAKE3 of the
+    packs/<name>            a pack file (store.packfile: blobs after a header of
+                            b"casfspk1" and 16 random bytes). <name> is the BLAKE3 of the
                             whole object; the random bytes make every pack a writer
                             uploads new, so a conditional create never meets an older
                             copy (a damaged one, or one gc is deleting).
@@ -36,7 +36,6 @@ All are written with If-None-Match: * and never change. Little-endian throughout
 from __future__ import annotations
 
 import json
-import os
 import struct
 from collections.abc import Iterable
 
@@ -44,21 +43,15 @@ import blake3
 
 from casfs.errors import Corruption
 from casfs.store.ids import ID_SIZE, BlobId
+from casfs.store.packfile import PACK_HEADER_SIZE
+from casfs.store.packfile import Entry as Entry
 
-PACK_MAGIC = b"casfspk1"
 INDEX_MAGIC = b"casfsix1"
 ADOPTED_MAGIC = b"casfsad1"
-PACK_HEADER_SIZE = len(PACK_MAGIC) + 16
 CLAIM = "casfs-store.json"
 _HEAD = struct.Struct("<8sQI")
 _ENTRY = struct.Struct(f"<{ID_SIZE}sQI")
 _U16 = struct.Struct("<H")
-
-Entry = tuple[BlobId, int, int]  # id, offset in the pack, stored length
-
-
-def pack_header() -> bytes:
-    return PACK_MAGIC + os.urandom(16)
 
 
 def pack_name(pack: bytes | memoryview) -> str:

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from casfs.errors import Corruption
+from casfs.store.packfile import restage
 from casfs.store.s3 import packfmt
-from casfs.store.verified import verified
 
 if TYPE_CHECKING:
-    from casfs.store.s3.staging import S3Staging
     from casfs.store.s3.store import S3BlobStore
-
-log = logging.getLogger(__name__)
 
 
 def repack(store: S3BlobStore, below: float) -> tuple[int, int]:
@@ -50,7 +44,7 @@ def repack(store: S3BlobStore, below: float) -> tuple[int, int]:
     done: list[tuple[str, int]] = []
     try:
         for name, size, live in chosen:
-            if live and not _restage(store, staging, name, live):
+            if live and not restage(store, staging, name, store.remote.get(packfmt.pack_key(name)), live):
                 continue
             done.append((name, size))
         staging.publish()
@@ -63,19 +57,3 @@ def repack(store: S3BlobStore, below: float) -> tuple[int, int]:
         if store.remove_pack(name, tuple(pack.entries) if pack else ()):
             removed.append(size)
     return len(removed), max(0, sum(removed) - written)
-
-
-def _restage(store: S3BlobStore, staging: S3Staging, name: str, live: Sequence[packfmt.Entry]) -> bool:
-    """Stage a pack's live blobs, verified; False if one fails (the pack stays)."""
-    data = store.remote.get(packfmt.pack_key(name))
-    for bid, offset, length in live:
-        stored = data[offset : offset + length]
-        try:
-            verified(bid, stored, None)
-        except Corruption as e:
-            log.error("pack %s not repacked: %s", name, e)
-            store.mark_damaged(bid)
-            return False
-    for bid, offset, length in live:
-        staging.add_stored(bid, data[offset : offset + length])
-    return True

@@ -1,9 +1,7 @@
 """A batch of blobs on its way into an S3 store: local pack files, uploaded as they fill,
 published by writing their index objects.
 
-    STORE/tmp/<pid>-<random>/<n>.pack   the pack being filled (header, encoded blobs)
-    STORE/tmp/<pid>-<random>/<n>.ent    one 44-byte record per blob added (id, offset,
-                                        length): what recover_staging counts
+    STORE/tmp/<pid>-<random>/<n>.pack, <n>.ent   the pack being filled (store.packfile)
     STORE/tmp/<pid>-<random>/<n>.name   the pack's object name, written before its upload
     STORE/tmp/<pid>-<random>/<pack>.<tag>.ref   a pin (pins.pin) of another store's pack,
                                         written before the reference object
@@ -22,12 +20,9 @@ index objects, and discard() removes the references of those it did not publish.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import shutil
-import struct
-import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -35,8 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from casfs.errors import CasfsError
-from casfs.store import Staging, codec
-from casfs.store.ids import ID_SIZE, BlobId
+from casfs.store.ids import BlobId
+from casfs.store.packfile import PackStaging, StagedPack, close_pack
 from casfs.store.s3 import packfmt
 from casfs.store.s3.table import Foreign
 
@@ -46,20 +41,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PACK_TARGET = 8 << 20  # restic's default is 16 MiB; 4-16 MiB measured alike here
-ENTRY = struct.Struct(f"<{ID_SIZE}sQI")
 
 
 @dataclass
-class _Pack:
-    seq: int
-    fd: int  # the pack file
-    ent_fd: int  # its .ent file
-    size: int
-    entries: list[packfmt.Entry] = field(default_factory=list)
-    name: str = ""
+class _Pack(StagedPack):
     upload: Future[bool] | None = None
     index_tried: bool = False
-    published: bool = False
 
 
 @dataclass
@@ -79,54 +66,12 @@ class _Adoption:
         return f"{self.foreign.pack}.{self.tag}"
 
 
-class S3Staging(Staging):
+class S3Staging(PackStaging[_Pack]):
     def __init__(self, store: S3BlobStore) -> None:
-        import uuid
-
+        super().__init__(store.tmp_dir, PACK_TARGET, _Pack)
         self.store = store
-        self.dir = store.tmp_dir / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        self.dir.mkdir()
-        self._lock = threading.Lock()
-        self._seq = itertools.count()
-        self._open: _Pack | None = None
-        self._sealed: list[_Pack] = []
-        self._sizes: dict[BlobId, int] = {}
-        self._done = False
         self._adopted: dict[Foreign, _Adoption] = {}
         self.published_names: list[str] = []  # the packs publish() made visible
-
-    def _path(self, pack: _Pack, ext: str) -> str:
-        return f"{self.dir}/{pack.seq}.{ext}"
-
-    def add(self, bid: BlobId, plain: bytes | memoryview) -> int:
-        with self._lock:
-            known = self._sizes.get(bid)
-        if known is not None:
-            return known
-        return self.add_stored(bid, codec.encode(plain))
-
-    def add_stored(self, bid: BlobId, stored: bytes) -> int:
-        """add() of a blob already encoded (and verified by the caller: a repack)."""
-        full = None
-        with self._lock:
-            if bid in self._sizes:
-                return self._sizes[bid]
-            pack = self._open or self._start()
-            offset = pack.size
-            try:
-                _write_all(pack.fd, stored)
-                _write_all(pack.ent_fd, ENTRY.pack(bid, offset, len(stored)))
-            except BaseException:
-                os.ftruncate(pack.fd, offset)  # (a full disk) nothing of this blob stays
-                raise
-            pack.size += len(stored)
-            pack.entries.append((bid, offset, len(stored)))
-            self._sizes[bid] = len(stored)
-            if pack.size >= PACK_TARGET:
-                full, self._open = pack, None
-        if full is not None:
-            self._seal(full)
-        return len(stored)
 
     def pin(self, packs: dict[Foreign, int]) -> set[Foreign]:
         """Pin other stores' packs (pack -> its size) for adopt(), in parallel; returns
@@ -177,22 +122,12 @@ class S3Staging(Staging):
             self._sizes[bid] = length
         return length
 
-    def _start(self) -> _Pack:
-        seq = next(self._seq)
-        flags = os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        fd = os.open(f"{self.dir}/{seq}.pack", os.O_RDWR | flags, 0o600)
-        header = packfmt.pack_header()
-        _write_all(fd, header)
-        ent_fd = os.open(f"{self.dir}/{seq}.ent", os.O_WRONLY | os.O_APPEND | flags, 0o600)
-        self._open = _Pack(seq, fd, ent_fd, len(header))
-        return self._open
-
     def _seal(self, pack: _Pack) -> None:
         """Name the pack (the hash of its bytes), record the name, start its upload."""
         try:
             data = os.pread(pack.fd, pack.size, 0)
         finally:
-            _close(pack)
+            close_pack(pack)
         if len(data) != pack.size:
             raise OSError(f"staged pack {self._path(pack, 'pack')} is short")
         pack.name = packfmt.pack_name(data)
@@ -201,20 +136,10 @@ class S3Staging(Staging):
         pack.upload = self.store.uploads().submit(
             self.store.remote.put_new, packfmt.pack_key(pack.name), data
         )
-        with self._lock:
-            self._sealed.append(pack)
 
     def publish(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            if not self.dir.exists():
-                raise FileNotFoundError(f"staging {self.dir} was removed by recover_staging")
-            last, self._open = self._open, None
-        if last is not None and last.entries:
-            self._seal(last)
-        elif last is not None:
-            _close(last)  # (its only add failed: nothing to upload)
+        if not self._seal_last():
+            return
         with self._lock:
             packs = list(self._sealed)
         for pack in packs:
@@ -282,7 +207,7 @@ class S3Staging(Staging):
             packs, self._sealed = list(self._sealed), []
             last, self._open = self._open, None
         if last is not None:
-            _close(last)
+            close_pack(last)
         unpinned = self._unpin_unpublished()
         for pack in packs:
             try:
@@ -317,14 +242,3 @@ class S3Staging(Staging):
                 log.warning("cannot unpin pack %s of %s: %s", a.foreign.pack, a.foreign.prefix, e)
                 done = False
         return done
-
-
-def _close(pack: _Pack) -> None:
-    os.close(pack.fd)
-    os.close(pack.ent_fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]

@@ -40,12 +40,13 @@ from casfs.errors import Corruption, MissingBlob
 from casfs.store import BlobStore, Domain
 from casfs.store.damaged import DamagedMarks
 from casfs.store.ids import BlobId
+from casfs.store.packfile import ENTRY, dead_stagings
 from casfs.store.s3 import packfmt, pins
 from casfs.store.s3.diskcache import DiskCache
 from casfs.store.s3.location import Credentials, Location
 from casfs.store.s3.remote import Remote, RemoteError
 from casfs.store.s3.spans import SpanReader
-from casfs.store.s3.staging import ENTRY, S3Staging
+from casfs.store.s3.staging import S3Staging
 from casfs.store.s3.table import Foreign, Pack, PackTable
 from casfs.store.s3.table import Location as Copy
 from casfs.store.verified import verified
@@ -358,14 +359,7 @@ class S3BlobStore(DamagedMarks, BlobStore):
         """Remove the stagings of dead processes: their local files, and the packs they
         uploaded without an index (named in their .name files)."""
         removed = 0
-        try:
-            entries = list(os.scandir(self.tmp_dir))
-        except FileNotFoundError:
-            return 0
-        for entry in entries:
-            pid_text = entry.name.split("-", 1)[0]
-            if pid_text.isdigit() and owner_alive(int(pid_text)):
-                continue
+        for entry in dead_stagings(self.tmp_dir, owner_alive):
             if not entry.is_dir():
                 os.unlink(entry.path)
                 continue

@@ -1,0 +1,196 @@
+"""Pack files, shared by the local pack store (store.packstore) and the S3 store: blobs
+encoded (store.codec) and concatenated after a header, b"casfspk1" and 16 random bytes
+(so no two packs are ever the same file or object). A pack says nothing of what it
+holds: its index does (a table of the local store, an index object in a bucket).
+
+A staging fills its packs in its own directory, STORE/tmp/<pid>-<random>/:
+
+    <n>.pack    the pack being filled (header, encoded blobs, appended)
+    <n>.ent     one 44-byte record per blob added (id, offset, length): what
+                recover_staging counts, as the pack itself cannot be parsed
+
+and starts pack n + 1 once pack n holds `target` bytes; what it does with a full pack
+(_seal: sync it, upload it) and how it publishes is the store's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import struct
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from casfs.errors import Corruption
+from casfs.store import Staging, codec
+from casfs.store.ids import ID_SIZE, BlobId
+from casfs.store.verified import verified
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from casfs.store import BlobStore
+
+log = logging.getLogger(__name__)
+
+PACK_MAGIC = b"casfspk1"
+PACK_HEADER_SIZE = len(PACK_MAGIC) + 16
+ENTRY = struct.Struct(f"<{ID_SIZE}sQI")
+
+Entry = tuple[BlobId, int, int]  # id, offset in the pack, stored length
+
+
+def pack_header() -> bytes:
+    return PACK_MAGIC + os.urandom(16)
+
+
+@dataclass
+class StagedPack:
+    """A pack a staging fills (fd: the pack, ent_fd: its .ent file; both closed once
+    it is sealed)."""
+
+    seq: int
+    fd: int
+    ent_fd: int
+    size: int
+    entries: list[Entry] = field(default_factory=list)
+    name: str = ""  # its name once sealed (the store's)
+    published: bool = False
+
+
+P = TypeVar("P", bound=StagedPack)
+
+
+class PackStaging(Staging, Generic[P]):
+    """add() and add_stored() into pack files in the staging's directory; `_seal(pack)`
+    is called (outside the lock, by the adding thread) with each pack that filled."""
+
+    def __init__(self, tmp_dir: Path, target: int, pack_type: type[P]) -> None:
+        import uuid
+
+        self.tag = uuid.uuid4().hex[:16]
+        self.dir = tmp_dir / f"{os.getpid()}-{self.tag}"
+        self.dir.mkdir()
+        self.target = target
+        self._pack_type = pack_type
+        self._lock = threading.Lock()
+        self._seq = itertools.count()
+        self._open: P | None = None
+        self._sealed: list[P] = []
+        self._sizes: dict[BlobId, int] = {}
+        self._done = False  # published or discarded
+
+    def _path(self, pack: StagedPack, ext: str) -> str:
+        return f"{self.dir}/{pack.seq}.{ext}"
+
+    def add(self, bid: BlobId, plain: bytes | memoryview) -> int:
+        with self._lock:
+            known = self._sizes.get(bid)
+        if known is not None:
+            return known
+        return self.add_stored(bid, codec.encode(plain))
+
+    def add_stored(self, bid: BlobId, stored: bytes) -> int:
+        """add() of a blob already encoded (and verified by the caller: a repack)."""
+        full = None
+        with self._lock:
+            if bid in self._sizes:
+                return self._sizes[bid]
+            pack = self._open or self._start()
+            offset = pack.size
+            try:
+                write_all(pack.fd, stored)
+                write_all(pack.ent_fd, ENTRY.pack(bid, offset, len(stored)))
+            except BaseException:
+                os.ftruncate(pack.fd, offset)  # (a full disk) nothing of this blob stays
+                raise
+            pack.size += len(stored)
+            pack.entries.append((bid, offset, len(stored)))
+            self._sizes[bid] = len(stored)
+            if pack.size >= self.target:
+                full, self._open = pack, None
+        if full is not None:
+            self._seal_full(full)
+        return len(stored)
+
+    def _start(self) -> P:
+        seq = next(self._seq)
+        flags = os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        fd = os.open(f"{self.dir}/{seq}.pack", os.O_RDWR | flags, 0o600)
+        try:
+            header = pack_header()
+            write_all(fd, header)
+            ent_fd = os.open(f"{self.dir}/{seq}.ent", os.O_WRONLY | os.O_APPEND | flags, 0o600)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._open = self._pack_type(seq, fd, ent_fd, len(header))
+        return self._open
+
+    def _seal(self, pack: P) -> None:
+        """The store's: a full pack's fds are closed after it (sync it, upload it...)."""
+        raise NotImplementedError
+
+    def _seal_full(self, pack: P) -> None:
+        self._seal(pack)
+        with self._lock:
+            self._sealed.append(pack)
+
+    def _seal_last(self) -> bool:
+        """publish()'s first step: seal the pack being filled (close it, if its only add
+        failed); False if this staging was published or discarded already."""
+        with self._lock:
+            if self._done:
+                return False
+            if not self.dir.exists():
+                raise FileNotFoundError(f"staging {self.dir} was removed by recover_staging")
+            last, self._open = self._open, None
+        if last is not None and last.entries:
+            self._seal_full(last)
+        elif last is not None:
+            close_pack(last)
+        return True
+
+
+def close_pack(pack: StagedPack) -> None:
+    for fd in (pack.fd, pack.ent_fd):
+        if fd >= 0:
+            os.close(fd)
+    pack.fd = pack.ent_fd = -1
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def dead_stagings(tmp_dir: Path, owner_alive: Callable[[int], bool]) -> list[os.DirEntry[str]]:
+    """The entries of tmp/ (stagings, tmp/<pid>-<tag>) whose writer, the pid their name
+    starts with, is not `owner_alive`, and any not named by a pid."""
+    try:
+        entries = list(os.scandir(tmp_dir))
+    except FileNotFoundError:
+        return []
+    return [e for e in entries if not ((pid := e.name.split("-", 1)[0]).isdigit() and owner_alive(int(pid)))]
+
+
+def restage(
+    store: BlobStore, staging: PackStaging[P], what: str, data: bytes | memoryview, live: Sequence[Entry]
+) -> bool:
+    """A repack's step: stage the live blobs of one pack (`data`, its bytes), each
+    verified first; False, having staged none, if one fails (it is marked damaged and
+    the pack left as it is: fsck reports the blob)."""
+    for bid, offset, length in live:
+        try:
+            verified(bid, bytes(data[offset : offset + length]), None)
+        except Corruption as e:
+            log.error("pack %s not repacked: %s", what, e)
+            store.mark_damaged(bid)
+            return False
+    for bid, offset, length in live:
+        staging.add_stored(bid, bytes(data[offset : offset + length]))
+    return True

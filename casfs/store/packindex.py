@@ -1,0 +1,240 @@
+"""Where a local pack store's blobs are: STORE/packs/index.sqlite, the store's own
+SQLite file (WAL), beside its packs. It is the store's, not the catalog's: the catalog
+says what is live, this says where the bytes of each published blob lie.
+
+    packs   one row per published pack file packs/<name>.pack: its size
+    blobs   one row per published blob: its pack, offset and stored length
+
+A blob is published when its row is committed; a pack file without a row is nobody's
+(a crash between its rename into packs/ and the commit, or between a commit that
+emptied it and its unlink): recover_staging and compaction remove those.
+
+Durability: publish() commits with synchronous=FULL, after its packs are synced and
+renamed in (data before the rows that point at it); deletes commit without a sync (a
+delete is not durable by itself, BlobStore.delete), except the one that removes a
+pack's row, which is made durable (with every delete before it) before the file goes.
+
+Connections: a pool, each taken by one thread at a time, each with a small page cache:
+a daemon's RSS must not grow with the store (the OS page cache keeps the file).
+Writers of one process queue on a lock rather than on SQLite's busy handler, which
+sleeps in steps of milliseconds; writers of other processes (the CLI beside a mount
+daemon) wait on SQLite's lock, up to BUSY_TIMEOUT_S.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from casfs.store.ids import BlobId
+from casfs.store.packfile import Entry
+
+BUSY_TIMEOUT_S = 60.0
+PAGE_CACHE_KIB = 512  # per connection (SQLite's default is 2 MiB)
+_IN = 500  # ids per IN (...) query, under SQLite's limit on bound parameters
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS packs (
+    id   INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: a cached fd names one file
+    name TEXT NOT NULL UNIQUE,               -- the file packs/<name>.pack
+    size INTEGER NOT NULL                    -- its bytes: header and every blob written to it
+);
+CREATE TABLE IF NOT EXISTS blobs (
+    id     BLOB PRIMARY KEY,                 -- the blob's id (store.ids)
+    pack   INTEGER NOT NULL,                 -- packs.id
+    offset INTEGER NOT NULL,                 -- of its stored (encoded) bytes in the pack
+    length INTEGER NOT NULL                  -- stored bytes
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS blobs_pack ON blobs (pack);
+"""
+
+Location = tuple[str, int, int]  # pack name, offset, stored length
+
+
+class PackIndex:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._idle: list[sqlite3.Connection] = []  # (a stack: the warmest page cache next)
+        self._all: list[sqlite3.Connection] = []
+        self._write_lock = threading.Lock()
+        self._created = False
+        self._names: dict[int, str] = {}  # pack id -> name (one str per pack: not per blob)
+
+    def create(self) -> None:
+        self._put(self._take())
+
+    def close(self) -> None:
+        """Close every connection (none in use); later calls open new ones."""
+        with self._lock:
+            conns, self._all, self._idle = self._all, [], []
+        for c in conns:
+            c.close()
+
+    # Connections are pooled, not one per thread: a daemon's worker threads come and go,
+    # and SQLite keeps the file descriptor of a closed connection open while another
+    # holds a lock on the file. The pool holds as many as ever ran at once.
+    def _take(self) -> sqlite3.Connection:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        conn = self._connect()
+        with self._lock:
+            self._all.append(conn)
+        return conn
+
+    def _put(self, conn: sqlite3.Connection) -> None:
+        with self._lock:
+            if conn in self._all:  # (not if close() ran meanwhile)
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def _rows(self, sql: str, params: tuple[object, ...]) -> list[Any]:
+        conn = self._take()
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            self._put(conn)
+
+    def _row(self, sql: str, params: tuple[object, ...]) -> Any:
+        conn = self._take()
+        try:
+            return conn.execute(sql, params).fetchone()
+        finally:
+            self._put(conn)
+
+    def _connect(self) -> sqlite3.Connection:
+        if not self._created:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+        )
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute(f"PRAGMA cache_size = -{PAGE_CACHE_KIB}")
+        if not self._created:
+            found = conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'blobs'").fetchone()
+            if found is None:
+                conn.execute("BEGIN IMMEDIATE")
+                for statement in filter(str.strip, SCHEMA.split(";")):
+                    conn.execute(statement)
+                conn.execute("COMMIT")
+            self._created = True
+        return conn
+
+    @contextmanager
+    def _write(self, durable: bool) -> Iterator[sqlite3.Connection]:
+        conn = self._take()
+        try:
+            with self._write_lock:
+                if durable:
+                    conn.execute("PRAGMA synchronous = FULL")
+                try:
+                    with conn:  # (sqlite3's: COMMIT, or ROLLBACK on an error)
+                        conn.execute("BEGIN IMMEDIATE")
+                        yield conn
+                finally:
+                    if durable:
+                        conn.execute("PRAGMA synchronous = NORMAL")
+        finally:
+            self._put(conn)
+
+    # -- reads ---------------------------------------------------------------------
+
+    def locate(self, bid: BlobId) -> Location | None:
+        row = self._row("SELECT pack, offset, length FROM blobs WHERE id = ?", (bid,))
+        if row is None:
+            return None
+        name = self._names.get(row[0])
+        if name is None:  # (a pack's id is never reused: AUTOINCREMENT)
+            found = self._row("SELECT name FROM packs WHERE id = ?", (row[0],))
+            if found is None:
+                return None  # (dropped since: a repack)
+            name = self._names[row[0]] = found[0]
+        return name, row[1], row[2]
+
+    def has(self, bid: BlobId) -> bool:
+        return self._row("SELECT 1 FROM blobs WHERE id = ?", (bid,)) is not None
+
+    def page(self, after: bytes, n: int) -> list[BlobId]:
+        """Up to n published ids above `after`, in order (list() pages through them)."""
+        rows = self._rows("SELECT id FROM blobs WHERE id > ? ORDER BY id LIMIT ?", (after, n))
+        return [BlobId(r[0]) for r in rows]
+
+    def has_pack(self, name: str) -> bool:
+        return bool(self._rows("SELECT 1 FROM packs WHERE name = ?", (name,)))
+
+    def pack_names(self) -> set[str]:
+        return {r[0] for r in self._rows("SELECT name FROM packs", ())}
+
+    def pack_usage(self) -> list[tuple[str, int, int]]:
+        """(name, size, live stored bytes) of every pack."""
+        query = (
+            "SELECT p.name, p.size, COALESCE(SUM(b.length), 0) FROM packs p "
+            "LEFT JOIN blobs b ON b.pack = p.id GROUP BY p.id"
+        )
+        return [(r[0], r[1], r[2]) for r in self._rows(query, ())]
+
+    def live(self, name: str) -> list[Entry]:
+        """The blobs pack `name` holds, in the pack's order."""
+        query = (
+            "SELECT b.id, b.offset, b.length FROM blobs b JOIN packs p ON p.id = b.pack "
+            "WHERE p.name = ? ORDER BY b.offset"
+        )
+        return [(BlobId(r[0]), r[1], r[2]) for r in self._rows(query, (name,))]
+
+    # -- writes --------------------------------------------------------------------
+
+    def publish(self, packs: Sequence[tuple[str, int, Sequence[Entry]]]) -> list[str]:
+        """Make the blobs of `packs` (name, size, entries; the files synced and in place)
+        visible, durably, in one transaction; a blob already published elsewhere now
+        points here. Returns the packs that left with no blob (their rows are gone:
+        the caller removes their files)."""
+        with self._write(durable=True) as conn:
+            ids = [bid for _, _, entries in packs for bid, _, _ in entries]
+            before: set[int] = set()
+            for i in range(0, len(ids), _IN):
+                part = ids[i : i + _IN]
+                marks = ",".join("?" * len(part))
+                before.update(
+                    r[0] for r in conn.execute(f"SELECT DISTINCT pack FROM blobs WHERE id IN ({marks})", part)
+                )
+            for name, size, entries in packs:
+                pack = conn.execute("INSERT INTO packs (name, size) VALUES (?, ?)", (name, size)).lastrowid
+                conn.executemany(
+                    "INSERT OR REPLACE INTO blobs (id, pack, offset, length) VALUES (?, ?, ?, ?)",
+                    [(bid, pack, offset, length) for bid, offset, length in entries],
+                )
+            emptied = (_drop_if_empty(conn, pack) for pack in sorted(before))
+            return [name for name in emptied if name is not None]
+
+    def delete(self, bid: BlobId) -> str | None:
+        """Drop `bid`'s row; the name of its pack if that now holds no blob (its row
+        then goes too, durably: the caller removes the file)."""
+        with self._write(durable=False) as conn:
+            row = conn.execute("DELETE FROM blobs WHERE id = ? RETURNING pack", (bid,)).fetchone()
+            if row is None:
+                return None
+            left = conn.execute("SELECT 1 FROM blobs WHERE pack = ? LIMIT 1", (row[0],)).fetchone()
+        if left is not None:
+            return None
+        with self._write(durable=True) as conn:  # (every delete before it durable too)
+            return _drop_if_empty(conn, row[0])
+
+    def drop_pack(self, name: str) -> bool:
+        """Remove pack `name`'s row if no blob is in it (durably); whether it went."""
+        with self._write(durable=True) as conn:
+            row = conn.execute("SELECT id FROM packs WHERE name = ?", (name,)).fetchone()
+            return row is not None and _drop_if_empty(conn, row[0]) is not None
+
+
+def _drop_if_empty(conn: sqlite3.Connection, pack: int) -> str | None:
+    if conn.execute("SELECT 1 FROM blobs WHERE pack = ? LIMIT 1", (pack,)).fetchone() is not None:
+        return None
+    row = conn.execute("DELETE FROM packs WHERE id = ? RETURNING name", (pack,)).fetchone()
+    return None if row is None else str(row[0])

@@ -1,0 +1,267 @@
+"""PackBlobStore: a local store's blobs in pack files (store.packfile), located by an
+index of the store's own (store.packindex); the only code that knows where a local
+blob's bytes are on disk.
+
+    packs/<tag>-<n>.pack    a published pack, 0444: a staging's n-th (tag: its own)
+    packs/index.sqlite      blob id -> pack, offset, length (with -wal, -shm)
+    tmp/<pid>-<tag>/        the staging of one batch in flight (packfile)
+    damaged/<id>            a blob that failed its check when read (store.damaged)
+    blobs/ab/abcdef…        a blob of a store made before packs (catalog format < 9),
+                            read where it is (store.local) while the index has no row
+                            for it; new writes go to packs
+
+Why packs: a read is one pread from a cached fd instead of an open, fstat, read and
+close of a small file (and, cold, an inode and directory lookup per 64 KiB chunk); a
+batch writes a few large files instead of one file, one rename and one directory
+entry per blob (benchmarks/import_speed.py, docs/developer-notes.md).
+
+Why old blob files stay where they are (not moved into packs by the format 8 -> 9
+step): reading them costs nothing new, moving them would rewrite the whole store at
+an upgrade (time, and twice its space until done), and they leave as gc frees them.
+
+Publishing (LocalPackStaging.publish): each pack is fdatasync'd (a full one at once,
+by the thread that filled it, while other threads go on adding), renamed into packs/,
+the directory fsync'd, then the index rows committed (synchronous=FULL): pack data is
+durable before any row names it. A crash leaves at most packs without rows: in tmp/
+(recover_staging), or in packs/ under a dead staging's tag (recover_staging again), or
+a pack whose last row went before its unlink (compact).
+
+Deleting drops the blob's row; the pack goes with its last row (so plain gc reclaims
+wholly dead packs), and compact(below) rewrites packs mostly dead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from casfs.errors import MissingBlob
+from casfs.store import BlobStore, Domain
+from casfs.store.damaged import DamagedMarks
+from casfs.store.fdcache import FdCache
+from casfs.store.ids import BlobId
+from casfs.store.local import FileBlobStore, fsync_dir, remove_quietly
+from casfs.store.packfile import ENTRY, PackStaging, StagedPack, close_pack, dead_stagings
+from casfs.store.packindex import Location, PackIndex
+from casfs.store.verified import checked
+
+log = logging.getLogger(__name__)
+
+# restic's default. 4-32 MiB imported a 1 GiB image alike here (92-250 MB/s, within
+# the noise of a loaded 2-core machine); compaction rewrites at this granularity.
+PACK_TARGET = 16 << 20
+OPEN_PACKS = 64  # fds kept open (store.fdcache)
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 8)  # Linux 4.14; Python exposes it on Linux only
+
+
+class PackBlobStore(DamagedMarks, BlobStore):
+    def __init__(self, root: Path, pack_target: int = PACK_TARGET) -> None:
+        self.root = root
+        self.pack_dir = root / "packs"
+        self._pack_dir_s = str(self.pack_dir)
+        self.tmp_dir = root / "tmp"
+        self.damaged_dir = root / "damaged"
+        self.pack_target = pack_target
+        self.index = PackIndex(self.pack_dir / "index.sqlite")
+        self.fds = FdCache(OPEN_PACKS)
+        # A store made before packs: its blob files, read (and deleted) where they are.
+        self.legacy = FileBlobStore(root) if (root / "blobs").is_dir() else None
+
+    def create(self) -> None:
+        self.pack_dir.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        self.index.create()
+
+    def close(self) -> None:
+        self.fds.close()
+        self.index.close()
+
+    def pack_path(self, name: str) -> str:
+        return f"{self._pack_dir_s}/{name}.pack"
+
+    def staging(self) -> LocalPackStaging:
+        return LocalPackStaging(self)
+
+    # -- reads -----------------------------------------------------------------------
+
+    def get(self, bid: BlobId, domain: Domain | None = None) -> bytes:
+        for _ in range(3):
+            where = self.index.locate(bid)
+            if where is None:
+                break
+            try:
+                stored = self._read(where)
+            except FileNotFoundError:
+                continue  # the pack went since (compaction moved the blob): look again
+            return checked(self, bid, stored, domain)
+        if self.legacy is not None:
+            return self.legacy.get(bid, domain)
+        raise MissingBlob(f"blob {bid.hex()} is missing")
+
+    def _read(self, where: Location) -> bytes:
+        name, offset, length = where
+        f = self.fds.acquire(self.pack_path(name))
+        assert f is not None
+        try:
+            return os.pread(f.fd, length, offset)
+        finally:
+            self.fds.release(f)
+
+    def get_if_cached(self, bid: BlobId, max_stored: int, domain: Domain | None = None) -> bytes | None:
+        """get(), only when the blob is at most `max_stored` bytes, its pack already
+        open here and all of its bytes in the page cache; else None, having read
+        nothing (RWF_NOWAIT: the read fails rather than wait for the disk). For callers
+        on an event loop, where the hand-off to a worker thread costs more than
+        decoding a cached chunk."""
+        where = self.index.locate(bid)
+        if where is None:
+            return None if self.legacy is None else self.legacy.get_if_cached(bid, max_stored, domain)
+        name, offset, length = where
+        if length > max_stored:
+            return None
+        f = self.fds.acquire(self.pack_path(name), open_missing=False)
+        if f is None:
+            return None
+        try:
+            buf = bytearray(length)
+            try:
+                if os.preadv(f.fd, [buf], offset, _RWF_NOWAIT) != length:
+                    return None  # partly cached
+            except BlockingIOError:
+                return None
+        finally:
+            self.fds.release(f)
+        return checked(self, bid, bytes(buf), domain)
+
+    def has(self, bid: BlobId) -> bool:
+        return self.index.has(bid) or (self.legacy is not None and self.legacy.has(bid))
+
+    def stored_size(self, bid: BlobId) -> int:
+        where = self.index.locate(bid)
+        if where is not None:
+            return where[2]
+        if self.legacy is not None:
+            return self.legacy.stored_size(bid)
+        raise MissingBlob(f"blob {bid.hex()} is missing")
+
+    def list(self) -> Iterator[BlobId]:
+        after = b""
+        while page := self.index.page(after, 1000):
+            yield from page
+            after = page[-1]
+        if self.legacy is not None:
+            for bid in self.legacy.list():
+                if not self.index.has(bid):
+                    yield bid
+
+    # -- deletes ---------------------------------------------------------------------
+
+    def delete(self, bid: BlobId) -> None:
+        emptied = self.index.delete(bid)
+        if emptied is not None:
+            self.unlink_pack(emptied)
+        if self.legacy is not None:
+            self.legacy.delete(bid)
+
+    def unlink_pack(self, name: str) -> None:
+        """Remove the file of a pack whose row is gone."""
+        path = self.pack_path(name)
+        self.fds.forget(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def compact(self, below: float) -> tuple[int, int]:
+        from casfs.store.packcompact import compact
+
+        return compact(self, below)
+
+    # -- leftovers -------------------------------------------------------------------
+
+    def recover_staging(self, owner_alive: Callable[[int], bool]) -> int:
+        """Remove the stagings of dead processes (tmp/<pid>-<tag>/), and the packs they
+        renamed into packs/ without committing their rows; returns how many staged
+        blobs were removed (.ent records, and a pre-pack staging's files)."""
+        removed = 0
+        for entry in dead_stagings(self.tmp_dir, owner_alive):
+            tag = entry.name.partition("-")[2]
+            if not entry.is_dir():
+                os.unlink(entry.path)
+                removed += 1
+                continue
+            for f in os.scandir(entry.path):
+                seq, _, ext = f.name.partition(".")
+                if ext == "ent":
+                    removed += f.stat().st_size // ENTRY.size
+                    if not self.index.has_pack(f"{tag}-{seq}"):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(self.pack_path(f"{tag}-{seq}"))
+                elif ext != "pack":
+                    removed += 1  # (a blob file of a staging made before packs)
+            shutil.rmtree(entry.path)
+        return removed
+
+
+@dataclass
+class _Pack(StagedPack):
+    renamed: bool = False  # in packs/ (its rows maybe not committed)
+
+
+class LocalPackStaging(PackStaging[_Pack]):
+    def __init__(self, store: PackBlobStore) -> None:
+        store.tmp_dir.mkdir(parents=True, exist_ok=True)
+        super().__init__(store.tmp_dir, store.pack_target, _Pack)
+        self.store = store
+        self.written = 0  # bytes of the packs published
+
+    def _seal(self, pack: _Pack) -> None:
+        """Make the pack durable (by the thread that filled it: the others go on adding)."""
+        try:
+            os.fchmod(pack.fd, 0o444)
+            os.fdatasync(pack.fd)
+        finally:
+            close_pack(pack)
+        pack.name = f"{self.tag}-{pack.seq}"
+
+    def publish(self) -> None:
+        if not self._seal_last():
+            return
+        with self._lock:
+            packs = [p for p in self._sealed if not p.published]
+        if packs:
+            for p in packs:
+                os.rename(self._path(p, "pack"), self.store.pack_path(p.name))
+                p.renamed = True
+            fsync_dir(self.store.pack_dir)
+            emptied = self.store.index.publish([(p.name, p.size, p.entries) for p in packs])
+            for p in packs:
+                p.published = True
+                self.written += p.size
+            for name in emptied:  # (every blob in it was stored again: healed, or repacked)
+                self.store.unlink_pack(name)
+        with self._lock:
+            self._done = True
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def discard(self) -> None:
+        """Remove what is staged and not published. Never raises (see Staging.discard)."""
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            packs, last, self._open = list(self._sealed), self._open, None
+        if last is not None:
+            close_pack(last)
+        for p in packs:
+            if p.renamed and not p.published:
+                remove_quietly(self.store.pack_path(p.name))
+        try:
+            shutil.rmtree(self.dir)
+        except FileNotFoundError:
+            pass
+        except OSError as e:  # what is left, recover_staging removes
+            log.warning("cannot remove staging %s: %s", self.dir, e)

@@ -1,0 +1,223 @@
+"""The local pack store beyond the conformance suite (tests/conformance): what becomes
+of packs as their blobs die (delete, compact), what a crash leaves and who removes it,
+blob files of a store made before packs, several processes writing at once, and the
+bound on open files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from casfs.errors import Corruption, MissingBlob
+from casfs.refcount.fsck import fsck
+from casfs.repo import Repository
+from casfs.store import Staging
+from casfs.store.fdcache import FdCache
+from casfs.store.ids import BlobId, blob_id
+from casfs.store.local import FileBlobStore
+from casfs.store.packstore import PackBlobStore
+from tests.helpers import blobs as blob_files
+
+
+def _store(tmp_path: Path, target: int = 1 << 20) -> PackBlobStore:
+    store = PackBlobStore(tmp_path / "store", pack_target=target)
+    store.create()
+    return store
+
+
+def _stage(store: PackBlobStore, n: int, size: int = 4000) -> dict[BlobId, bytes]:
+    """n random blobs published by one staging (one pack, at the default target)."""
+    blobs = {}
+    st = store.staging()
+    for _ in range(n):
+        plain = os.urandom(size)
+        blobs[st_add(st, plain)] = plain
+    st.publish()
+    return blobs
+
+
+def st_add(st: Staging, plain: bytes) -> BlobId:
+    bid = blob_id(plain)
+    st.add(bid, plain)
+    return bid
+
+
+def _packs(store: PackBlobStore) -> set[str]:
+    return {p.name for p in store.pack_dir.glob("*.pack")}
+
+
+def _dead(pid: int) -> bool:
+    return False
+
+
+def test_a_pack_goes_with_its_last_blob(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    first, second = _stage(store, 3), _stage(store, 2)
+    assert len(_packs(store)) == 2
+    for bid in first:
+        store.delete(bid)
+    assert len(_packs(store)) == 1 and store.index.pack_names() == {p[:-5] for p in _packs(store)}
+    assert all(store.get(b) == plain for b, plain in second.items())
+
+
+def test_compact_rewrites_mostly_dead_packs_and_keeps_the_rest(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    mostly_dead, kept = _stage(store, 10), _stage(store, 10)
+    before = _packs(store)
+    dying = list(mostly_dead)[:8]
+    for bid in dying:
+        store.delete(bid)
+    assert store.compact(0.0) == (0, 0)
+    packs, reclaimed = store.compact(0.5)
+    assert packs == 1 and reclaimed >= 8 * 4000
+    assert len(_packs(store) & before) == 1  # the other was rewritten
+    survivors = {b: p for b, p in mostly_dead.items() if b not in dying} | kept
+    assert all(store.get(b) == plain for b, plain in survivors.items())
+    assert sorted(store.list()) == sorted(survivors)
+    assert store.compact(0.5) == (0, 0)
+
+
+def test_compact_leaves_a_pack_whose_blob_fails_its_check(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    blobs = _stage(store, 4)
+    bad, good, *dying = blobs
+    for bid in dying:
+        store.delete(bid)
+    blob_files.corrupt(store, bad)
+    before = _packs(store)
+    assert store.compact(0.9) == (0, 0)
+    assert _packs(store) == before and bad in store.damaged()
+    assert store.get(good) == blobs[good]
+    store.put(blobs[bad])  # a writer of the same content heals it: a fresh copy
+    assert store.get(bad) == blobs[bad]
+
+
+def test_healing_the_only_blob_of_a_pack_drops_the_old_pack(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    plain = b"precious" * 1000
+    bid = store.put(plain)
+    old = _packs(store)
+    blob_files.corrupt(store, bid)
+    with pytest.raises(Corruption):
+        store.get(bid)
+    store.put(plain)
+    assert store.get(bid) == plain and not _packs(store) & old
+
+
+def test_a_crash_between_rename_and_commit_leaves_a_pack_recover_staging_removes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _store(tmp_path)
+    kept = _stage(store, 2)
+    st = store.staging()
+    for _ in range(3):
+        st_add(st, os.urandom(3000))
+
+    def crash(*args: object) -> list[str]:
+        raise KeyboardInterrupt  # as the process dying there: nothing after it runs
+
+    monkeypatch.setattr(store.index, "publish", crash)
+    with pytest.raises(KeyboardInterrupt):
+        st.publish()
+    monkeypatch.undo()
+    assert len(_packs(store)) == 2  # the renamed pack, without rows
+    assert sorted(store.list()) == sorted(kept)
+    assert store.recover_staging(lambda pid: True) == 0 and len(_packs(store)) == 2
+    assert store.recover_staging(_dead) == 3
+    assert len(_packs(store)) == 1 and all(store.get(b) == p for b, p in kept.items())
+
+
+def test_compact_removes_pack_files_no_row_names(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    kept = _stage(store, 2)
+    (store.pack_dir / "0123456789abcdef-0.pack").write_bytes(b"casfspk1" + bytes(5000))
+    st = store.staging()  # a live batch's pack, renamed in, rows not yet committed
+    st_add(st, b"in flight" * 100)
+    st._seal_full(st._open)  # type: ignore[arg-type]
+    in_flight = store.pack_path(st._sealed[0].name)
+    os.rename(st._path(st._sealed[0], "pack"), in_flight)
+    st._sealed[0].renamed = True
+    packs, reclaimed = store.compact(0.5)
+    assert (packs, reclaimed) == (1, 5008) and os.path.exists(in_flight)
+    assert all(store.get(b) == p for b, p in kept.items())
+    st.discard()
+    assert not os.path.exists(in_flight)
+
+
+def test_blob_files_of_an_older_store_are_read_where_they_are(tmp_path: Path) -> None:
+    old = FileBlobStore(tmp_path / "store")
+    old.create()
+    before = {old.put(os.urandom(2000)) for _ in range(3)}
+    store = PackBlobStore(tmp_path / "store")
+    store.create()
+    assert all(store.has(b) and store.get(b) == old.get(b) for b in before)
+    new = store.put(b"new content" * 50)
+    assert not old.has(new) and store.index.has(new)
+    assert sorted(store.list()) == sorted({*before, new})
+    gone = next(iter(before))
+    store.delete(gone)
+    assert not old.has(gone) and not store.has(gone)
+    assert store.stored_size(new) == blob_files.location(store, new)[2]
+
+
+_WRITER = """
+import os, sys
+from pathlib import Path
+from casfs.store.ids import blob_id
+from casfs.store.packstore import PackBlobStore
+store = PackBlobStore(Path(sys.argv[1]), pack_target=64 << 10)
+seed = int(sys.argv[2])
+for batch in range(10):
+    st = store.staging()
+    for i in range(30):
+        plain = f"{seed}-{batch}-{i}".encode() * 200
+        st.add(blob_id(plain), plain)
+    st.publish()
+"""
+
+
+def test_processes_publish_into_one_store_at_once(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _WRITER, str(store.root), str(seed)], env=env)
+        for seed in range(3)
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    expect = {f"{s}-{b}-{i}".encode() * 200 for s in range(3) for b in range(10) for i in range(30)}
+    assert sorted(store.list()) == sorted(blob_id(p) for p in expect)
+    assert all(store.get(blob_id(p)) == p for p in expect)
+    assert store.recover_staging(_dead) == 0 and store.compact(0.01) == (0, 0)
+
+
+def test_open_pack_files_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = _store(tmp_path)
+    monkeypatch.setattr(store, "fds", FdCache(4))
+    blobs: dict[BlobId, bytes] = {}
+    for _ in range(12):
+        blobs |= _stage(store, 1)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    for bid, plain in blobs.items():
+        assert store.get(bid) == plain
+    assert len(os.listdir("/proc/self/fd")) <= fds_before + 4
+
+
+@pytest.mark.no_fsck("a pack file is lost on purpose")
+def test_a_lost_pack_is_missing_blobs_for_fsck(tmp_path: Path) -> None:
+    repo = Repository.init(tmp_path / "repo")
+    try:
+        with repo.batch() as batch:
+            ids = [batch.put(os.urandom(3000)) for _ in range(3)]
+            batch.commit()
+        os.unlink(blob_files.location(repo, ids[0])[0])
+        with pytest.raises(MissingBlob):
+            repo.blobs.get(ids[1])
+        report = fsck(repo, timeout=0)
+        missing = sorted(p.blob for p in report.problems if p.kind == "missing")
+        assert missing == sorted(b.hex() for b in ids)
+    finally:
+        repo.close()
