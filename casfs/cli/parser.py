@@ -425,7 +425,11 @@ GRAMMAR = (
         None,
         replica.cmd_serve,
         "(used by pull) answer a pull's requests on stdin and stdout",
-        [Arg("path", metavar="STORE")],
+        [
+            Arg("path", metavar="STORE"),
+            Arg("--listen", metavar="NAME", help="serve on a socket in the background (repeated pulls)"),
+            Arg("--idle", metavar="SECONDS", type=float, default=60.0, help="with --listen: exit when idle"),
+        ],
     ),
     Row(
         "mount",

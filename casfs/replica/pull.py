@@ -30,9 +30,8 @@ from casfs.errors import NotFound
 from casfs.ids import SnapshotNo
 from casfs.kinds import BlobKind, VolumeKind
 from casfs.replica.assemble import Assembler, Want
-from casfs.replica.land import Offer, Plan, check, land, store_id
+from casfs.replica.land import Moved, Offer, Plan, check, land, root_kind, store_id
 from casfs.replica.peers import Connection, normalize
-from casfs.replica.stream import Moved, root_kind
 from casfs.replica.wire import Record
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
@@ -115,11 +114,15 @@ def bring(
     """Make everything under `root` present here (adopted where the source's blobs share
     this store's bucket, else fetched), then land it: `refs` and the caller's rows
     (`then`) in the transaction that publishes it."""
-    from casfs.replica.adopt import adopt, shared_bucket
+    shared = None
+    if isinstance(hello.get("blobs"), dict):  # (the source's blobs are in a bucket)
+        from casfs.replica.adopt import shared_bucket
 
-    shared = shared_bucket(repo, hello)
+        shared = shared_bucket(repo, hello)
     with ThreadPoolExecutor(2) as pool, Assembler(repo, root, root_kind(kind), pool) as asm:
         if shared is not None:
+            from casfs.replica.adopt import adopt
+
             adopt(conn, asm, shared, moved, progress)
         else:
             _fetch(conn, asm, moved, progress)
