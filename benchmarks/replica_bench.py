@@ -111,6 +111,7 @@ class Shared:
     def __init__(self, ssh: str, port: int) -> None:
         self.here, self.far = (Path(tempfile.mkdtemp(prefix=f"rb-{side}-")) for side in ("here", "far"))
         self.ssh, self.port = ssh, port
+        (self.here / "casfs-ssh").mkdir(mode=0o700)  # (rsync may come first)
         # rsync's ssh: casfs's options for the same master (replica.sharing._options)
         self.rsync_ssh = (
             f"{ssh} -o ControlMaster=auto -o ControlPath={self.here}/casfs-ssh/%C -o ControlPersist=60 "
@@ -240,12 +241,14 @@ def run(work: Path, size: int, total: int, reps: int, data: str) -> dict[str, An
                 for what in ("full", "incr", "repeat"):
                     if what != "full":
                         change(a, source, size, total, 10 * rep + len(what), data)
-                    if what != "repeat":
-                        shared.stop()
-                    note(what, "casfs", pull(b, url, env))
-                    if what != "repeat":
-                        shared.stop()
+                    if what == "repeat":  # (through what casfs's cold pull left up)
+                        note(what, "casfs", pull(b, url, env))
+                        note(what, "rsync", rsync(shared.rsync_ssh, source, copy))
+                        continue
+                    shared.stop()
                     note(what, "rsync", rsync(shared.rsync_ssh, source, copy))
+                    shared.stop()
+                    note(what, "casfs", pull(b, url, env))
                 sh("cmp", source, copy)
                 last = casfs(b, "snapshot", "ls", "vm1", "--json")
                 newest = max(int(s["n"]) for s in json.loads(last))
