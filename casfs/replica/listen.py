@@ -9,7 +9,7 @@ session of the protocol (replica.serve) with the store opened afresh, after reco
 as one `casfs serve-replica STORE` would be. It exits S seconds after its last session
 ended (or, with none, after it started), or at SIGTERM, removing its socket and pid
 file: its lifetime is bounded by the pulls that use it. A second start while it is up prints the same line
-and starts nothing (NAME.pid is locked while it checks and binds).
+and starts nothing (NAME.pid is locked while it checks and binds, and while a server ends).
 """
 
 from __future__ import annotations
@@ -81,6 +81,8 @@ def _detach(lock: IO[str]) -> None:
     lock.truncate(0)
     lock.write(f"{os.getpid()}\n")
     lock.flush()
+    fcntl.flock(lock, fcntl.LOCK_UN)  # (the lock is the parent's too: a next start waits on it)
+    lock.close()
 
 
 def _serve_forever(listener: socket.socket, store: Path, idle: float, path: Path, pid_path: Path) -> None:
@@ -117,11 +119,13 @@ def _serve_forever(listener: socket.socket, store: Path, idle: float, path: Path
                 active += 1
             threading.Thread(target=session, args=(conn,), daemon=True).start()
     finally:
-        listener.close()
-        with contextlib.suppress(OSError):
-            if pid_path.read_text().strip() == str(os.getpid()):
+        with contextlib.suppress(OSError), open(pid_path, "r+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # (a start now waits, then finds nothing up)
+            listener.close()
+            if lock.read().strip() == str(os.getpid()):
                 path.unlink()
                 pid_path.unlink()
+        listener.close()
 
 
 def _session(conn: socket.socket, store: Path) -> None:

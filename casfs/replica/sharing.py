@@ -76,7 +76,10 @@ def _options() -> list[str]:
     d = control_dir() if persist else None
     if d is None:
         return []
-    return ["-o", "ControlMaster=auto", "-o", f"ControlPath={d}/%C", "-o", f"ControlPersist={persist}"]
+    return [
+        *("-o", "ControlMaster=auto", "-o", f"ControlPath={d}/%C", "-o", f"ControlPersist={persist}"),
+        *("-o", "StreamLocalBindUnlink=yes"),  # (the master binds forwarded sockets: replaces stale ones)
+    ]
 
 
 def ssh_command(source: str) -> tuple[list[str], str, str]:
@@ -132,12 +135,21 @@ def server_pid(source: str, remote: str | None, far_dir: Path) -> int | None:
 
 def _hello(path: Path) -> socket.socket | None:
     """A session with the server through the local socket, asked `hello` (answered
-    here: ssh closes the connection when the server on the far side is gone)."""
+    here: ssh closes the connection when the server on the far side is gone). A socket
+    no one listens on (its master gone) is removed: the next forward binds there."""
     from casfs.replica.protocol import frame
 
     s = socket.socket(socket.AF_UNIX)
     try:
         s.connect(str(path))
+    except ConnectionRefusedError:
+        path.unlink(missing_ok=True)
+        s.close()
+        return None
+    except OSError:
+        s.close()
+        return None
+    try:
         s.settimeout(START_S)
         s.sendall(frame(b"Q", b'{"op": "hello"}'))
         with s.makefile("rb") as f:
@@ -179,7 +191,7 @@ def connect(source: str, remote: str | None) -> socket.socket | None:
         return None  # (a casfs there without --listen, say: a session, as before)
     far = said[-1].removeprefix("listening ")
     forward = subprocess.run(
-        [*ssh, "-o", "StreamLocalBindUnlink=yes", "-O", "forward", "-L", f"{local}:{far}", where],
+        [*ssh, "-O", "forward", "-L", f"{local}:{far}", where],
         capture_output=True,
         timeout=30,
         stdin=subprocess.DEVNULL,

@@ -67,6 +67,27 @@ def test_repeated_pulls_reuse_one_connection_and_server(
     assert exported(a, f"vm1@{n}", tmp_path / "a.img") == exported(b, f"vm1@{n}", tmp_path / "b.img")
 
 
+def test_a_new_master_finds_the_server_up(two: tuple[Path, Path], tmp_path: Path, sshd: Sshd) -> None:
+    """The master gone (idle, killed), its forwarded socket is left behind: the next pull
+    makes another master, finds the server up (a second start waits for nothing), and
+    forwards to it again."""
+    a, b = two
+    url = sshd.url(a)
+    block_volume(a, tmp_path, "vm1", 4 * MiB, os.urandom(MiB))
+    snapshot(a, "vm1")
+    pull(b, sshd, url)
+    master, server = pids(sshd, url)
+    assert master is not None and server is not None
+    os.kill(master, signal.SIGTERM)
+    assert wait_gone(master, 20)
+    n = write_block(a, "vm1", [(0, os.urandom(256 << 10))])
+    started = time.monotonic()
+    assert pull(b, sshd, url)["n"] == n
+    assert time.monotonic() - started < 30  # (not waiting for the server to go idle)
+    again = pids(sshd, url)
+    assert again[1] == server and again[0] not in (None, master)
+
+
 def test_both_end_on_their_own_when_idle(two: tuple[Path, Path], tmp_path: Path, sshd: Sshd) -> None:
     a, b = two
     url = sshd.url(a)
