@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from casfs.errors import CasfsError, UsageError
+from casfs.errors import CasfsError, NotFound, UsageError
 from casfs.replica.sharing import control_dir
 
 
@@ -39,11 +39,11 @@ def _up(path: Path) -> bool:
 
 def listen(store: Path, name: str, idle: float) -> None:
     """Serve STORE on NAME.sock in the background (see the module); print where."""
-    from casfs.repo import Repository
-
     if not name.replace("-", "").isalnum() or len(name) > 64:
         raise UsageError(f"invalid server name {name!r}")
-    Repository.open(store).close()  # (no such store: the error is the pull's, now)
+    if not (store / "catalog.db").exists():  # (the error is the pull's, now; opened in sessions only:
+        # a store's open may start threads, which neither a fork nor this exit should meet)
+        raise NotFound(f"no casfs store at {store} (create one with `casfs init`)")
     d = control_dir()
     if d is None:
         raise CasfsError("no private directory for the server's socket ($XDG_RUNTIME_DIR or /tmp)")
