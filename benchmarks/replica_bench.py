@@ -2,8 +2,9 @@
 """Replicating a block volume over ssh: `casfs pull` beside `rsync -a --inplace` of the
 raw image, through the same ssh to a throwaway sshd on 127.0.0.1.
 
-    python benchmarks/replica_bench.py [--size 1G] [--change 10M] [--change-data random|text]
-                                       [--reuse-ssh] [--reps 3] [--workdir DIR] [--json]
+    python benchmarks/replica_bench.py [--size 1G] [--change 10M]
+                                       [--change-data random|text|files] [--reps 3]
+                                       [--workdir DIR] [--json]
 
 One image of --size (a third zeros, a third random, a third text: benchlib.generate) is
 imported into store A, a volume made from it and snapshotted (vm1@1). Then, each
@@ -11,20 +12,25 @@ repetition into a fresh store B and a fresh copy target:
 
   full          `casfs pull ssh://…/A vm1` into an empty store B, beside `rsync -a
                 --inplace` of the raw image to a path where it does not exist yet
-  incremental   --change bytes written into A's volume in 64 KiB pieces at random
-                offsets (the same bytes at the same offsets into the raw image), the
-                volume unmounted (vm1@2), then `casfs pull` again, beside rsync of the
-                changed image onto the previous copy (its delta algorithm). The change
-                is random bytes (incompressible: no transfer can move less than it) or,
-                with --change-data text, text (what a package upgrade writes, roughly)
+  incremental   --change bytes written into A's volume (the same bytes at the same
+                offsets into the raw image), the volume unmounted (vm1@N), then `casfs
+                pull` again, beside rsync of the changed image onto the previous copy
+                (its delta algorithm): cold, with no ssh connection up
+  repeated      another change, pulled the same way right after: casfs through the ssh
+                connection and the source-side server its last pull left up
+                (replica.sharing), rsync through the same ssh connection (the same
+                ControlPath; rsync starts its remote side in a session each time)
 
-With --reuse-ssh both go through one persistent ssh connection (ControlMaster), so
-neither pays the ssh handshake per run (on a loaded 2-core machine, most of a second).
+The change is --change-data: `random` (64 KiB pieces of random bytes at random
+offsets: incompressible, so no transfer can move less than it), `text` (the same
+pieces of text), or `files` (what a guest writing files does: 1 MiB extents at random
+offsets, three of four text and one random, i.e. compressed already).
 
 Time is the command's wall time; bytes are what crossed ssh towards the receiver (casfs:
-the bytes read from ssh's stdout, `pull --json`; rsync: "Total bytes received" of
---stats). The ratios are rsync over casfs: above 1, casfs is faster or moves less.
-Medians over --reps. sshd and rsync: scripts/install.sh installs them.
+the bytes read from the connection, `pull --json`; rsync: "Total bytes received" of
+--stats). Before a cold run the shared connection and server are ended (by pid). The
+ratios are rsync over casfs: above 1, casfs is faster or moves less. Medians over
+--reps. sshd and rsync: scripts/install.sh installs them.
 """
 
 from __future__ import annotations
@@ -34,11 +40,13 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,11 +60,13 @@ from casfs.units import format_size, parse_size
 from casfs.vfs.volume import open_volume
 
 CHUNK = 64 << 10
+EXTENT = 1 << 20  # a file's contiguous extent (--change-data files)
 ROOT = Path(__file__).resolve().parents[1]
+WHAT = {"full": "full", "incr": "incremental", "repeat": "repeated"}
 
 
 @contextlib.contextmanager
-def sshd(work: Path, reuse: bool = False) -> Iterator[tuple[str, int]]:
+def sshd(work: Path) -> Iterator[tuple[str, int]]:
     """A throwaway sshd (key logins only); yields the ssh command line and the port."""
     for name in ("host", "user"):
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", work / name)
@@ -81,58 +91,112 @@ def sshd(work: Path, reuse: bool = False) -> Iterator[tuple[str, int]]:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             time.sleep(0.05)
-        ssh = (
-            f"ssh -F /dev/null -i {work / 'user'} -o IdentitiesOnly=yes -o BatchMode=yes "
-            f"-o UserKnownHostsFile={work / 'known_hosts'} -o StrictHostKeyChecking=yes"
+        yield (
+            (
+                f"ssh -F /dev/null -i {work / 'user'} -o IdentitiesOnly=yes -o BatchMode=yes "
+                f"-o UserKnownHostsFile={work / 'known_hosts'} -o StrictHostKeyChecking=yes"
+            ),
+            port,
         )
-        if reuse:
-            ssh += f" -o ControlMaster=auto -o ControlPath={work / 'cm'} -o ControlPersist=600"
-            # (the master stays in the background holding its output: not through sh())
-            subprocess.run(
-                [*ssh.split(), "-p", str(port), "root@127.0.0.1", "true"],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                check=True,
-                timeout=60,
-            )
-        yield f"{ssh} -p {port}", port
-        if reuse:
-            subprocess.run(
-                [*ssh.split(), "-p", str(port), "-O", "exit", "root@127.0.0.1"], capture_output=True
-            )
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+class Shared:
+    """The ssh connection and source-side server casfs pull shares between pulls
+    (replica.sharing), in private directories of this run: `here` on the pulling side,
+    `far` on the source side (this machine too), both short (a socket path's limit)."""
+
+    def __init__(self, ssh: str, port: int) -> None:
+        self.here, self.far = (Path(tempfile.mkdtemp(prefix=f"rb-{side}-")) for side in ("here", "far"))
+        self.ssh, self.port = ssh, port
+        (self.here / "casfs-ssh").mkdir(mode=0o700)  # (rsync may come first)
+        # rsync's ssh: casfs's options for the same master (replica.sharing._options)
+        self.rsync_ssh = (
+            f"{ssh} -o ControlMaster=auto -o ControlPath={self.here}/casfs-ssh/%C -o ControlPersist=60 "
+            f"-p {port}"
+        )
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "CASFS_SSH": self.ssh,
+            "CASFS_REMOTE": f"env PYTHONPATH={ROOT} XDG_RUNTIME_DIR={self.far} {sys.executable} -m casfs",
+            "XDG_RUNTIME_DIR": str(self.here),
+        }
+
+    def pids(self) -> list[int]:
+        found = []
+        for pid_file in (self.far / "casfs-ssh").glob("serve-*.pid"):
+            with contextlib.suppress(OSError, ValueError):
+                found.append(int(pid_file.read_text()))
+        done = subprocess.run(
+            [*self.rsync_ssh.split(), "-O", "check", "root@127.0.0.1"], capture_output=True, text=True
+        )
+        if m := re.search(r"\(pid=(\d+)\)", done.stderr):
+            found.append(int(m.group(1)))
+        return [p for p in found if alive(p)]
+
+    def stop(self) -> None:
+        """End the master and the servers by pid (a cold start follows)."""
+        left = self.pids()
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while any(alive(p) for p in left) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.stop()
+        for d in (self.here, self.far):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def casfs(store: Path, *args: str | Path, env: dict[str, str] | None = None) -> str:
     return sh(*CLI, "-s", store, *args, env=env)
 
 
-def piece(rnd: random.Random, text: bool) -> bytes:
-    if not text:
-        return rnd.randbytes(CHUNK)
+def writes(rnd: random.Random, size: int, total: int, data: str) -> list[tuple[int, bytes]]:
+    """`total` bytes to write at offsets in a volume of `size` (see the module)."""
+    if data != "files":
+        offsets = sorted(rnd.sample(range(size // CHUNK), total // CHUNK))
+        return [(o * CHUNK, text(rnd, CHUNK) if data == "text" else rnd.randbytes(CHUNK)) for o in offsets]
+    extents = sorted(rnd.sample(range(size // EXTENT), max(1, total // EXTENT)))
+    return [
+        (e * EXTENT, rnd.randbytes(EXTENT) if i % 4 == 3 else text(rnd, EXTENT))
+        for i, e in enumerate(extents)
+    ]
+
+
+def text(rnd: random.Random, n: int) -> bytes:
     words = ["".join(rnd.choices("abcdefghijklmnopqrstuvwxyz", k=rnd.randint(2, 10))) for _ in range(2000)]
-    return " ".join(rnd.choices(words, k=CHUNK // 4)).encode()[:CHUNK].ljust(CHUNK, b"\n")
+    return " ".join(rnd.choices(words, k=n // 4)).encode()[:n].ljust(n, b"\n")
 
 
-def change(store: Path, image: Path, size: int, total: int, seed: int, text: bool) -> None:
-    """Write `total` bytes in 64 KiB pieces at random offsets into the volume and the image."""
-    rnd = random.Random(seed)
-    offsets = sorted(rnd.sample(range(size // CHUNK), total // CHUNK))
-    writes = [(o * CHUNK, piece(rnd, text)) for o in offsets]
+def change(store: Path, image: Path, size: int, total: int, seed: int, data: str) -> None:
+    """Write the change into the volume (then unmount it: a snapshot) and the image."""
+    done = writes(random.Random(seed), size, total, data)
     repo = Repository.open(store)
     try:
         v = open_volume(repo, "vm1")
-        for offset, data in writes:
-            v.write_sync(ROOT_INO, offset, data)
+        for offset, piece in done:
+            v.write_sync(ROOT_INO, offset, piece)
         v.close()
     finally:
         repo.close()
     fd = os.open(image, os.O_WRONLY)
     try:
-        for offset, data in writes:
-            os.pwrite(fd, data, offset)
+        for offset, piece in done:
+            os.pwrite(fd, piece, offset)
     finally:
         os.close(fd)
 
@@ -152,7 +216,7 @@ def rsync(ssh: str, src: Path, dest: Path) -> tuple[float, int]:
     return elapsed, int(m.group(1).replace(",", ""))
 
 
-def run(work: Path, size: int, total: int, reps: int, text: bool, reuse: bool) -> dict[str, Any]:
+def run(work: Path, size: int, total: int, reps: int, data: str) -> dict[str, Any]:
     image = work / "disk.img"
     generate(image, size, seed=1, runs="zrt")
     a = work / "a"
@@ -161,49 +225,52 @@ def run(work: Path, size: int, total: int, reps: int, text: bool, reuse: bool) -
     casfs(a, "volume", "create", "vm1", "--from", "disk")
     casfs(a, "snapshot", "create", "vm1")
     figures: dict[str, list[float]] = {}
-    with sshd(work, reuse) as (ssh, port):
-        env = {
-            **os.environ,
-            "CASFS_SSH": ssh.rsplit(" -p ", 1)[0],
-            "CASFS_REMOTE": f"env PYTHONPATH={ROOT} {sys.executable} -m casfs",
-        }
-        url = f"ssh://root@127.0.0.1:{port}{a}"
-        for rep in range(reps):
-            b, copy, source = work / f"b{rep}", work / f"copy{rep}.img", work / f"src{rep}.img"
-            casfs(b, "init")
-            sh("cp", "--sparse=always", image, source)
-            for name, (secs, nbytes) in (
-                ("full casfs", pull(b, url, env)),
-                ("full rsync", rsync(ssh, source, copy)),
-            ):
-                figures.setdefault(f"{name} s", []).append(secs)
-                figures.setdefault(f"{name} bytes", []).append(nbytes)
-            change(a, source, size, total, rep + 2, text)
-            for name, (secs, nbytes) in (
-                ("incr casfs", pull(b, url, env)),
-                ("incr rsync", rsync(ssh, source, copy)),
-            ):
-                figures.setdefault(f"{name} s", []).append(secs)
-                figures.setdefault(f"{name} bytes", []).append(nbytes)
-            sh("cmp", source, copy)
-            casfs(b, "snapshot", "export", f"vm1@{rep + 2}", work / f"check{rep}.img")
-            sh("cmp", source, work / f"check{rep}.img")
-            for path in (copy, source, work / f"check{rep}.img"):
-                path.unlink()
-            sh("rm", "-rf", b)
-            image.unlink(missing_ok=True)
-            casfs(a, "snapshot", "export", f"vm1@{rep + 2}", image)  # the next round's start
+
+    def note(what: str, peer: str, measured: tuple[float, int]) -> None:
+        figures.setdefault(f"{what} {peer} s", []).append(measured[0])
+        figures.setdefault(f"{what} {peer} bytes", []).append(measured[1])
+
+    with sshd(work) as (ssh, port):
+        shared = Shared(ssh, port)
+        try:
+            env, url = shared.env(), f"ssh://root@127.0.0.1:{port}{a}"
+            for rep in range(reps):
+                b, copy, source = work / f"b{rep}", work / f"copy{rep}.img", work / f"src{rep}.img"
+                casfs(b, "init")
+                sh("cp", "--sparse=always", image, source)
+                for what in ("full", "incr", "repeat"):
+                    if what != "full":
+                        change(a, source, size, total, 10 * rep + len(what), data)
+                    if what == "repeat":  # (through what casfs's cold pull left up)
+                        note(what, "casfs", pull(b, url, env))
+                        note(what, "rsync", rsync(shared.rsync_ssh, source, copy))
+                        continue
+                    shared.stop()
+                    note(what, "rsync", rsync(shared.rsync_ssh, source, copy))
+                    shared.stop()
+                    note(what, "casfs", pull(b, url, env))
+                sh("cmp", source, copy)
+                last = casfs(b, "snapshot", "ls", "vm1", "--json")
+                newest = max(int(s["n"]) for s in json.loads(last))
+                casfs(b, "snapshot", "export", f"vm1@{newest}", work / f"check{rep}.img")
+                sh("cmp", source, work / f"check{rep}.img")
+                for path in (copy, source, work / f"check{rep}.img"):
+                    path.unlink()
+                sh("rm", "-rf", b)
+                image.unlink(missing_ok=True)
+                casfs(a, "snapshot", "export", f"vm1@{newest}", image)  # the next round's start
+        finally:
+            shared.close()
     med = {k: statistics.median(v) for k, v in figures.items()}
     ratios = {
         f"{what} {unit}": med[f"{what} rsync {unit}"] / med[f"{what} casfs {unit}"]
-        for what in ("full", "incr")
+        for what in WHAT
         for unit in ("s", "bytes")
     }
     return {
         "size": size,
         "change": total,
-        "change_data": "text" if text else "random",
-        "reuse_ssh": reuse,
+        "change_data": data,
         "reps": reps,
         "median": med,
         "rsync_over_casfs": ratios,
@@ -214,22 +281,21 @@ def main() -> None:
     p = arguments(__doc__)
     p.add_argument("--size", default="1G")
     p.add_argument("--change", default="10M")
-    p.add_argument("--change-data", choices=("random", "text"), default="random")
-    p.add_argument("--reuse-ssh", action="store_true", help="one persistent ssh connection for all")
+    p.add_argument("--change-data", choices=("random", "text", "files"), default="random")
     p.add_argument("--reps", type=int, default=3)
     args = p.parse_args()
     stop_on_sigterm()
     size, total = parse_size(args.size), parse_size(args.change)
     with scratch(args.workdir, "casfs-replica-bench-", mounts=()) as work:
-        report = run(work, size, total, args.reps, args.change_data == "text", args.reuse_ssh)
+        report = run(work, size, total, args.reps, args.change_data)
     med, r = report["median"], report["rsync_over_casfs"]
-    how = f"{report['change_data']} data" + (", one persistent ssh connection" if args.reuse_ssh else "")
     lines = [
-        f"pull over ssh to 127.0.0.1: {format_size(size)} block volume, {format_size(total)} changed ({how})"
+        f"pull over ssh to 127.0.0.1: {format_size(size)} block volume, {format_size(total)} changed "
+        f"({report['change_data']} data)"
     ]
     head = ("casfs s", "rsync s", "casfs bytes", "rsync bytes")
     lines.append(f"{'':12} {head[0]:>9} {head[1]:>9} {head[2]:>12} {head[3]:>12}  rsync/casfs time, bytes")
-    for what, label in (("full", "full"), ("incr", "incremental")):
+    for what, label in WHAT.items():
         sizes = [format_size(int(med[f"{what} {peer} bytes"])) for peer in ("casfs", "rsync")]
         lines.append(
             f"{label:12} {med[f'{what} casfs s']:9.2f} {med[f'{what} rsync s']:9.2f} "

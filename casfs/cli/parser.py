@@ -417,15 +417,21 @@ GRAMMAR = (
         "store lacks, and add it here with the same number and root. Interrupted, a rerun\n"
         "fetches only what is still missing. Refused (exit 4) when the two stores' lines have\n"
         "diverged; --as NAME keeps the other line as a new volume. ssh runs $CASFS_SSH\n"
-        "(default: ssh). When both stores keep their blobs in one bucket (two prefixes), the\n"
-        "blobs are adopted where they are: only catalog records move (docs/s3.md).",
+        "(default: ssh); its connection and a server on the source stay up for the next pull\n"
+        "for $CASFS_SSH_PERSIST seconds (default 60; 0: not). When both stores keep their\n"
+        "blobs in one bucket (two prefixes), the blobs are adopted where they are: only\n"
+        "catalog records move (docs/s3.md).",
     ),
     Row(
         "serve-replica",
         None,
         replica.cmd_serve,
         "(used by pull) answer a pull's requests on stdin and stdout",
-        [Arg("path", metavar="STORE")],
+        [
+            Arg("path", metavar="STORE"),
+            Arg("--listen", metavar="NAME", help="serve on a socket in the background (repeated pulls)"),
+            Arg("--idle", metavar="SECONDS", type=float, default=60.0, help="with --listen: exit when idle"),
+        ],
     ),
     Row(
         "mount",

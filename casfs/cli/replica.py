@@ -14,7 +14,7 @@ from casfs.units import format_size, parse_snapshot_ref
 if TYPE_CHECKING:
     import argparse
 
-    from casfs.replica.stream import Moved
+    from casfs.replica.land import Moved
 
 
 def _report(moved: Moved, as_json: bool, verb: str, image: bool = False) -> None:
@@ -104,8 +104,13 @@ def cmd_image_pull(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    if args.listen is not None:
+        from casfs.replica.listen import listen
+
+        listen(Path(args.path), args.listen, args.idle)
+        return 0
     from casfs.lifecycle.recovery import recover
-    from casfs.replica.protocol import serve
+    from casfs.replica.serve import serve
     from casfs.repo import Repository
 
     repo = Repository.open(Path(args.path))

@@ -3,9 +3,11 @@
     wire.py       counted, hashed exact reads and writes; the blob record; verify()
     walk.py       the sender: the blobs under a root, parents first, held subtrees skipped
     assemble.py   the receiver: what is missing (no catalog row), blobs in, the landing commit
-    land.py       what a received snapshot becomes here; divergence; provenance; store ids
+    land.py       what a received snapshot becomes here; divergence; provenance; store ids;
+                  what a transfer did (Moved)
     stream.py     `casfs snapshot send` / `receive` (stream format 1)
-    protocol.py   `casfs serve-replica`: the request/response protocol of `pull`
+    protocol.py   the frames of `pull`'s request/response protocol (both sides)
+    serve.py      `casfs serve-replica`: the source's side of that protocol
     peers.py      SOURCE (a path or ssh://) and the connection to its serve-replica
     pull.py       `casfs pull SOURCE VOL`
     adopt.py      a pull through a shared bucket: blobs adopted where they are, not moved

@@ -26,14 +26,12 @@ from casfs.catalog import blobs as blob_rows
 from casfs.errors import CasfsError, Corruption
 from casfs.kinds import BlobKind
 from casfs.repo import Repository
-from casfs.snapshots.children import children
 from casfs.store.ids import BlobId
-from casfs.store.verified import verified
 
 if TYPE_CHECKING:
     from casfs.replica.assemble import Assembler, Want
+    from casfs.replica.land import Moved
     from casfs.replica.peers import Connection
-    from casfs.replica.stream import Moved
     from casfs.store.s3.staging import S3Staging
     from casfs.store.s3.store import S3BlobStore
     from casfs.store.s3.table import Foreign
@@ -149,6 +147,9 @@ def _take(
     asm: Assembler, s3: S3BlobStore, part: Sequence[Want], located: Sequence[Located], moved: Moved
 ) -> list[Want]:
     """Adopt (or copy) one batch; returns what its metadata names that is missing."""
+    from casfs.snapshots.children import children  # (here: `hello` imports this module)
+    from casfs.store.verified import verified
+
     for (bid, kind), loc in zip(part, located, strict=True):
         if loc.kind != kind:
             raise Corruption(f"blob {bid.hex()} is a {loc.kind.label} there, wanted as a {kind.label}")

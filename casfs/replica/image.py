@@ -16,9 +16,8 @@ from casfs.catalog import images as rows
 from casfs.errors import Conflict
 from casfs.ids import InodeNo, SnapshotNo
 from casfs.kinds import VolumeKind
-from casfs.replica.land import Plan
+from casfs.replica.land import Moved, Plan
 from casfs.replica.peers import Connection, normalize
-from casfs.replica.stream import Moved
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
 from casfs.units import check_name

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import sqlite3
 import time
-import uuid
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
@@ -29,7 +28,7 @@ from casfs.catalog import meta_value, set_meta, transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, Conflict, NotFound
 from casfs.ids import InodeNo, SnapshotNo
-from casfs.kinds import VolumeKind
+from casfs.kinds import BlobKind, VolumeKind
 from casfs.lifecycle.phases import VolumePhase
 from casfs.refcount import ledger
 from casfs.repo import Repository
@@ -43,6 +42,8 @@ def store_id(repo: Repository) -> str:
         with transaction(repo.conn) as conn:
             value = meta_value(conn, "store_id")
             if value is None:
+                import uuid  # (here: a pull's and a server's start-up need none)
+
                 value = uuid.uuid4().hex
                 set_meta(conn, "store_id", value)
     return value
@@ -103,6 +104,28 @@ class Plan(StrEnum):
     NEW = "new"  # no such volume here: made
     NEXT = "next"  # an existing replica: the offer is its next snapshot
     HAVE = "have"  # held already, same root: nothing to do
+
+
+def root_kind(kind: VolumeKind) -> BlobKind:
+    return BlobKind.MAP_ROOT if kind == VolumeKind.BLOCK else BlobKind.TREE
+
+
+@dataclass
+class Moved:
+    """What a transfer did: for the command's last line and --json."""
+
+    volume: str  # the local name
+    n: SnapshotNo
+    root: str
+    plan: Plan
+    blobs: int = 0  # records received (or sent)
+    bytes: int = 0  # bytes read (or written) in all
+    adopted: int = 0  # blobs adopted through a shared bucket (replica.adopt), not moved
+    copied: int = 0  # of the rest, blobs read from that bucket (their pack was going)
+    bucket_bytes: int = 0  # bytes read from that bucket (metadata, copied blobs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "plan": str(self.plan)}
 
 
 def diverged(name: str, n: int, here: BlobId, there: BlobId) -> Conflict:

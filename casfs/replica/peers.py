@@ -1,5 +1,6 @@
 """Reaching another store: a SOURCE names it, a Connection talks to its
-`casfs serve-replica` (replica.protocol) over the child's stdin and stdout.
+`casfs serve-replica` (replica.serve) over the child's stdin and stdout, or over a
+socket to one kept up between pulls (replica.sharing).
 
     /path/to/store                      this machine: `python -m casfs serve-replica PATH`
     ssh://[USER@]HOST[:PORT]/STORE      `ssh [-p PORT] [USER@]HOST REMOTE serve-replica /STORE`
@@ -7,14 +8,17 @@
 REMOTE is the casfs command on the far side (`--remote-casfs`, else $CASFS_REMOTE, else
 `casfs`), and the ssh command is $CASFS_SSH (default `ssh`), split as a shell would:
 `CASFS_SSH="ssh -i KEY -o UserKnownHostsFile=FILE"`, as rsync's RSYNC_RSH.
+
+A repeated pull over ssh reuses one ssh connection and a server kept up on the source
+(replica.sharing), and then talks to it over a socket; $CASFS_SSH_PERSIST bounds both.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shlex
+import socket
 import subprocess
 import sys
 import threading
@@ -22,16 +26,13 @@ from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, cast
-from urllib.parse import urlsplit
 
-from casfs.errors import CasfsError, Corruption, UsageError
+from casfs.errors import CasfsError, Corruption
 from casfs.kinds import BlobKind
 from casfs.replica.protocol import ERRORS, FRAME, WANT, error_of, frame, read_frame
+from casfs.replica.sharing import connect, far_command, ssh_command
 from casfs.replica.wire import Reader, Record, Writer
 from casfs.store.ids import BlobId
-
-ENV_REMOTE = "CASFS_REMOTE"
-ENV_SSH = "CASFS_SSH"
 
 
 def normalize(source: str) -> str:
@@ -43,17 +44,8 @@ def command(source: str, remote: str | None = None) -> list[str]:
     """The argv that serves SOURCE on our stdin and stdout."""
     if not source.startswith("ssh://"):
         return [sys.executable, "-m", "casfs", "serve-replica", normalize(source)]
-    url = urlsplit(source)
-    if not url.hostname or not url.path or url.path == "/":
-        raise UsageError(f"invalid source {source!r}: expected ssh://[USER@]HOST[:PORT]/STORE")
-    try:
-        port = url.port
-    except ValueError:
-        raise UsageError(f"invalid port in {source!r}") from None
-    far = shlex.split(remote or os.environ.get(ENV_REMOTE) or "casfs")
-    ssh = shlex.split(os.environ.get(ENV_SSH) or "ssh")
-    where = f"{url.username}@{url.hostname}" if url.username else url.hostname
-    return [*ssh, *(["-p", str(port)] if port else []), where, shlex.join([*far, "serve-replica", url.path])]
+    ssh, where, store = ssh_command(source)
+    return [*ssh, where, shlex.join([*far_command(remote), "serve-replica", store])]
 
 
 class Connection:
@@ -61,36 +53,41 @@ class Connection:
 
     def __init__(self, source: str, remote: str | None = None) -> None:
         self.source = source
-        argv = command(source, remote)
-        try:
-            self.proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-            )
-        except OSError as e:
-            raise CasfsError(f"cannot start {argv[0]} for {source}: {e.strerror}") from None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.said: deque[str] = deque(maxlen=20)  # the last lines of its stderr
-        self._stderr = threading.Thread(target=self._drain, daemon=True)
-        self._stderr.start()
-        self.r = Reader(
-            cast(BinaryIO, self.proc.stdout),
-            f"the connection to {source}",
-            role="receiver",
-            ended=self._ended,
-        )
-        self.w = Writer(cast(BinaryIO, self.proc.stdin))
+        self._stderr: threading.Thread | None = None
+        self.sock = connect(source, remote) if source.startswith("ssh://") else None
+        out: BinaryIO
+        inp: BinaryIO
+        if self.sock is not None:
+            out, inp = self.sock.makefile("rb"), self.sock.makefile("wb")
+        else:
+            argv = command(source, remote)
+            try:
+                self.proc = subprocess.Popen(
+                    argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                )
+            except OSError as e:
+                raise CasfsError(f"cannot start {argv[0]} for {source}: {e.strerror}") from None
+            self._stderr = threading.Thread(target=self._drain, args=(self.proc,), daemon=True)
+            self._stderr.start()
+            out, inp = cast(BinaryIO, self.proc.stdout), cast(BinaryIO, self.proc.stdin)
+        self.r = Reader(out, f"the connection to {source}", role="receiver", ended=self._ended)
+        self.w = Writer(inp)
 
-    def _drain(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
+    def _drain(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
             self.said.append(line.decode(errors="replace").rstrip())
 
     def _ended(self, message: str) -> CasfsError:
         """The error of a server gone: its own if it said one (`casfs: error: …`)."""
-        try:
-            code: int | None = self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            code = None
-        self._stderr.join(timeout=5)
+        code: int | None = None
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = self.proc.wait(timeout=10)
+        if self._stderr is not None:
+            self._stderr.join(timeout=5)
         errors = [
             line.removeprefix("casfs: error: ") for line in self.said if line.startswith("casfs: error: ")
         ]
@@ -105,7 +102,7 @@ class Connection:
             self.w.write(data)
             if flush:
                 self.w.f.flush()
-        except BrokenPipeError:  # (not the quiet exit the CLI gives a reader gone away)
+        except (BrokenPipeError, ConnectionResetError):  # (not the CLI's quiet exit for a reader gone)
             raise self._ended("") from None
 
     def request(self, op: str, **args: Any) -> Any:
@@ -144,24 +141,32 @@ class Connection:
         return out
 
     def end(self) -> None:
-        """No more requests: the server exits once it has answered (while we commit)."""
+        """No more requests: the server ends the session once it has answered (while we
+        commit)."""
         with contextlib.suppress(OSError):
-            if self.proc.stdin is not None:
+            if self.sock is not None:
+                self.w.f.flush()
+                self.sock.shutdown(socket.SHUT_WR)
+            elif self.proc is not None and self.proc.stdin is not None:
                 self.proc.stdin.close()
 
     def close(self) -> None:
         """End the session: the server sees the end of its requests (and, if it is still
-        writing answers no one will read, a broken pipe) and exits."""
-        for f in (self.proc.stdin, self.proc.stdout):
-            if f is not None:
-                with contextlib.suppress(OSError):
-                    f.close()
+        writing answers no one will read, a broken pipe) and ends it."""
+        for f in (self.w.f, self.r.f):
+            with contextlib.suppress(OSError):
+                f.close()
+        if self.sock is not None:
+            self.sock.close()
+            return
+        assert self.proc is not None
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self._stderr.join(timeout=5)
+        if self._stderr is not None:
+            self._stderr.join(timeout=5)
         if self.proc.stderr is not None:
             self.proc.stderr.close()
 

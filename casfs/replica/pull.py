@@ -30,9 +30,8 @@ from casfs.errors import NotFound
 from casfs.ids import SnapshotNo
 from casfs.kinds import BlobKind, VolumeKind
 from casfs.replica.assemble import Assembler, Want
-from casfs.replica.land import Offer, Plan, check, land, store_id
+from casfs.replica.land import Moved, Offer, Plan, check, land, root_kind, store_id
 from casfs.replica.peers import Connection, normalize
-from casfs.replica.stream import Moved, root_kind
 from casfs.replica.wire import Record
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
@@ -96,7 +95,9 @@ def pull(
         land(c, name, offer, moved.plan, where)
         rows.record_peer(c, name, peer)
 
-    bring(repo, conn, hello, offer.root, offer.kind, moved, progress, {}, then)
+    row = rows.volume_row(repo.conn, name) if moved.plan == Plan.NEXT else None
+    base = None if row is None else row.base
+    bring(repo, conn, hello, offer.root, offer.kind, moved, progress, {}, then, base)
     moved.bytes = conn.r.meter.bytes
     return moved
 
@@ -111,15 +112,23 @@ def bring(
     progress: Callable[[int], None] | None,
     refs: dict[BlobId, int],
     then: Callable[[sqlite3.Connection], None],
+    base: BlobId | None = None,
 ) -> None:
     """Make everything under `root` present here (adopted where the source's blobs share
     this store's bucket, else fetched), then land it: `refs` and the caller's rows
-    (`then`) in the transaction that publishes it."""
-    from casfs.replica.adopt import adopt, shared_bucket
+    (`then`) in the transaction that publishes it. `base`: the local volume's, whose
+    blobs the new snapshot mostly shares (Assembler.holding)."""
+    shared = None
+    if isinstance(hello.get("blobs"), dict):  # (the source's blobs are in a bucket)
+        from casfs.replica.adopt import shared_bucket
 
-    shared = shared_bucket(repo, hello)
+        shared = shared_bucket(repo, hello)
     with ThreadPoolExecutor(2) as pool, Assembler(repo, root, root_kind(kind), pool) as asm:
+        if base is not None:
+            asm.holding(base, root_kind(kind))
         if shared is not None:
+            from casfs.replica.adopt import adopt
+
             adopt(conn, asm, shared, moved, progress)
         else:
             _fetch(conn, asm, moved, progress)

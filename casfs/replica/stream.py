@@ -22,15 +22,13 @@ import json
 import struct
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from casfs.catalog import volumes as rows
 from casfs.errors import Conflict, Corruption, NotFound, UnsupportedFormat
 from casfs.ids import SnapshotNo
-from casfs.kinds import BlobKind, VolumeKind
 from casfs.replica.assemble import Assembler
-from casfs.replica.land import Offer, Plan, check, land, offer_of, store_id
+from casfs.replica.land import Moved, Offer, Plan, check, land, offer_of, root_kind, store_id
 from casfs.replica.walk import reachable, read_records, walk
 from casfs.replica.wire import Reader, Record, Writer
 from casfs.repo import Repository
@@ -45,28 +43,6 @@ _LEN = struct.Struct("<I")
 _COUNTS = struct.Struct("<QQ")
 MAX_HEADER = 1 << 20
 GROUP = 32  # records verified together (in parallel)
-
-
-def root_kind(kind: VolumeKind) -> BlobKind:
-    return BlobKind.MAP_ROOT if kind == VolumeKind.BLOCK else BlobKind.TREE
-
-
-@dataclass
-class Moved:
-    """What a transfer did: for the command's last line and --json."""
-
-    volume: str  # the local name
-    n: SnapshotNo
-    root: str
-    plan: Plan
-    blobs: int = 0  # records received (or sent)
-    bytes: int = 0  # bytes read (or written) in all
-    adopted: int = 0  # blobs adopted through a shared bucket (replica.adopt), not moved
-    copied: int = 0  # of the rest, blobs read from that bucket (their pack was going)
-    bucket_bytes: int = 0  # bytes read from that bucket (metadata, copied blobs)
-
-    def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "plan": str(self.plan)}
 
 
 def send(repo: Repository, volume: str, n: SnapshotNo, since: SnapshotNo | None, out: BinaryIO) -> Moved:

@@ -14,7 +14,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from casfs.kinds import BlobKind
 from casfs.replica.wire import Record, encode
-from casfs.snapshots.children import children
 from casfs.store import BlobStore
 from casfs.store.ids import ZERO_ID, BlobId
 
@@ -26,6 +25,8 @@ def walk(
 ) -> Iterator[tuple[BlobId, BlobKind]]:
     """(id, kind) of every blob under `root`, parents first, each once; a blob for
     which `skip` is true is left out with everything under it (the receiver holds it)."""
+    from casfs.snapshots.children import children  # (here: a server's reads need no codec)
+
     if root == ZERO_ID or skip(root):
         return
     seen = {root}

@@ -1,14 +1,24 @@
 """Fixtures of the replica tests: two empty stores (`two`), and a real sshd on
 127.0.0.1, a free port, a throwaway host key and user key in a temporary directory,
-key logins only; stopped by its pid."""
+key logins only; stopped by its pid.
+
+Pulls over ssh share a connection and a server on the source (replica.sharing), which
+outlive a pull by design: the sshd fixture gives this side and the source side private
+directories of their own ($XDG_RUNTIME_DIR here, and in the remote command there), and
+after each test that used it (and once more at the end) ends every ssh master and
+server found there by pid, and waits until they are gone."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,9 +47,51 @@ class Sshd:
     port: int
     ssh: str  # a CASFS_SSH value that logs in with the throwaway key
     remote: str  # the casfs command on the far side: this checkout, this interpreter
+    here: Path  # this side's $XDG_RUNTIME_DIR (shared ssh connections' sockets)
+    far: Path  # the far side's (its servers' sockets and pid files)
 
     def url(self, store: Path) -> str:
         return f"ssh://{os.environ.get('USER', 'root')}@127.0.0.1:{self.port}{store}"
+
+    def shared(self) -> dict[str, int]:
+        """The ssh masters and source-side servers up now: {what: pid}."""
+        found: dict[str, int] = {}
+        for pid_file in (self.far / "casfs-ssh").glob("serve-*.pid"):
+            with contextlib.suppress(OSError, ValueError):
+                found[pid_file.name] = int(pid_file.read_text())
+        for sock in (self.here / "casfs-ssh").glob("*"):
+            if sock.name.startswith("fwd-"):
+                continue
+            done = subprocess.run(
+                [*self.ssh.split(), "-o", f"ControlPath={sock}", "-O", "check", "x"],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            if m := re.search(r"\(pid=(\d+)\)", done.stderr):
+                found[sock.name] = int(m.group(1))
+        return {what: pid for what, pid in found.items() if alive(pid)}
+
+    def stop_shared(self) -> None:
+        """End every master and server by pid; fail if one does not go."""
+        left = self.shared()
+        for pid in left.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while any(alive(p) for p in left.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in left.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        assert not [w for w, p in left.items() if alive(p)], left
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a master's parent exited: init reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def _free_port() -> int:
@@ -86,7 +138,22 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
             f"ssh -F /dev/null -i {d / 'user'} -o IdentitiesOnly=yes -o BatchMode=yes "
             f"-o UserKnownHostsFile={d / 'known_hosts'} -o StrictHostKeyChecking=yes"
         )
-        yield Sshd(port, ssh, f"env PYTHONPATH={ROOT} {sys.executable} -m casfs")
+        # (short: a socket's path is at most 107 bytes, pytest's temporary paths are long)
+        here, far = (Path(tempfile.mkdtemp(prefix=f"casfs-{side}-")) for side in ("here", "far"))
+        remote = f"env PYTHONPATH={ROOT} XDG_RUNTIME_DIR={far} {sys.executable} -m casfs"
+        server = Sshd(port, ssh, remote, here, far)
+        before = os.environ.get("XDG_RUNTIME_DIR")
+        os.environ["XDG_RUNTIME_DIR"] = str(here)  # (the CLI's subprocesses inherit it)
+        try:
+            yield server
+        finally:
+            if before is None:
+                del os.environ["XDG_RUNTIME_DIR"]
+            else:
+                os.environ["XDG_RUNTIME_DIR"] = before
+            server.stop_shared()
+            for run_dir in (here, far):
+                shutil.rmtree(run_dir, ignore_errors=True)
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         try:
@@ -94,3 +161,12 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         except subprocess.TimeoutExpired:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.fixture(autouse=True)
+def _no_shared_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test that pulled over ssh: no ssh master nor source-side server is left."""
+    yield
+    if "sshd" in request.fixturenames:
+        server: Sshd = request.getfixturevalue("sshd")
+        server.stop_shared()

@@ -8,12 +8,15 @@ tests check the modules loaded, not the time, so they hold on a busy machine.
     listings without --json and a delete not json
     a clone, a snapshot at rest or a delete loads neither the tree and map codecs, gc
     nor the job queue
+    a pull loads none of the source's side, and `serve-replica` (started on the source
+    for a pull) none of the receiver's nor of the volumes' code
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -110,6 +113,71 @@ def test_short_commands_load_only_what_they_use(
         create_volume(repo, "v", Source(image="img"))
         create_snapshot(repo, "v")
     assert loaded(RUN_CASFS, str(store), *argv, probe=absent) == []
+
+
+# What a copying pull (the receiver) and its server (the source) have no use for.
+NOT_FOR_A_PULL = (
+    *HEAVY[:2],
+    "casfs.replica.serve",
+    "casfs.replica.stream",
+    "casfs.replica.walk",
+    "casfs.replica.adopt",
+    "casfs.volumes",
+)
+NOT_FOR_A_SERVER = (
+    *HEAVY[:2],
+    "casfs.replica.assemble",
+    "casfs.replica.pull",
+    "casfs.replica.stream",
+    "casfs.volumes",
+    "casfs.snapshots.tree",
+    "casfs.snapshots.chunkmap",
+    "uuid",
+)
+
+
+def _source(store: Path, tmp_path: Path) -> None:
+    raw = tmp_path / "img.raw"
+    raw.write_bytes(os.urandom(256 << 10))
+    with contextlib.closing(Repository.open(store)) as repo:
+        import_image(repo, "img", raw)
+        create_volume(repo, "v", Source(image="img"))
+        create_snapshot(repo, "v")
+
+
+def test_a_pull_and_its_server_load_only_their_side(store: Path, tmp_path: Path) -> None:
+    """Both start for every pull over ssh that finds no server up (replica.sharing)."""
+    from casfs.kinds import BlobKind
+    from casfs.replica.protocol import FRAME, WANT, frame
+
+    _source(store, tmp_path)
+    here = tmp_path / "here"
+    ok(here, "init")
+    assert loaded(RUN_CASFS, str(here), "pull", str(store), "v", probe=NOT_FOR_A_PULL) == []
+    # The server, asked what a pull asks: hello, the volume, the offer, then its root.
+    with contextlib.closing(Repository.open(store)) as repo:
+        (root,) = repo.conn.execute("SELECT root FROM snapshots WHERE volume = 'v'").fetchone()
+    requests = b"".join(
+        frame(b"Q", json.dumps(q).encode())
+        for q in ({"op": "hello"}, {"op": "volume", "name": "v"}, {"op": "offer", "name": "v", "n": 1})
+    ) + frame(b"G", WANT.pack(bytes(root), BlobKind.MAP_ROOT))
+    script = (
+        "import sys, runpy\nsys.argv = ['casfs', 'serve-replica', sys.argv[1]]\n"
+        "try:\n    runpy.run_module('casfs', run_name='__main__')\nexcept SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        f"print('loaded:', sorted(m for m in {NOT_FOR_A_SERVER!r} if m in sys.modules), file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(store)], input=requests, capture_output=True, timeout=60, env=env()
+    )
+    said = done.stderr.decode().splitlines()
+    assert done.returncode == 0 and said and said[-1] == "loaded: []", (done.returncode, said)
+    tags, at = [], 0
+    while at < len(done.stdout):
+        tag, length = FRAME.unpack_from(done.stdout, at)
+        tags.append(tag)
+        at += FRAME.size + length
+    assert tags == [b"R", b"R", b"R", b"b", b"."]  # (answered, and the root sent)
 
 
 def test_a_background_mount_loads_no_trio_in_the_cli(store: Path, tmp_path: Path) -> None:
