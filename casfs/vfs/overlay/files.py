@@ -24,7 +24,6 @@ transaction that publishes the snapshot.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import weakref
 from collections import OrderedDict
@@ -34,14 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from casfs.ids import InodeNo
-from casfs.store.local import syncfs
+from casfs.store.local import remove_quietly, syncfs
 from casfs.store.uppers import upper_dir
 
 Key = tuple[InodeNo, int]  # (ino, generation)
-
-
-def _log() -> logging.Logger:
-    return logging.getLogger(__name__)
 
 
 _OPEN_FILES = 256  # descriptors kept open (a cp -a writes tens of thousands of files)
@@ -203,24 +198,15 @@ class FileUppers:
         paths = [self.path(key) for key in keys]
         if len(paths) < _PARALLEL_UNLINK:
             for path in paths:
-                _unlink(path)
+                remove_quietly(path)  # (what it cannot remove, the next mount does)
             return
         with ThreadPoolExecutor(_UNLINK_THREADS, thread_name_prefix="casfs-unlink") as pool:
-            for _ in pool.map(_unlink, paths):
+            for _ in pool.map(remove_quietly, paths):
                 pass
 
 
 _PARALLEL_UNLINK = 16
 _UNLINK_THREADS = 4
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        _log().warning("cannot delete %s (left for the next mount): %s", path, e)
 
 
 @dataclass
