@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from casfs import catalog
-from casfs.errors import Busy
+from casfs.catalog import blobs as blob_rows
+from casfs.errors import Busy, MissingBlob
 from casfs.ids import FIRST_FREE_INO, ROOT_INO, InodeNo
 from casfs.kinds import BlobKind
 from casfs.refcount import ledger
@@ -267,6 +268,16 @@ def test_multiplicity_within_one_map(repo: Repository) -> None:
     report = gc(repo)
     assert report.blobs_freed == 2  # disk's root and y; x is still named twice by disk2
     assert refs(repo, ids[0]) == 2
+    assert fsck(repo).clean
+
+
+def test_reference_to_a_blob_without_a_row_is_refused_and_counts_nothing(repo: Repository) -> None:
+    _, ids = block_image(repo, "disk", rand_chunks(3))
+    ghost = blob_id(b"never stored")
+    with pytest.raises(MissingBlob, match=ghost.hex()):
+        with catalog.transaction(repo.conn):
+            blob_rows.add_refs(repo.conn, {ids[0]: 2, ghost: 1, ids[2]: -1})
+    assert [refs(repo, b) for b in ids] == [1, 1, 1]
     assert fsck(repo).clean
 
 
