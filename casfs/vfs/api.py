@@ -269,3 +269,20 @@ def enoent(what: str) -> OSError:
 
 def fs_error(code: int, what: str = "") -> OSError:
     return OSError(code, what or errno.errorcode.get(code, "error"))
+
+
+# Asked of every entry by `ls -l` (coreutils: lgetfilecon, file_has_acl), and answered
+# EOPNOTSUPP for an entry that has none: ls then remembers the file system as one
+# without labels or ACLs (per st_dev) and stops asking. ENODATA, the usual answer, cost
+# two or three FUSE requests per entry, most of a warm `ls -lR`'s. Nothing is hidden: an
+# entry with a label or an ACL still answers it (getfattr, getfacl), and casfs does not
+# enforce ACLs (no FUSE_POSIX_ACL: the kernel checks the mode bits only; a volume
+# refuses to set one). Only ls's `+` and `.` marks after the first unmarked entry are lost.
+UNLABELLED = frozenset((b"security.selinux", b"system.posix_acl_access", b"system.posix_acl_default"))
+
+
+def no_xattr(name: bytes) -> OSError:
+    """The error for an extended attribute an entry does not have (see UNLABELLED)."""
+    if name in UNLABELLED:
+        return fs_error(errno.EOPNOTSUPP, "no SELinux label or POSIX ACL here")
+    return fs_error(errno.ENODATA, "no such attribute")

@@ -14,7 +14,7 @@ from casfs.ids import InodeNo
 from casfs.repo import Repository
 from casfs.snapshots.chunkmap import ChunkMap
 from casfs.store.ids import ZERO_ID, BlobId
-from casfs.vfs.api import ROOT_INO, Piece, Stat
+from casfs.vfs.api import ROOT_INO, Piece, Stat, no_xattr
 from casfs.vfs.chunks import plan_pieces
 
 
@@ -86,7 +86,7 @@ class BlockView:
 
     def getxattr(self, ino: InodeNo, name: bytes) -> bytes:
         self._check(ino)
-        raise OSError(errno.ENODATA, "no such attribute")
+        raise no_xattr(name)
 
     def listxattr(self, ino: InodeNo) -> list[bytes]:
         self._check(ino)

@@ -36,7 +36,7 @@ from casfs.lifecycle.phases import ImagePhase, VolumePhase
 from casfs.lifecycle.pids import alive
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
-from casfs.vfs.api import ROOT_INO, Piece, RwView, Stat, View, enoent
+from casfs.vfs.api import ROOT_INO, Piece, RwView, Stat, View, enoent, no_xattr
 from casfs.vfs.blockview import BlockView
 from casfs.vfs.treeview import TreeView
 
@@ -203,7 +203,7 @@ class StoreView:
         raise OSError(errno.EISDIR, "a directory")
 
     def getxattr(self, ino: InodeNo, name: bytes) -> bytes:
-        raise OSError(errno.ENODATA, "no such attribute")
+        raise no_xattr(name)
 
     def listxattr(self, ino: InodeNo) -> list[bytes]:
         return []

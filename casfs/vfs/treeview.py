@@ -25,17 +25,8 @@ from casfs.snapshots.chunkmap import Content
 from casfs.snapshots.tree import Attrs, Entry, Tree
 from casfs.store.cache import LRU
 from casfs.store.ids import BlobId
-from casfs.vfs.api import ROOT_INO, Piece, Stat, enoent
+from casfs.vfs.api import ROOT_INO, Piece, Stat, enoent, no_xattr
 from casfs.vfs.chunks import plan_pieces
-
-# Asked of every entry by `ls -l` (coreutils: lgetfilecon, file_has_acl), and answered
-# EOPNOTSUPP for an entry that has none: ls then remembers the file system as one
-# without labels or ACLs (per st_dev) and stops asking. ENODATA, the usual answer, cost
-# two or three FUSE requests per entry, most of a warm `ls -lR`'s. Nothing is hidden: an
-# entry imported with a label or an ACL still answers it (getfattr, getfacl), and this
-# mount does not enforce ACLs (no FUSE_POSIX_ACL: the kernel checks the mode bits only).
-# Only ls's `+` and `.` marks after the first unmarked entry are lost.
-UNLABELLED = frozenset((b"security.selinux", b"system.posix_acl_access", b"system.posix_acl_default"))
 
 # Decoded trees, sized by their blob's plaintext (decoded entries take about five times
 # more: /usr/share's 7 MiB of trees, decoded, are 15 MiB of a daemon's RSS). Not much
@@ -109,9 +100,7 @@ class TreeView:
         for key, value in self._node(ino).attrs.xattrs:
             if key == name:
                 return value
-        if name in UNLABELLED:
-            raise OSError(errno.EOPNOTSUPP, "no SELinux label or POSIX ACL here")
-        raise OSError(errno.ENODATA, "no such attribute")
+        raise no_xattr(name)
 
     def listxattr(self, ino: InodeNo) -> list[bytes]:
         return [key for key, _ in self._node(ino).attrs.xattrs]

@@ -437,6 +437,36 @@ def test_unlink_and_rename_open_files(vol: Mount) -> None:
 # -- modes, owners and times -------------------------------------------------------------------
 
 
+def test_missing_labels_and_acls_are_unsupported_so_ls_stops_asking(vol: Mount) -> None:
+    """`ls -l` asks every entry for its SELinux label and ACL, and stops for the whole
+    file system after one "not supported" (coreutils caches it per st_dev): a missing one
+    answers that, where ENODATA cost two requests per entry. A label that is there is
+    answered, as is any other missing name's ENODATA."""
+    top = vol.path
+    (top / "d").mkdir()
+    for name in ("plain", "labelled"):
+        (top / "d" / name).write_text(name)
+    label = top / "d" / "labelled"
+    assert (
+        run(["setfattr", "-n", "security.selinux", "-v", "system_u:object_r:etc_t:s0", label]).returncode == 0
+    )
+    for path in (top / "d" / "plain", top / "d"):
+        for name in ("security.selinux", "system.posix_acl_access"):
+            done = run(["getfattr", "-n", name, path])
+            assert done.returncode == 1 and "Operation not supported" in done.stderr, (
+                path,
+                name,
+                done.stderr,
+            )
+    assert xattr(label, "security.selinux") == "system_u:object_r:etc_t:s0"
+    done = run(["getfattr", "-n", "user.nope", top / "d" / "plain"])
+    assert done.returncode == 1 and "No such attribute" in done.stderr, done.stderr
+    listing = run(["ls", "-l", top / "d"])
+    assert listing.returncode == 0 and "labelled" in listing.stdout and "plain" in listing.stdout, (
+        listing.stderr
+    )
+
+
 def umask_and_setgid(top: Path) -> dict[str, tuple[int, int]]:
     """(mode, gid) of what root creates under a umask and in a setgid directory."""
     old = os.umask(0o027)

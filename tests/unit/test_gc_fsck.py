@@ -274,9 +274,8 @@ def test_multiplicity_within_one_map(repo: Repository) -> None:
 def test_reference_to_a_blob_without_a_row_is_refused_and_counts_nothing(repo: Repository) -> None:
     _, ids = block_image(repo, "disk", rand_chunks(3))
     ghost = blob_id(b"never stored")
-    with pytest.raises(MissingBlob, match=ghost.hex()):
-        with catalog.transaction(repo.conn):
-            blob_rows.add_refs(repo.conn, {ids[0]: 2, ghost: 1, ids[2]: -1})
+    with pytest.raises(MissingBlob, match=ghost.hex()), catalog.transaction(repo.conn):
+        blob_rows.add_refs(repo.conn, {ids[0]: 2, ghost: 1, ids[2]: -1})
     assert [refs(repo, b) for b in ids] == [1, 1, 1]
     assert fsck(repo).clean
 

@@ -13,7 +13,7 @@ from typing import TypeVar, Unpack
 from casfs.ids import ChunkNo, InodeNo
 from casfs.snapshots import chunkmap
 from casfs.store.ids import ZERO_ID, BlobId
-from casfs.vfs.api import Changes, Fetched, NeedChunks, NeedWork, Piece, Stat, fs_error
+from casfs.vfs.api import Changes, Fetched, NeedChunks, NeedWork, Piece, Stat, fs_error, no_xattr
 from casfs.vfs.overlay.nodes import Node
 from casfs.vfs.overlay.writeback import RwVolume, now_ns
 
@@ -108,7 +108,7 @@ class Data(RwVolume):
     def getxattr(self, ino: InodeNo, name: bytes) -> bytes:
         value = self.node(ino).xattrs.get(name)
         if value is None:
-            raise fs_error(errno.ENODATA)
+            raise no_xattr(name)
         return value
 
     def listxattr(self, ino: InodeNo) -> list[bytes]:
