@@ -125,7 +125,12 @@ class Operations(pyfuse3.Operations):
     # -- attributes --------------------------------------------------------------
 
     def _timeout(self, view: View) -> float:
-        return self.opts.immutable_timeout if view.immutable else self.opts.mutable_timeout
+        # A read/write volume changes only through this mount (its claim keeps rollback,
+        # resize and other mounts out), and the kernel drops what its own requests change:
+        # its entries and attributes stay as valid as an image's. Only the store's listing
+        # changes behind the kernel's back (the CLI creates and removes volumes).
+        long = view.immutable or view.rw is not None
+        return self.opts.immutable_timeout if long else self.opts.mutable_timeout
 
     def _attrs(self, st: Stat, fino: int, view: View, parent: View | None = None) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()

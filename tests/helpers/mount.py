@@ -104,12 +104,19 @@ def wait_gone(pid: int, proc: subprocess.Popen[bytes] | None, timeout: float) ->
 
 
 def start_daemon(
-    store: Path, mountpoint: Path, *, volume: str | None = None, ro: bool = False, extra: Sequence[str] = ()
+    store: Path,
+    mountpoint: Path,
+    *,
+    volume: str | None = None,
+    ro: bool = False,
+    extra: Sequence[str] = (),
+    kernel_cache: bool = False,
 ) -> Mount:
     """Start a foreground daemon and wait until the mount answers; fail at once if the
-    daemon dies first (its log is in the failure message)."""
+    daemon dies first (its log is in the failure message). Tests see every change at
+    once (zero entry and attribute timeouts) unless `kernel_cache`: a user's timeouts."""
     log_path = mountpoint.parent / f".{mountpoint.name}.daemon.log"
-    cmd = [*DAEMON, "--store", str(store), "--zero-timeouts"]
+    cmd = [*DAEMON, "--store", str(store)] + ([] if kernel_cache else ["--zero-timeouts"])
     cmd += ["--volume", volume] if volume else []
     cmd += ["--ro"] if ro else []
     cmd += list(extra)
@@ -227,12 +234,18 @@ def running(store: Path, mountpoint: Path, *, volume: str | None = None) -> Iter
 
 @contextlib.contextmanager
 def mounted(
-    store: Path, mountpoint: Path, *, volume: str | None = None, ro: bool = False, extra: Sequence[str] = ()
+    store: Path,
+    mountpoint: Path,
+    *,
+    volume: str | None = None,
+    ro: bool = False,
+    extra: Sequence[str] = (),
+    kernel_cache: bool = False,
 ) -> Iterator[Mount]:
     """Mount, yield, and always unmount: cleanly when possible, by force otherwise."""
     if not mountpoint.exists():  # a directory by default; block volumes need a file made first
         mountpoint.mkdir(parents=True)
-    m = start_daemon(store, mountpoint, volume=volume, ro=ro, extra=extra)
+    m = start_daemon(store, mountpoint, volume=volume, ro=ro, extra=extra, kernel_cache=kernel_cache)
     try:
         yield m
     finally:

@@ -9,6 +9,9 @@ Paths come from a small pool of names under a few fixed parents, so operations c
 (EEXIST, ENOTEMPTY, EISDIR, ENOTDIR, EXDEV never: one volume). A few file descriptors
 stay open across steps, so writes and reads go on through unlinked and renamed files.
 
+An odd seed mounts with the kernel's cache of entries and attributes (a user's mount),
+an even one without (every lookup and getattr reaches casfs).
+
 Run with CASFS_MODEL_SEED=N to replay a failure (the seed is in the failure message),
 and CASFS_MODEL_STEPS=N for a longer run. Not compared: atime and mtime (two
 filesystems written at different moments), inode numbers, directory sizes.
@@ -262,7 +265,10 @@ def short(value: object) -> str:
 
 def test_model_against_ext4(repo: Repository, tmp_path: Path) -> None:
     seed = int(os.environ.get("CASFS_MODEL_SEED", str(random.randrange(1 << 32))))
-    print(f"model seed {seed} (replay: CASFS_MODEL_SEED={seed})")
+    # An odd seed mounts as a user does: the kernel keeps entries and attributes (its
+    # cache must stay true through every change); an even one asks casfs every time.
+    kernel_cache = seed % 2 == 1
+    print(f"model seed {seed} (replay: CASFS_MODEL_SEED={seed}), kernel cache {kernel_cache}")
     rnd = random.Random(seed)
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
     native = tmp_path / "native"
@@ -279,7 +285,7 @@ def test_model_against_ext4(repo: Repository, tmp_path: Path) -> None:
             fail(step, "trees differ:\n  " + "\n  ".join(diffs[:20]))
 
     started = time.monotonic()
-    with mounted(repo.path, tmp_path / "mnt", volume="v") as m:
+    with mounted(repo.path, tmp_path / "mnt", volume="v", kernel_cache=kernel_cache) as m:
         here, there = Side(os.fsencode(native), False), Side(os.fsencode(m.path), True)
         setup(here)
         setup(there)
@@ -297,7 +303,7 @@ def test_model_against_ext4(repo: Repository, tmp_path: Path) -> None:
             there.close_all()
         compare(STEPS, m.path)
     # every change went into the snapshot taken at unmount
-    with mounted(repo.path, tmp_path / "mnt", volume="v") as m:
+    with mounted(repo.path, tmp_path / "mnt", volume="v", kernel_cache=kernel_cache) as m:
         compare(STEPS, m.path)
     done = casfs(repo.path, "fsck", timeout=120)
     assert done.returncode == 0, f"seed {seed}: {done.stdout}{done.stderr}"
