@@ -124,13 +124,16 @@ class Operations(pyfuse3.Operations):
 
     # -- attributes --------------------------------------------------------------
 
+    @staticmethod
+    def _stable(view: View) -> bool:
+        """Whether the kernel may keep what it learns of the view: an image never changes,
+        and a read/write volume changes only through this mount (its claim keeps rollback,
+        resize and other mounts out), while the kernel drops what its own requests change.
+        Only the store's listing changes behind the kernel's back (the CLI's commands)."""
+        return view.immutable or view.rw is not None
+
     def _timeout(self, view: View) -> float:
-        # A read/write volume changes only through this mount (its claim keeps rollback,
-        # resize and other mounts out), and the kernel drops what its own requests change:
-        # its entries and attributes stay as valid as an image's. Only the store's listing
-        # changes behind the kernel's back (the CLI creates and removes volumes).
-        long = view.immutable or view.rw is not None
-        return self.opts.immutable_timeout if long else self.opts.mutable_timeout
+        return self.opts.immutable_timeout if self._stable(view) else self.opts.mutable_timeout
 
     def _attrs(self, st: Stat, fino: int, view: View, parent: View | None = None) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
@@ -189,7 +192,18 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext
     ) -> pyfuse3.EntryAttributes:
         view, ino = self.table.get(parent_inode)
-        child, cino, st = resolve(view, ino, name)
+        try:
+            child, cino, st = resolve(view, ino, name)
+        except OSError as e:
+            if e.errno != errno.ENOENT or not self._stable(view):
+                raise
+            # The kernel may remember that a name is missing (it forgets when it creates
+            # one): a program probing paths (an interpreter's imports, the dynamic
+            # loader, $PATH) asks once, not each time.
+            missing = pyfuse3.EntryAttributes()
+            missing.st_ino = InodeT(0)
+            missing.entry_timeout = self._timeout(view)
+            return missing
         return self._attrs(st, self.table.ref(child, cino), child, view)
 
     @handler

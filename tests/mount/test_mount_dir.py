@@ -376,6 +376,29 @@ def test_link_counts_and_ctime(any_vol: Mount, native: Path) -> None:
     assert link_unlink_rename(any_vol.path) == []
 
 
+def test_a_missing_name_appears_when_made_and_goes_when_removed(any_vol: Mount) -> None:
+    """The kernel may remember a missing name (a negative entry, kernel-cached mounts):
+    whatever this mount then makes under that name must show at once, and go again."""
+    top = any_vol.path
+    (top / "d").mkdir()
+    name = top / "d" / "n"
+    for make, remove in (
+        (lambda: name.write_text("file"), name.unlink),
+        (name.mkdir, name.rmdir),
+        (lambda: os.symlink("target", name), name.unlink),
+        (lambda: os.link(top / "d" / "other", name), name.unlink),
+        (lambda: os.rename(top / "d" / "other", name), lambda: os.rename(name, top / "d" / "other")),
+    ):
+        (top / "d" / "other").write_text("other")
+        for _ in range(2):
+            assert errno_of(lambda: os.lstat(name)) == errno.ENOENT
+        make()
+        assert os.lstat(name) is not None and "n" in os.listdir(top / "d")
+        remove()
+        assert errno_of(lambda: os.lstat(name)) == errno.ENOENT
+        assert "n" not in os.listdir(top / "d")
+
+
 # -- open files ----------------------------------------------------------------------------
 
 
