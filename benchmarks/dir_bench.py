@@ -8,8 +8,10 @@ The source tree (default /usr/share; its entry count is reported) is read once f
 so every peer copies from the page cache, and a tarball of a root filesystem is made
 first from this host's trees (--rootfs, default the Debian trees oci_bench uses: about
 debian:bookworm's size), as a container runtime or debootstrap unpacks one.
-Destinations: DIR/native/tree, bindfs over DIR/bindfs-src, and a blank directory
-volume mounted with `casfs mount MNT --volume tree` (as a runtime mounts a pod's volume).
+Destinations: DIR/native/tree, bindfs over DIR/bindfs-src, pyfuse3_floor.py over
+DIR/floor-src (the same Python FUSE stack as casfs with nothing of casfs in it: the
+floor of any pure-Python daemon here), and a blank directory volume mounted with
+`casfs mount MNT --volume tree` (as a runtime mounts a pod's volume).
 Timed, in seconds, per peer:
 
   tar -x        tar -xf ROOTFS.tar -C DEST/rootfs (as root: owners and modes kept)
@@ -26,6 +28,7 @@ casfs's unmount after the copy and the tar (flush and snapshot) is timed too. Ru
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -34,13 +37,13 @@ from typing import Any
 
 from benchlib import (
     NOT_DROPPED,
-    PEERS,
     ROOTFS_TREES,
     Casfs,
     Row,
     arguments,
     drop_caches,
     emit,
+    is_mounted,
     scratch,
     sh,
     table,
@@ -49,6 +52,34 @@ from benchlib import (
 )
 
 STEPS = ("tar -x", "cp -a", "ls -lR warm", "du -s warm", "find | wc -l", "ls -lR cold")
+DIR_PEERS = ("native", "bindfs", "pyfuse3", "casfs")
+FLOOR = Path(__file__).resolve().parent / "pyfuse3_floor.py"
+
+
+class Floor:
+    """pyfuse3_floor.py's daemon over `source` on `mnt`, ended by unmount and its pid."""
+
+    def __init__(self, source: Path, mnt: Path) -> None:
+        self.source, self.mnt = source, mnt
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def mount(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, FLOOR, self.source, self.mnt])
+        deadline = time.monotonic() + 30
+        while not is_mounted(self.mnt):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"pyfuse3_floor.py did not mount {self.mnt}")
+            time.sleep(0.05)
+
+    def umount(self) -> None:
+        unmount(self.mnt)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGKILL)
+                self.proc.wait()
+            self.proc = None
 
 
 def count_entries(top: Path) -> int:
@@ -73,8 +104,9 @@ def run(source: Path, work: Path, trees: list[str]) -> dict[str, Any]:
     timed(f"tar cf - '{source}' 2>/dev/null | cat > /dev/null")  # the source into the page cache
     native = work / "native"
     bind_src, bind_mnt = work / "bindfs-src", work / "bindfs"
+    floor = Floor(work / "floor-src", work / "floor")
     cas = Casfs(work / "store", work / "casfs", volume="tree")
-    for d in (native, bind_src, bind_mnt, cas.mnt):
+    for d in (native, bind_src, bind_mnt, floor.source, floor.mnt, cas.mnt):
         d.mkdir()
     cas.cli("init")
     cas.cli("volume", "create", "tree", "--blank-dir")
@@ -86,6 +118,9 @@ def run(source: Path, work: Path, trees: list[str]) -> dict[str, Any]:
         if peer == "bindfs":
             sh("bindfs", bind_src, bind_mnt, timeout=60)
             return bind_mnt
+        if peer == "pyfuse3":
+            floor.mount()
+            return floor.mnt
         if peer == "casfs":
             cas.mount()
             return cas.mnt
@@ -94,13 +129,15 @@ def run(source: Path, work: Path, trees: list[str]) -> dict[str, Any]:
     def umount(peer: str) -> None:
         if peer == "bindfs":
             unmount(bind_mnt)
+        elif peer == "pyfuse3":
+            floor.umount()
         elif peer == "casfs":
             t = time.perf_counter()
             cas.umount()
             extra.setdefault("casfs umount after tar and cp s", time.perf_counter() - t)
 
     try:
-        for peer in PEERS:
+        for peer in DIR_PEERS:
             top = mount(peer)
             (top / "rootfs").mkdir()
             results["tar -x"][peer] = timed(f"tar -xf '{tarball}' -C '{top / 'rootfs'}'", timeout=1800)
@@ -123,6 +160,7 @@ def run(source: Path, work: Path, trees: list[str]) -> dict[str, Any]:
                 print(f"  {peer:7} {step:14} {results[step][peer]:8.2f} s", file=sys.stderr)
     finally:
         unmount(bind_mnt)
+        floor.umount()
         cas.umount()
         unmount(cas.mnt)
     return {
@@ -138,7 +176,7 @@ def run(source: Path, work: Path, trees: list[str]) -> dict[str, Any]:
 
 def report_table(report: dict[str, Any]) -> str:
     rows = [Row(step, "s", by_peer, higher_is_better=False) for step, by_peer in report["results"].items()]
-    out = [table(rows)]
+    out = [table(rows, DIR_PEERS, ("native", "bindfs", "pyfuse3"))]
     for key, value in report["extra"].items():
         out.append(f"{key}: {value:.2f}")
     if not report["dropped"]:

@@ -382,13 +382,14 @@ def test_a_missing_name_appears_when_made_and_goes_when_removed(any_vol: Mount) 
     top = any_vol.path
     (top / "d").mkdir()
     name = top / "d" / "n"
-    for make, remove in (
+    steps: list[tuple[Callable[[], object], Callable[[], object]]] = [
         (lambda: name.write_text("file"), name.unlink),
         (name.mkdir, name.rmdir),
         (lambda: os.symlink("target", name), name.unlink),
         (lambda: os.link(top / "d" / "other", name), name.unlink),
         (lambda: os.rename(top / "d" / "other", name), lambda: os.rename(name, top / "d" / "other")),
-    ):
+    ]
+    for make, remove in steps:
         (top / "d" / "other").write_text("other")
         for _ in range(2):
             assert errno_of(lambda: os.lstat(name)) == errno.ENOENT
