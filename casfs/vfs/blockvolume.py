@@ -108,10 +108,10 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
         per = cs // BLOCK
         pieces = []
         for n, start, stop in chunk_spans(offset, min(offset + size, node.attrs.size), cs):
-            for first, last, owner in self.uppers.runs(n * per, per):
-                lo, hi = max(start, first * BLOCK), min(stop, last * BLOCK)
-                if lo >= hi:
-                    continue
+            # Only the blocks the read covers (a 4 KiB read asks one epoch about one block).
+            b0 = start // BLOCK
+            for first, last, owner in self.uppers.runs(n * per + b0, -(-stop // BLOCK) - b0):
+                lo, hi = max(start, (b0 + first) * BLOCK), min(stop, (b0 + last) * BLOCK)
                 if owner is None:
                     pieces.append(Piece(lo, hi, blob=self._chunk_ref(node, n)))
                 else:
