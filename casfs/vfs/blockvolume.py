@@ -35,7 +35,7 @@ from casfs.vfs.overlay.fold import (
 )
 from casfs.vfs.overlay.nodes import NO_LIMIT, Node
 from casfs.vfs.overlay.stack import Frozen, UpperStack
-from casfs.vfs.overlay.upper import BLOCK, Upper
+from casfs.vfs.overlay.upper import BLOCK, SyncJob, Upper
 from casfs.vfs.overlay.writeback import _finish, now_ns
 
 
@@ -224,6 +224,37 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
                 self._frozen = True
             job.upper = sync
         return job
+
+    def prepare_sync(self) -> SyncJob | None:
+        """The written epoch's sync alone, when nothing else is to flush and the catalog
+        names the epoch already (not its first sync): its run touches only the epoch's
+        files, so writes go on meanwhile (the view is not frozen). They set bits the
+        captured map pages do not carry, and a block's bit is written only after its
+        data's fdatasync: each block reads back old or new. Syncs run one at a time, in
+        the order they capture (casfs.fuse.rwsession.flush): a later page written
+        before an earlier one would lose bits."""
+        upper = self.upper
+        if upper is None or not upper.registered or self._frozen:
+            return None
+        if self.dirty_nodes or self.buffers or self.deleted or self.cuts:
+            return None
+        self._settle_mtime()
+        sync = upper.capture()
+        return None if sync is None else SyncJob(upper, sync)
+
+    def run_sync(self, job: SyncJob) -> None:
+        job.upper.sync(job.sync)
+
+    def apply_sync(self, job: SyncJob) -> None:
+        job.upper.synced(job.sync)
+        still = (
+            (self.upper is not None and self.upper.dirty) or self.dirty_nodes or self.buffers or self.deleted
+        )
+        self.dirty_since = time.monotonic() if still else None
+
+    def abort_sync(self, job: SyncJob) -> None:
+        job.upper.failed(job.sync)
+        self.dirty_since = time.monotonic()  # (retried after the dirty age, as a failed flush)
 
     def run_flush(self, job: FlushJob) -> None:
         if job.upper is not None:

@@ -65,6 +65,15 @@ class Sync:
     punched: bool  # holes were punched: their extents are metadata, fsync them
 
 
+@dataclass
+class SyncJob:
+    """A sync of an epoch the catalog names already, that writes may go on beside
+    (casfs.vfs.blockvolume.prepare_sync): it touches only the epoch's files."""
+
+    upper: Upper
+    sync: Sync
+
+
 class Upper:
     """One epoch's upper files, open. The present-map in memory is authoritative and
     paged: a page (4 KiB, 128 MiB of disk) exists once a block in it is written, so
