@@ -23,6 +23,7 @@ from casfs.snapshots.tree import Attrs
 from casfs.store.ids import ZERO_ID
 from casfs.store.uppers import remove_stale
 from casfs.vfs.api import ROOT_INO, Changes, Fetched, NeedChunks, Piece, RwView, Stat, fs_error
+from casfs.vfs.chunks import plan_pieces
 from casfs.vfs.overlay.data import Data, chunk_spans
 from casfs.vfs.overlay.fold import (
     FlushJob,
@@ -102,7 +103,11 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
 
     def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
         if not self.uppers:
-            return super().read_plan(ino, offset, size)
+            node = self.node(ino)
+            if self.buffers or self.chunk_ids or node.base == ZERO_ID:
+                return super().read_plan(ino, offset, size)
+            # The base alone (a clone not written yet): its map says it all.
+            return plan_pieces(self._content(node).chunk, node.attrs.size, self.chunk_size, offset, size)
         node = self.node(ino)
         cs = self.chunk_size
         per = cs // BLOCK
