@@ -10,7 +10,6 @@ stated once in docs/developer-notes.md, "Concurrency protocol of the daemon".
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,21 +28,59 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 J = TypeVar("J")
 
-_locks: WeakKeyDictionary[RwView, trio.Lock] = WeakKeyDictionary()
+
+class ViewLock:
+    """A view's lock: trio.Lock's rules (FIFO; a release hands the lock to the first
+    waiter; not re-entrant) with its owner in plain sight. Called, it says whether the
+    calling task holds it: it is the view's guard. An uncontended acquire and release
+    are two attribute stores, and the guard one comparison, where trio.Lock's and its
+    statistics() cost about 4.5 us together, a tenth of a 4 KiB write's handler."""
+
+    __slots__ = ("_lot", "owner", "syncing")
+
+    def __init__(self) -> None:
+        self.owner: trio.lowlevel.Task | None = None
+        self._lot = trio.lowlevel.ParkingLot()
+        # Set while a sync runs beside writes (flush): every other flush waits for it.
+        self.syncing: trio.Event | None = None
+
+    def __call__(self) -> bool:
+        return self.owner is trio.lowlevel.current_task()
+
+    def acquire_nowait(self) -> bool:
+        """Take the lock if it is free and no one waits for it (no checkpoint)."""
+        if self.owner is None and not self._lot:
+            self.owner = trio.lowlevel.current_task()
+            return True
+        return False
+
+    async def acquire(self) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self.acquire_nowait():
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        if self.owner is trio.lowlevel.current_task():
+            raise RuntimeError("a view's lock is not re-entrant")
+        await self._lot.park()  # woken as its owner: release() hands it over
+
+    def release(self) -> None:
+        assert self.owner is trio.lowlevel.current_task(), "a view's lock released by a task not holding it"
+        self.owner = self._lot.unpark(count=1)[0] if self._lot else None
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
 
 
-def lock(view: RwView) -> trio.Lock:
-    """The view's lock (made at first use, when the view learns to check it)."""
-    held = _locks.get(view)
-    if held is None:
-        held = _locks[view] = trio.Lock()
-        view.guard = functools.partial(_owned, held)
+def lock(view: RwView) -> ViewLock:
+    """The view's lock, which is its guard (made at first use, when the view learns to
+    check it)."""
+    held = view.guard
+    if not isinstance(held, ViewLock):
+        held = view.guard = ViewLock()
     return held
-
-
-def _owned(held: trio.Lock) -> bool:
-    """The calling task holds the lock (trio knows its owner)."""
-    return held.statistics().owner is trio.lowlevel.current_task()
 
 
 async def mutate(
@@ -58,9 +95,7 @@ async def mutate(
     see them unchanged."""
     fetched: Fetched = {}
     held = lock(view)
-    try:
-        held.acquire_nowait()  # uncontended, nearly always: no round trip through the scheduler
-    except trio.WouldBlock:
+    if not held.acquire_nowait():  # (uncontended, nearly always: no trip through the scheduler)
         await held.acquire()
     try:
         if view.dirty_bytes > dirty_limit_bytes:
@@ -93,15 +128,41 @@ async def _in_thread(
 
 
 async def _flush_locked(view: RwView) -> None:
+    """A flush with the view's lock held (after the sync running beside writes, if any:
+    syncs are made durable in the order they were captured)."""
+    held = lock(view)
+    while held.syncing is not None:
+        await held.syncing.wait()
     job = view.prepare_flush()
     if job is not None:
         await _in_thread(job, view.run_flush, view.abort_flush, view.apply_flush)
 
 
 async def flush(view: RwView) -> None:
-    """Make every change the view buffers durable (fsync: one flush covers all)."""
-    async with lock(view):
-        await _flush_locked(view)
+    """Make every change the view buffers durable (fsync: one flush covers all). Where
+    all there is to sync is a block volume's written upper file (prepare_sync), the
+    lock is let go while it runs: a sync waits for the disk (an fdatasync of what the
+    last seconds wrote, hundreds of ms), and writers held behind it stalled the disk's
+    guest meanwhile. One such sync at a time; a flush that finds one running waits for
+    it, then captures what came after."""
+    held = lock(view)
+    while True:
+        while held.syncing is not None:
+            await held.syncing.wait()
+        async with held:
+            if held.syncing is not None:
+                continue  # (another started while this waited for the lock)
+            job = view.prepare_sync()
+            if job is None:
+                await _flush_locked(view)
+                return
+            done = held.syncing = trio.Event()
+        break
+    try:
+        await _in_thread(job, view.run_sync, view.abort_sync, view.apply_sync)
+    finally:
+        held.syncing = None
+        done.set()
 
 
 async def sync(view: View) -> None:

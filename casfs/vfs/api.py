@@ -27,6 +27,7 @@ from casfs.store.ids import ZERO_ID, BlobId
 if TYPE_CHECKING:
     from casfs.repo import Repository
     from casfs.vfs.overlay.fold import FlushJob, FoldJob, FreezeJob, FrozenFold
+    from casfs.vfs.overlay.upper import SyncJob
 
 
 class StatChanges(AttrChanges, total=False):
@@ -224,6 +225,17 @@ class RwView(View, Protocol):
     def apply_flush(self, job: FlushJob) -> None: ...
 
     def abort_flush(self, job: FlushJob) -> None: ...
+
+    # A sync of a block volume's written upper file alone, run beside writes (None: flush).
+    def prepare_sync(self) -> SyncJob | None: ...
+
+    def run_sync(self, job: SyncJob) -> None:
+        """A worker thread, without the view's lock."""
+        ...
+
+    def apply_sync(self, job: SyncJob) -> None: ...
+
+    def abort_sync(self, job: SyncJob) -> None: ...
 
     def prepare_fold(self, label: str | None) -> FoldJob: ...
 

@@ -23,6 +23,7 @@ from casfs.snapshots.tree import Attrs
 from casfs.store.ids import ZERO_ID
 from casfs.store.uppers import remove_stale
 from casfs.vfs.api import ROOT_INO, Changes, Fetched, NeedChunks, Piece, RwView, Stat, fs_error
+from casfs.vfs.chunks import plan_pieces
 from casfs.vfs.overlay.data import Data, chunk_spans
 from casfs.vfs.overlay.fold import (
     FlushJob,
@@ -35,7 +36,7 @@ from casfs.vfs.overlay.fold import (
 )
 from casfs.vfs.overlay.nodes import NO_LIMIT, Node
 from casfs.vfs.overlay.stack import Frozen, UpperStack
-from casfs.vfs.overlay.upper import BLOCK, Upper
+from casfs.vfs.overlay.upper import BLOCK, SyncJob, Upper
 from casfs.vfs.overlay.writeback import _finish, now_ns
 
 
@@ -93,25 +94,29 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
         catalog transaction (the file's overlay row), for a time no one reads."""
 
     def ensure_writable(self) -> None:
-        claiming = not self.claimed
+        if self.claimed:  # (every write asks)
+            return
         super().ensure_writable()
-        if claiming:
-            remove_stale(self.repo.path, self.name, {u.epoch for u in self.uppers.layers()})
+        remove_stale(self.repo.path, self.name, {u.epoch for u in self.uppers.layers()})
 
     # -- reading: the newest epoch holding a block, else what is below them --------
 
     def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
         if not self.uppers:
-            return super().read_plan(ino, offset, size)
+            node = self.node(ino)
+            if self.buffers or self.chunk_ids or node.base == ZERO_ID:
+                return super().read_plan(ino, offset, size)
+            # The base alone (a clone not written yet): its map says it all.
+            return plan_pieces(self._content(node).chunk, node.attrs.size, self.chunk_size, offset, size)
         node = self.node(ino)
         cs = self.chunk_size
         per = cs // BLOCK
         pieces = []
         for n, start, stop in chunk_spans(offset, min(offset + size, node.attrs.size), cs):
-            for first, last, owner in self.uppers.runs(n * per, per):
-                lo, hi = max(start, first * BLOCK), min(stop, last * BLOCK)
-                if lo >= hi:
-                    continue
+            # Only the blocks the read covers (a 4 KiB read asks one epoch about one block).
+            b0 = start // BLOCK
+            for first, last, owner in self.uppers.runs(n * per + b0, -(-stop // BLOCK) - b0):
+                lo, hi = max(start, (b0 + first) * BLOCK), min(stop, (b0 + last) * BLOCK)
                 if owner is None:
                     pieces.append(Piece(lo, hi, blob=self._chunk_ref(node, n)))
                 else:
@@ -144,6 +149,12 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
         completed from below first: raises NeedChunks if that needs a chunk not in
         `fetched` (fetch it, call again)."""
         node = self.node(ino)
+        end = offset + len(data)
+        if not (offset | end) % BLOCK and offset < end <= node.attrs.size:
+            # Whole blocks within the disk (a hypervisor's writes): nothing to complete.
+            self._check_mutation()
+            self._put(node, offset // BLOCK, end // BLOCK, data)
+            return len(data)
         data = self._within_size(node, offset, data)
         if not data:
             return 0
@@ -171,13 +182,18 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
                 whole[-tail:] = self._block(node, last, fetched)[BLOCK - tail :]
             whole[head : head + len(data)] = data
             buf = whole
-        upper = self._writable_upper()
-        count = last - first + 1
+        self._put(node, first, last + 1, buf)
+        return len(data)
+
+    def _put(self, node: Node, first: int, stop: int, buf: bytes | bytearray) -> None:
+        """Blocks [first, stop) into the written epoch."""
+        upper = self.uppers.active or self._writable_upper()
+        count = stop - first
         if upper.mask(first, count) != (1 << count) - 1:  # (an overwrite allocates nothing new)
             per = self.chunk_size // BLOCK
             self._upper_only += sum(
                 1
-                for c in range(first // per, last // per + 1)
+                for c in range(first // per, (stop - 1) // per + 1)
                 if not self.uppers.any_in(c * per, per) and self._chunk_ref(node, ChunkNo(c)) == ZERO_ID
             )
         upper.pwrite(first * BLOCK, buf)
@@ -185,7 +201,6 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
         self.overlay.add(ROOT_INO)
         if self.dirty_since is None:
             self.dirty_since = time.monotonic()
-        return len(data)
 
     def _block(self, node: Node, b: int, fetched: Fetched) -> bytes:
         """Block b's current bytes (BLOCK of them)."""
@@ -214,6 +229,37 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
                 self._frozen = True
             job.upper = sync
         return job
+
+    def prepare_sync(self) -> SyncJob | None:
+        """The written epoch's sync alone, when nothing else is to flush and the catalog
+        names the epoch already (not its first sync): its run touches only the epoch's
+        files, so writes go on meanwhile (the view is not frozen). They set bits the
+        captured map pages do not carry, and a block's bit is written only after its
+        data's fdatasync: each block reads back old or new. Syncs run one at a time, in
+        the order they capture (casfs.fuse.rwsession.flush): a later page written
+        before an earlier one would lose bits."""
+        upper = self.upper
+        if upper is None or not upper.registered or self._frozen:
+            return None
+        if self.dirty_nodes or self.buffers or self.deleted or self.cuts:
+            return None
+        self._settle_mtime()
+        sync = upper.capture()
+        return None if sync is None else SyncJob(upper, sync)
+
+    def run_sync(self, job: SyncJob) -> None:
+        job.upper.sync(job.sync)
+
+    def apply_sync(self, job: SyncJob) -> None:
+        job.upper.synced(job.sync)
+        still = (
+            (self.upper is not None and self.upper.dirty) or self.dirty_nodes or self.buffers or self.deleted
+        )
+        self.dirty_since = time.monotonic() if still else None
+
+    def abort_sync(self, job: SyncJob) -> None:
+        job.upper.failed(job.sync)
+        self.dirty_since = time.monotonic()  # (retried after the dirty age, as a failed flush)
 
     def run_flush(self, job: FlushJob) -> None:
         if job.upper is not None:

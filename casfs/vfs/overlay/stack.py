@@ -46,10 +46,11 @@ class UpperStack:
     def runs(self, first: int, count: int) -> list[tuple[int, int, Upper | None]]:
         """Blocks [first, first + count) as runs (start, stop, owner), offsets relative
         to first; one run with owner None when no epoch has any of them."""
-        layers = [(u, u.mask(first, count)) for u in self.layers()]
-        layers = [(u, m) for u, m in layers if m]
+        layers = [(u, m) for u in self.layers() if (m := u.mask(first, count))]
         if not layers:
             return [(0, count, None)]
+        if layers[0][1] == (1 << count) - 1:  # the newest holding any holds them all
+            return [(0, count, layers[0][0])]
         out: list[tuple[int, int, Upper | None]] = []
         for i in range(count):
             owner = next((u for u, m in layers if m >> i & 1), None)

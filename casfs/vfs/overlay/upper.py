@@ -65,6 +65,15 @@ class Sync:
     punched: bool  # holes were punched: their extents are metadata, fsync them
 
 
+@dataclass
+class SyncJob:
+    """A sync of an epoch the catalog names already, that writes may go on beside
+    (casfs.vfs.blockvolume.prepare_sync): it touches only the epoch's files."""
+
+    upper: Upper
+    sync: Sync
+
+
 class Upper:
     """One epoch's upper files, open. The present-map in memory is authoritative and
     paged: a page (4 KiB, 128 MiB of disk) exists once a block in it is written, so
@@ -126,6 +135,8 @@ class Upper:
 
     def mask(self, first: int, count: int) -> int:
         """Bits of blocks [first, first + count): bit i set = block first + i present."""
+        if count == 1:
+            return int(self.present(first))
         p, at = divmod(first, _PAGE_BLOCKS)
         if at + count > _PAGE_BLOCKS:  # across a page boundary (a chunk never is)
             part = _PAGE_BLOCKS - at
@@ -146,6 +157,17 @@ class Upper:
 
     def _set(self, first: int, stop: int) -> int:
         """Set the bits of blocks [first, stop); returns how many were new."""
+        if stop == first + 1:  # (one block: a 4 KiB write's)
+            p, at = divmod(first, _PAGE_BLOCKS)
+            page = self._pages.get(p)
+            if page is None:
+                page = self._pages[p] = bytearray(_PAGE)
+            byte, bit = at >> 3, 1 << (at & 7)
+            if page[byte] & bit:
+                return 0
+            page[byte] |= bit
+            self._dirty_pages.add(p)
+            return 1
         new_bits = 0
         while first < stop:
             p, at = divmod(first, _PAGE_BLOCKS)
@@ -181,21 +203,23 @@ class Upper:
         """Write whole blocks at a block-aligned offset; returns how many blocks were
         new to the upper. Zeros are not written but punched (a hole in .data reads as
         zeros): a guest zeroing its disk frees space instead of taking it."""
-        assert offset % BLOCK == 0 and len(data) % BLOCK == 0, "upper writes are whole blocks"
-        first, stop = offset // BLOCK, (offset + len(data)) // BLOCK
+        size = len(data)
+        assert not (offset | size) % BLOCK, "upper writes are whole blocks"
         if _is_zero(data):
             # Punched even where no bit is set: after a crash, .data may hold bytes of
             # writes whose bits were never synced (a block without its bit is not a hole).
-            _punch(self._data, offset, len(data))
+            _punch(self._data, offset, size)
             self.punched = True
         else:
-            done = 0
-            view = memoryview(data)
-            while done < len(view):
-                done += os.pwrite(self._data, view[done:], offset + done)
-            self.unsynced_bytes += len(data)
+            done = os.pwrite(self._data, data, offset)
+            if done < size:
+                view = memoryview(data)
+                while done < size:
+                    done += os.pwrite(self._data, view[done:], offset + done)
+            self.unsynced_bytes += size
         self.writes += 1
-        return self._set(first, stop)
+        first = offset // BLOCK
+        return self._set(first, first + size // BLOCK)
 
     def pread(self, offset: int, size: int) -> bytes:
         data = os.pread(self._data, size, offset)
@@ -259,11 +283,14 @@ def _read_pages(map_fd: int) -> dict[int, bytearray]:
 
 
 _ZEROS = bytes(1 << 20)
+_ZERO_BLOCK = bytes(BLOCK)
 _libc = ctypes.CDLL(None, use_errno=True)
 _FALLOC_PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
 
 
 def _is_zero(data: bytes | bytearray | memoryview) -> bool:
+    if len(data) == BLOCK:
+        return data == _ZERO_BLOCK  # (no slice of _ZEROS to make)
     if len(data) <= len(_ZEROS):
         return data == _ZEROS[: len(data)]
     return bytes(data).count(0) == len(data)

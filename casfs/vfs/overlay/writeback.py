@@ -48,6 +48,7 @@ from casfs.store.ids import BlobId
 from casfs.vfs.api import ROOT_INO, fs_error
 from casfs.vfs.overlay.fold import FlushJob, FoldJob, FreezeJob, FrozenFold, delete_inode_rows, run_flush
 from casfs.vfs.overlay.nodes import NO_LIMIT, Node
+from casfs.vfs.overlay.upper import SyncJob
 
 _DAY_NS = 86400 * 10**9
 
@@ -319,6 +320,22 @@ class RwVolume(ABC):
                 job.gone += [(ino, name) for name in gone]
         self._frozen = True
         return job
+
+    def prepare_sync(self) -> SyncJob | None:
+        """A flush that writes may go on beside, where all there is to make durable is
+        the written upper file of an epoch the catalog names (a block volume's); None:
+        flush as usual (prepare_flush)."""
+        return None
+
+    def run_sync(self, job: SyncJob) -> None:
+        """A worker thread, without the view's lock: the job's upper files only."""
+        raise NotImplementedError
+
+    def apply_sync(self, job: SyncJob) -> None:
+        raise NotImplementedError
+
+    def abort_sync(self, job: SyncJob) -> None:
+        raise NotImplementedError
 
     def _chunk_bytes(self, ino: InodeNo, n: ChunkNo, buf: bytearray) -> bytes:
         """A chunk's bytes in canonical form, as an import would store them: the full

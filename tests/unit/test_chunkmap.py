@@ -1,0 +1,43 @@
+"""ChunkMap's page cache: bounded, oldest page out first, never a wrong id."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from casfs.ids import ChunkNo
+from casfs.kinds import BlobKind
+from casfs.snapshots import chunkmap
+from casfs.store.ids import ZERO_ID, BlobId, blob_id
+
+
+def test_pages_are_kept_within_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chunkmap, "_PAGES_KEPT", 2)
+    blobs: dict[BlobId, bytes] = {}
+
+    def put(plain: bytes, kind: BlobKind) -> BlobId:
+        bid = blob_id(plain)
+        blobs[bid] = plain
+        return bid
+
+    gets: list[BlobId] = []
+
+    def get(bid: BlobId) -> bytes:
+        gets.append(bid)
+        return blobs[bid]
+
+    n = 5 * chunkmap.PAGE_ENTRIES
+    ids = [BlobId(os.urandom(32)) for _ in range(n)]
+    ids[chunkmap.PAGE_ENTRIES : 2 * chunkmap.PAGE_ENTRIES] = [
+        ZERO_ID
+    ] * chunkmap.PAGE_ENTRIES  # a page of holes
+    cmap = chunkmap.ChunkMap(get, chunkmap.build_map(put, ids, n << 16, 1 << 16))
+    for order in (list(range(n)), list(reversed(range(n)))):
+        assert [cmap.chunk(ChunkNo(i)) for i in order] == [ids[i] for i in order]
+        assert len(cmap._pages) <= 2
+    gets.clear()
+    for i in range(0, chunkmap.PAGE_ENTRIES, 7):  # page 0 is kept (read last): no load
+        assert cmap.chunk(ChunkNo(i)) == ids[i]
+    assert gets == []
+    assert cmap.chunk(ChunkNo(n)) == ZERO_ID  # past the end
