@@ -169,15 +169,18 @@ def run_fold_block(
 
 
 # Chunks hashed, compressed and written at once by a pool of threads (BLAKE3 and zstd
-# release the GIL), a bounded number in flight so memory stays a few MiB whatever was
-# written. Small jobs (an fsync of one file) stay in the calling thread.
+# release the GIL), in tasks of `_GROUP` chunks (a future and a hand-off per chunk cost
+# as much as hashing it), a bounded number in flight so memory stays a few MiB whatever
+# was written. Small jobs (an fsync of one file) stay in the calling thread.
 _PUT_THREADS = max(2, os.cpu_count() or 2)
-_IN_FLIGHT = 4 * _PUT_THREADS
+_GROUP = 16
+_IN_FLIGHT = 2 * _PUT_THREADS
 _SERIAL_BELOW = 4
 _put_pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 K = TypeVar("K")
+T = TypeVar("T")
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -188,29 +191,36 @@ def _pool() -> ThreadPoolExecutor:
         return _put_pool
 
 
+def _put_group(batch: ledger.Batch, group: list[tuple[K, bytes]]) -> list[tuple[K, BlobId]]:
+    return [(key, batch.put(data)) for key, data in group]
+
+
 def _put_all(batch: ledger.Batch, chunks: Iterable[tuple[K, bytes]]) -> dict[K, BlobId]:
     """batch.put of every chunk; {key: id}."""
     items = iter(chunks)
     first = list(itertools.islice(items, _SERIAL_BELOW))
     if len(first) < _SERIAL_BELOW:
-        return {key: batch.put(data) for key, data in first}
+        return dict(_put_group(batch, first))
     done: dict[K, BlobId] = {}
-    pending: deque[tuple[K, Future[BlobId]]] = deque()
+    pending: deque[Future[list[tuple[K, BlobId]]]] = deque()
     try:
-        for key, data in itertools.chain(first, items):
-            pending.append((key, _pool().submit(batch.put, data)))
+        for group in _groups(itertools.chain(first, items), _GROUP):
+            pending.append(_pool().submit(_put_group, batch, group))
             if len(pending) >= _IN_FLIGHT:
-                oldest, fut = pending.popleft()
-                done[oldest] = fut.result()
+                done.update(pending.popleft().result())
         while pending:
-            key, fut = pending.popleft()
-            done[key] = fut.result()
+            done.update(pending.popleft().result())
     finally:
-        for _, fut in pending:  # (after a failure: nothing of this job left running)
+        for fut in pending:  # (after a failure: nothing of this job left running)
             fut.cancel()
             with contextlib.suppress(BaseException):
                 fut.result()
     return done
+
+
+def _groups(items: Iterator[T], size: int) -> Iterator[list[T]]:
+    while group := list(itertools.islice(items, size)):
+        yield group
 
 
 @dataclass
