@@ -85,14 +85,13 @@ def decode(stored: bytes, what: str = "blob") -> bytes:
     if codec == ZSTD:
         import zstandard  # (a dictionary look-up once loaded)
 
+        frame = memoryview(stored)[1:]  # (a view: a slice would copy the frame, twice)
         try:
             # max_output_size only binds frames without a declared size: check that too.
-            declared = zstandard.frame_content_size(stored[1:])
+            declared = zstandard.frame_content_size(frame)
             if declared > MAX_PLAIN_SIZE:
                 raise Corruption(f"{what}: declares {declared} bytes, over the {MAX_PLAIN_SIZE} limit")
-            return _decompressor().decompress(
-                stored[1:], max_output_size=MAX_PLAIN_SIZE, allow_extra_data=False
-            )
+            return _decompressor().decompress(frame, max_output_size=MAX_PLAIN_SIZE, allow_extra_data=False)
         except zstandard.ZstdError as e:
             raise Corruption(f"{what}: zstd frame is corrupt: {e}") from None
     raise Corruption(f"{what}: unknown codec byte {codec}")
