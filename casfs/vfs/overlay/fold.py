@@ -10,13 +10,14 @@ functions see the job and the store, never the view.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import sqlite3
 import stat
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -191,11 +192,15 @@ def _pool() -> ThreadPoolExecutor:
         return _put_pool
 
 
-def _put_group(batch: ledger.Batch, group: list[tuple[K, bytes]]) -> list[tuple[K, BlobId]]:
-    return [(key, batch.put(data)) for key, data in group]
+# A chunk, or how to read it (called in the worker: reading it runs in parallel too).
+Data = bytes | Callable[[], bytes]
 
 
-def _put_all(batch: ledger.Batch, chunks: Iterable[tuple[K, bytes]]) -> dict[K, BlobId]:
+def _put_group(batch: ledger.Batch, group: list[tuple[K, Data]]) -> list[tuple[K, BlobId]]:
+    return [(key, batch.put(data() if callable(data) else data)) for key, data in group]
+
+
+def _put_all(batch: ledger.Batch, chunks: Iterable[tuple[K, Data]]) -> dict[K, BlobId]:
     """batch.put of every chunk; {key: id}."""
     items = iter(chunks)
     first = list(itertools.islice(items, _SERIAL_BELOW))
@@ -283,9 +288,11 @@ def run_fold_frozen(repo: Repository, volume: str, job: FrozenFold) -> None:
 
 def _upper_chunks(
     repo: Repository, cmap: chunkmap.ChunkMap, below: dict[ChunkNo, BlobId], upper: Upper, size: int
-) -> Iterator[tuple[ChunkNo, bytes]]:
+) -> Iterator[tuple[ChunkNo, Data]]:
     """Each chunk the upper file touches, whole: its upper blocks over what was below
-    them (an older overlay chunk, or the base's)."""
+    them (an older overlay chunk, or the base's). Yields how to read each, not its
+    bytes: the put workers read them, so neither the reads of the upper file nor the
+    base chunks under partly written ones wait in this one thread."""
     cs = cmap.chunk_size
     per = cs // BLOCK
     for c in upper.chunks(per):
@@ -295,15 +302,20 @@ def _upper_chunks(
             break
         mask = upper.mask(n * per, per)
         if mask == (1 << per) - 1:
-            yield n, upper.pread(n * cs, want)
-            continue
-        ref = below[n] if n in below else cmap.chunk(n)
-        buf = bytearray(repo.get(ref)) if ref != ZERO_ID else bytearray()
-        buf.extend(bytes(want - len(buf)))
-        for first, stop in _runs(mask, per):
-            lo, hi = first * BLOCK, min(stop * BLOCK, want)
-            buf[lo:hi] = upper.pread(n * cs + lo, hi - lo)
-        yield n, bytes(buf[:want])
+            yield n, functools.partial(upper.pread, n * cs, want)
+        else:
+            ref = below[n] if n in below else cmap.chunk(n)
+            yield n, functools.partial(_merged, repo, upper, ref, n * cs, want, mask, per)
+
+
+def _merged(repo: Repository, upper: Upper, ref: BlobId, at: int, want: int, mask: int, per: int) -> bytes:
+    """A partly written chunk at `at`: its upper blocks (`mask`) over chunk `ref`."""
+    buf = bytearray(repo.get(ref)) if ref != ZERO_ID else bytearray()
+    buf.extend(bytes(want - len(buf)))
+    for first, stop in _runs(mask, per):
+        lo, hi = first * BLOCK, min(stop * BLOCK, want)
+        buf[lo:hi] = upper.pread(at + lo, hi - lo)
+    return bytes(buf[:want])
 
 
 def _runs(mask: int, count: int) -> Iterator[tuple[int, int]]:
