@@ -230,6 +230,15 @@ def _syncer() -> ThreadPoolExecutor:
         return _sync_pool
 
 
+def _forget_syncer() -> None:
+    """In a forked child: the pool's threads stayed in the parent; start a new one."""
+    global _sync_pool, _sync_lock
+    _sync_pool, _sync_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_syncer)
+
+
 def _sync(pack: _Pack) -> None:
     try:
         os.fchmod(pack.fd, 0o444)
