@@ -54,14 +54,25 @@ def insert(conn: sqlite3.Connection, bid: BlobId, kind: BlobKind, size: int, sto
     return cur.rowcount == 1
 
 
+def add_leaves(conn: sqlite3.Connection, rows: Sequence[tuple[BlobId, BlobKind, int, int, int]]) -> None:
+    """Rows of blobs without children, (id, kind, refs, size, stored), in one statement
+    (a fold's or an import's thousands of chunks): a new row starts at `refs`, an
+    existing one gains them (as insert() then add_refs(), without the garbage index's
+    entry for a row at refs 0)."""
+    conn.executemany(
+        "INSERT INTO blobs (id, kind, refs, size, stored) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT (id) DO UPDATE SET refs = refs + excluded.refs",
+        rows,
+    )
+
+
 def add_refs(conn: sqlite3.Connection, increments: Mapping[BlobId, int]) -> None:
     """Add to reference counts (negative: remove); MissingBlob if a blob has no row."""
-    for bid, n in increments.items():
-        if bid == ZERO_ID or not n:
-            continue
-        cur = conn.execute("UPDATE blobs SET refs = refs + ? WHERE id = ?", (n, bid))
-        if cur.rowcount != 1:
-            raise MissingBlob(f"blob {bid.hex()} is referenced but not in the catalog")
+    changes = [(n, bid) for bid, n in increments.items() if n and bid != ZERO_ID]
+    cur = conn.executemany("UPDATE blobs SET refs = refs + ? WHERE id = ?", changes)
+    if cur.rowcount != len(changes):  # (a total over the rows: find the one missing)
+        missing = next(bid for _, bid in changes if not known(conn, [bid]))
+        raise MissingBlob(f"blob {missing.hex()} is referenced but not in the catalog")
 
 
 def decrement(conn: sqlite3.Connection, bid: BlobId, n: int) -> int | None:

@@ -105,10 +105,15 @@ class Batch:
             with transaction(conn):
                 increments: Counter[BlobId] = Counter()
                 for bid, (kind, size, stored, kids) in self.new.items():
-                    if blob_rows.insert(conn, bid, kind, size, stored):
+                    if kids and blob_rows.insert(conn, bid, kind, size, stored):
                         increments.update(kids)
                 if refs:
                     increments.update(refs)
+                # Chunks, by the thousand: each row written once, with its count.
+                leaves = [
+                    (b, k, increments.pop(b, 0), n, st) for b, (k, n, st, c) in self.new.items() if not c
+                ]
+                blob_rows.add_leaves(conn, leaves)
                 blob_rows.add_refs(conn, increments)
                 if then is not None:
                     then(conn)

@@ -3,6 +3,10 @@
 On-disk form: one codec byte, then the payload. Decoding refuses trailing data and
 bounds the output size, so a corrupt or hostile file can neither smuggle extra bytes
 nor balloon memory. zstd (de)compressor objects are not thread-safe: one per thread.
+
+A chunk zstd cannot shrink (random, encrypted or already compressed data) is stored
+raw without compressing all of it: when samples of it at its start and middle do not
+shrink either (a tenth of the work), and when zstd's output is no smaller.
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ ZSTD = 1
 # No blob casfs writes is larger than this (chunks are at most 4 MiB, pages smaller).
 MAX_PLAIN_SIZE = 64 << 20
 ZSTD_LEVEL = 1
+# The samples: _PROBE bytes each, tried in blobs of at least _PROBE_MIN bytes; a sample
+# must shrink by 1/_GAIN of its size for the whole blob to be compressed.
+_PROBE = 4096
+_PROBE_MIN = 8 * _PROBE
+_GAIN = 32
 
 _local = threading.local()
 
@@ -42,11 +51,28 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return d
 
 
+_HEADS = (bytes((RAW,)), bytes((ZSTD,)))
+
+
 def encode(plain: bytes | memoryview) -> bytes:
-    packed = _compressor().compress(plain)
+    return b"".join(encode_parts(plain))
+
+
+def encode_parts(plain: bytes | memoryview) -> tuple[bytes, bytes | memoryview]:
+    """encode() as (codec byte, payload): a raw blob's payload is `plain` itself, not a
+    copy (a writer writes both parts at once)."""
+    c = _compressor()
+    if len(plain) >= _PROBE_MIN and _incompressible(c, memoryview(plain)):
+        return _HEADS[RAW], plain
+    packed = c.compress(plain)
     if len(packed) < len(plain):
-        return bytes((ZSTD,)) + packed
-    return bytes((RAW,)) + bytes(plain)
+        return _HEADS[ZSTD], packed
+    return _HEADS[RAW], plain
+
+
+def _incompressible(c: zstandard.ZstdCompressor, view: memoryview) -> bool:
+    mid = len(view) // 2
+    return all(len(c.compress(view[at : at + _PROBE])) > _PROBE - _PROBE // _GAIN for at in (0, mid))
 
 
 def decode(stored: bytes, what: str = "blob") -> bytes:
@@ -59,14 +85,13 @@ def decode(stored: bytes, what: str = "blob") -> bytes:
     if codec == ZSTD:
         import zstandard  # (a dictionary look-up once loaded)
 
+        frame = memoryview(stored)[1:]  # (a view: a slice would copy the frame, twice)
         try:
             # max_output_size only binds frames without a declared size: check that too.
-            declared = zstandard.frame_content_size(stored[1:])
+            declared = zstandard.frame_content_size(frame)
             if declared > MAX_PLAIN_SIZE:
                 raise Corruption(f"{what}: declares {declared} bytes, over the {MAX_PLAIN_SIZE} limit")
-            return _decompressor().decompress(
-                stored[1:], max_output_size=MAX_PLAIN_SIZE, allow_extra_data=False
-            )
+            return _decompressor().decompress(frame, max_output_size=MAX_PLAIN_SIZE, allow_extra_data=False)
         except zstandard.ZstdError as e:
             raise Corruption(f"{what}: zstd frame is corrupt: {e}") from None
     raise Corruption(f"{what}: unknown codec byte {codec}")

@@ -33,11 +33,16 @@ def meta_id(data: bytes | memoryview) -> BlobId:
 
 def is_zero(data: bytes | memoryview) -> bool:
     """True when every byte is zero (a hole). Fast: compares against a zero buffer
-    (with bytes; a memoryview compares item by item, so it is copied first)."""
+    (with bytes; a memoryview compares item by item, so one that starts with a zero is
+    copied first; most chunks that are not holes are told by their first byte)."""
+    n = len(data)
+    if n == 0:
+        return True
+    if data[0] != 0:
+        return False
     if isinstance(data, memoryview):
         data = data.tobytes()
-    n = len(data)
-    return n == 0 or (data[0] == 0 and data == _zeros(n))
+    return data == _zeros(n)
 
 
 _ZERO_CACHE: dict[int, bytes] = {}

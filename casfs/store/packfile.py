@@ -91,30 +91,35 @@ class PackStaging(Staging, Generic[P]):
             known = self._sizes.get(bid)
         if known is not None:
             return known
-        return self.add_stored(bid, codec.encode(plain))
+        return self._append(bid, codec.encode_parts(plain))
 
     def add_stored(self, bid: BlobId, stored: bytes) -> int:
         """add() of a blob already encoded (and verified by the caller: a repack)."""
+        return self._append(bid, (stored,))
+
+    def _append(self, bid: BlobId, parts: Sequence[bytes | memoryview]) -> int:
+        """Append the blob whose encoded bytes are `parts` joined; its stored size."""
         full = None
+        length = sum(len(p) for p in parts)
         with self._lock:
             if bid in self._sizes:
                 return self._sizes[bid]
             pack = self._open or self._start()
             offset = pack.size
             try:
-                write_all(pack.fd, stored)
-                write_all(pack.ent_fd, ENTRY.pack(bid, offset, len(stored)))
+                write_all(pack.fd, *parts)
+                write_all(pack.ent_fd, ENTRY.pack(bid, offset, length))
             except BaseException:
                 os.ftruncate(pack.fd, offset)  # (a full disk) nothing of this blob stays
                 raise
-            pack.size += len(stored)
-            pack.entries.append((bid, offset, len(stored)))
-            self._sizes[bid] = len(stored)
+            pack.size += length
+            pack.entries.append((bid, offset, length))
+            self._sizes[bid] = length
             if pack.size >= self.target:
                 full, self._open = pack, None
         if full is not None:
             self._seal_full(full)
-        return len(stored)
+        return length
 
     def _start(self) -> P:
         seq = next(self._seq)
@@ -162,8 +167,12 @@ def close_pack(pack: StagedPack) -> None:
     pack.fd = pack.ent_fd = -1
 
 
-def write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
+def write_all(fd: int, *parts: bytes | memoryview) -> None:
+    """Write the parts, joined (one writev: a short write is finished by os.write)."""
+    done = os.writev(fd, parts)
+    if done == sum(len(p) for p in parts):
+        return
+    view = memoryview(b"".join(parts))[done:]
     while view:
         view = view[os.write(fd, view) :]
 

@@ -19,8 +19,9 @@ Why old blob files stay where they are (not moved into packs by the format 8 -> 
 step): reading them costs nothing new, moving them would rewrite the whole store at
 an upgrade (time, and twice its space until done), and they leave as gc frees them.
 
-Publishing (LocalPackStaging.publish): each pack is fdatasync'd (a full one at once,
-by the thread that filled it, while other threads go on adding), renamed into packs/,
+Publishing (LocalPackStaging.publish): each pack is fdatasync'd (a full one at once, by
+a sync thread, while the adding threads go on: a worker that waited for the disk
+stalled the whole pipeline of a fold or an import), renamed into packs/,
 the directory fsync'd, then the index rows committed (synchronous=FULL): pack data is
 durable before any row names it. A crash leaves at most packs without rows: in tmp/
 (recover_staging), or in packs/ under a dead staging's tag (recover_staging again), or
@@ -36,7 +37,9 @@ import contextlib
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,6 +212,39 @@ class PackBlobStore(DamagedMarks, BlobStore):
 @dataclass
 class _Pack(StagedPack):
     renamed: bool = False  # in packs/ (its rows maybe not committed)
+    synced: Future[None] | None = None  # its sync (the fds are closed once it is done)
+
+
+# Full packs are synced here, not by the thread that filled them. Two threads: syncs of
+# different files overlap in the device's queue; more would only queue in the kernel.
+_SYNC_THREADS = 2
+_sync_pool: ThreadPoolExecutor | None = None
+_sync_lock = threading.Lock()
+
+
+def _syncer() -> ThreadPoolExecutor:
+    global _sync_pool
+    with _sync_lock:
+        if _sync_pool is None:
+            _sync_pool = ThreadPoolExecutor(_SYNC_THREADS, thread_name_prefix="casfs-sync")
+        return _sync_pool
+
+
+def _forget_syncer() -> None:
+    """In a forked child: the pool's threads stayed in the parent; start a new one."""
+    global _sync_pool, _sync_lock
+    _sync_pool, _sync_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_syncer)
+
+
+def _sync(pack: _Pack) -> None:
+    try:
+        os.fchmod(pack.fd, 0o444)
+        os.fdatasync(pack.fd)
+    finally:
+        close_pack(pack)
 
 
 class LocalPackStaging(PackStaging[_Pack]):
@@ -219,19 +255,28 @@ class LocalPackStaging(PackStaging[_Pack]):
         self.written = 0  # bytes of the packs published
 
     def _seal(self, pack: _Pack) -> None:
-        """Make the pack durable (by the thread that filled it: the others go on adding)."""
-        try:
-            os.fchmod(pack.fd, 0o444)
-            os.fdatasync(pack.fd)
-        finally:
-            close_pack(pack)
+        """Start making the pack durable (publish waits for it)."""
         pack.name = f"{self.tag}-{pack.seq}"
+        pack.synced = _syncer().submit(_sync, pack)
+
+    def _wait_synced(self, packs: list[_Pack]) -> None:
+        """Wait for every pack's sync; then raise the first that failed."""
+        failed: BaseException | None = None
+        for p in packs:
+            if p.synced is not None:
+                try:
+                    p.synced.result()
+                except BaseException as e:
+                    failed = failed or e
+        if failed is not None:
+            raise failed
 
     def publish(self) -> None:
         if not self._seal_last():
             return
         with self._lock:
             packs = [p for p in self._sealed if not p.published]
+        self._wait_synced(packs)
         if packs:
             for p in packs:
                 os.rename(self._path(p, "pack"), self.store.pack_path(p.name))
@@ -256,6 +301,8 @@ class LocalPackStaging(PackStaging[_Pack]):
             packs, last, self._open = list(self._sealed), self._open, None
         if last is not None:
             close_pack(last)
+        with contextlib.suppress(BaseException):
+            self._wait_synced(packs)  # (their fds are closed then; the error is publish's)
         for p in packs:
             if p.renamed and not p.published:
                 remove_quietly(self.store.pack_path(p.name))

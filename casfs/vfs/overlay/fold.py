@@ -10,13 +10,14 @@ functions see the job and the store, never the view.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import sqlite3
 import stat
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -169,15 +170,18 @@ def run_fold_block(
 
 
 # Chunks hashed, compressed and written at once by a pool of threads (BLAKE3 and zstd
-# release the GIL), a bounded number in flight so memory stays a few MiB whatever was
-# written. Small jobs (an fsync of one file) stay in the calling thread.
+# release the GIL), in tasks of `_GROUP` chunks (a future and a hand-off per chunk cost
+# as much as hashing it), a bounded number in flight so memory stays a few MiB whatever
+# was written. Small jobs (an fsync of one file) stay in the calling thread.
 _PUT_THREADS = max(2, os.cpu_count() or 2)
-_IN_FLIGHT = 4 * _PUT_THREADS
+_GROUP = 16
+_IN_FLIGHT = 2 * _PUT_THREADS
 _SERIAL_BELOW = 4
 _put_pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 K = TypeVar("K")
+T = TypeVar("T")
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -188,29 +192,40 @@ def _pool() -> ThreadPoolExecutor:
         return _put_pool
 
 
-def _put_all(batch: ledger.Batch, chunks: Iterable[tuple[K, bytes]]) -> dict[K, BlobId]:
+# A chunk, or how to read it (called in the worker: reading it runs in parallel too).
+Data = bytes | Callable[[], bytes]
+
+
+def _put_group(batch: ledger.Batch, group: list[tuple[K, Data]]) -> list[tuple[K, BlobId]]:
+    return [(key, batch.put(data() if callable(data) else data)) for key, data in group]
+
+
+def _put_all(batch: ledger.Batch, chunks: Iterable[tuple[K, Data]]) -> dict[K, BlobId]:
     """batch.put of every chunk; {key: id}."""
     items = iter(chunks)
     first = list(itertools.islice(items, _SERIAL_BELOW))
     if len(first) < _SERIAL_BELOW:
-        return {key: batch.put(data) for key, data in first}
+        return dict(_put_group(batch, first))
     done: dict[K, BlobId] = {}
-    pending: deque[tuple[K, Future[BlobId]]] = deque()
+    pending: deque[Future[list[tuple[K, BlobId]]]] = deque()
     try:
-        for key, data in itertools.chain(first, items):
-            pending.append((key, _pool().submit(batch.put, data)))
+        for group in _groups(itertools.chain(first, items), _GROUP):
+            pending.append(_pool().submit(_put_group, batch, group))
             if len(pending) >= _IN_FLIGHT:
-                oldest, fut = pending.popleft()
-                done[oldest] = fut.result()
+                done.update(pending.popleft().result())
         while pending:
-            key, fut = pending.popleft()
-            done[key] = fut.result()
+            done.update(pending.popleft().result())
     finally:
-        for _, fut in pending:  # (after a failure: nothing of this job left running)
+        for fut in pending:  # (after a failure: nothing of this job left running)
             fut.cancel()
             with contextlib.suppress(BaseException):
                 fut.result()
     return done
+
+
+def _groups(items: Iterator[T], size: int) -> Iterator[list[T]]:
+    while group := list(itertools.islice(items, size)):
+        yield group
 
 
 @dataclass
@@ -273,9 +288,11 @@ def run_fold_frozen(repo: Repository, volume: str, job: FrozenFold) -> None:
 
 def _upper_chunks(
     repo: Repository, cmap: chunkmap.ChunkMap, below: dict[ChunkNo, BlobId], upper: Upper, size: int
-) -> Iterator[tuple[ChunkNo, bytes]]:
+) -> Iterator[tuple[ChunkNo, Data]]:
     """Each chunk the upper file touches, whole: its upper blocks over what was below
-    them (an older overlay chunk, or the base's)."""
+    them (an older overlay chunk, or the base's). Yields how to read each, not its
+    bytes: the put workers read them, so neither the reads of the upper file nor the
+    base chunks under partly written ones wait in this one thread."""
     cs = cmap.chunk_size
     per = cs // BLOCK
     for c in upper.chunks(per):
@@ -285,15 +302,20 @@ def _upper_chunks(
             break
         mask = upper.mask(n * per, per)
         if mask == (1 << per) - 1:
-            yield n, upper.pread(n * cs, want)
-            continue
-        ref = below[n] if n in below else cmap.chunk(n)
-        buf = bytearray(repo.get(ref)) if ref != ZERO_ID else bytearray()
-        buf.extend(bytes(want - len(buf)))
-        for first, stop in _runs(mask, per):
-            lo, hi = first * BLOCK, min(stop * BLOCK, want)
-            buf[lo:hi] = upper.pread(n * cs + lo, hi - lo)
-        yield n, bytes(buf[:want])
+            yield n, functools.partial(upper.pread, n * cs, want)
+        else:
+            ref = below[n] if n in below else cmap.chunk(n)
+            yield n, functools.partial(_merged, repo, upper, ref, n * cs, want, mask, per)
+
+
+def _merged(repo: Repository, upper: Upper, ref: BlobId, at: int, want: int, mask: int, per: int) -> bytes:
+    """A partly written chunk at `at`: its upper blocks (`mask`) over chunk `ref`."""
+    buf = bytearray(repo.get(ref)) if ref != ZERO_ID else bytearray()
+    buf.extend(bytes(want - len(buf)))
+    for first, stop in _runs(mask, per):
+        lo, hi = first * BLOCK, min(stop * BLOCK, want)
+        buf[lo:hi] = upper.pread(at + lo, hi - lo)
+    return bytes(buf[:want])
 
 
 def _runs(mask: int, count: int) -> Iterator[tuple[int, int]]:
