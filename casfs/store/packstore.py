@@ -37,9 +37,8 @@ import contextlib
 import logging
 import os
 import shutil
-import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +50,7 @@ from casfs.store.ids import BlobId
 from casfs.store.local import FileBlobStore, fsync_dir, remove_quietly
 from casfs.store.packfile import ENTRY, PackStaging, StagedPack, close_pack, dead_stagings
 from casfs.store.packindex import Location, PackIndex
+from casfs.store.pools import SharedPool
 from casfs.store.verified import checked
 
 log = logging.getLogger(__name__)
@@ -217,26 +217,7 @@ class _Pack(StagedPack):
 
 # Full packs are synced here, not by the thread that filled them. Two threads: syncs of
 # different files overlap in the device's queue; more would only queue in the kernel.
-_SYNC_THREADS = 2
-_sync_pool: ThreadPoolExecutor | None = None
-_sync_lock = threading.Lock()
-
-
-def _syncer() -> ThreadPoolExecutor:
-    global _sync_pool
-    with _sync_lock:
-        if _sync_pool is None:
-            _sync_pool = ThreadPoolExecutor(_SYNC_THREADS, thread_name_prefix="casfs-sync")
-        return _sync_pool
-
-
-def _forget_syncer() -> None:
-    """In a forked child: the pool's threads stayed in the parent; start a new one."""
-    global _sync_pool, _sync_lock
-    _sync_pool, _sync_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_syncer)
+_syncer = SharedPool(2, "casfs-sync")
 
 
 def _sync(pack: _Pack) -> None:
@@ -257,7 +238,7 @@ class LocalPackStaging(PackStaging[_Pack]):
     def _seal(self, pack: _Pack) -> None:
         """Start making the pack durable (publish waits for it)."""
         pack.name = f"{self.tag}-{pack.seq}"
-        pack.synced = _syncer().submit(_sync, pack)
+        pack.synced = _syncer.get().submit(_sync, pack)
 
     def _wait_synced(self, packs: list[_Pack]) -> None:
         """Wait for every pack's sync; then raise the first that failed."""

@@ -15,10 +15,9 @@ import itertools
 import os
 import sqlite3
 import stat
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -32,6 +31,7 @@ from casfs.repo import Repository
 from casfs.snapshots import chunkmap
 from casfs.snapshots.tree import Entry, Tree, dir_entry
 from casfs.store.ids import ZERO_ID, BlobId
+from casfs.store.pools import SharedPool
 from casfs.vfs.api import ROOT_INO
 from casfs.vfs.overlay.files import FileSync, FileUppers, Key
 from casfs.vfs.overlay.nodes import NO_LIMIT, Node
@@ -177,19 +177,10 @@ _PUT_THREADS = max(2, os.cpu_count() or 2)
 _GROUP = 16
 _IN_FLIGHT = 2 * _PUT_THREADS
 _SERIAL_BELOW = 4
-_put_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
+_putters = SharedPool(_PUT_THREADS, "casfs-put")
 
 K = TypeVar("K")
 T = TypeVar("T")
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _put_pool
-    with _pool_lock:
-        if _put_pool is None:
-            _put_pool = ThreadPoolExecutor(_PUT_THREADS, thread_name_prefix="casfs-put")
-        return _put_pool
 
 
 # A chunk, or how to read it (called in the worker: reading it runs in parallel too).
@@ -210,7 +201,7 @@ def _put_all(batch: ledger.Batch, chunks: Iterable[tuple[K, Data]]) -> dict[K, B
     pending: deque[Future[list[tuple[K, BlobId]]]] = deque()
     try:
         for group in _groups(itertools.chain(first, items), _GROUP):
-            pending.append(_pool().submit(_put_group, batch, group))
+            pending.append(_putters.get().submit(_put_group, batch, group))
             if len(pending) >= _IN_FLIGHT:
                 done.update(pending.popleft().result())
         while pending:
