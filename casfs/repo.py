@@ -18,24 +18,25 @@ transaction. Writers on different connections are serialized by SQLite's write l
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from casfs import catalog
 from casfs.catalog import blobs as blob_rows
-from casfs.catalog.schema import create_tables
 from casfs.errors import Busy, Conflict, Corruption, NotFound, UsageError
 from casfs.refcount.ledger import Batch
-from casfs.store import BlobStore
-from casfs.store.cache import LRU
-from casfs.store.ids import BlobId
-from casfs.store.packstore import PackBlobStore
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from casfs.store import BlobStore
+    from casfs.store.cache import LRU
+    from casfs.store.ids import BlobId
 
 ENV_STORE = "CASFS_STORE"
 META_CACHE_BYTES = 64 << 20
@@ -64,17 +65,51 @@ class FileLock:
 
 
 class Repository:
+    """A store's catalog connections, blob store and locks.
+
+    The blob store and the metadata cache are made at first use: a command that only
+    touches the catalog (a clone, a listing, a delete) then imports none of the blob
+    store's modules, which were half of such a command's start-up."""
+
     def __init__(self, path: Path, blobs: BlobStore | None = None) -> None:
         self.path = path
-        self.blobs: BlobStore = _blob_store(path) if blobs is None else blobs
+        self._blobs = blobs
         self.catalog_path = path / "catalog.db"
         self.lock_path = path / "lock"
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []  # every thread's, for close()
         self._conns_lock = threading.Lock()
-        self.meta_cache: LRU[BlobId, bytes] = LRU(META_CACHE_BYTES)
+        self._meta_cache: LRU[BlobId, bytes] | None = None
         # Called (from any thread) with each metadata blob that failed its check.
         self.on_corrupt: Callable[[BlobId], None] | None = None
+
+    @property
+    def blobs(self) -> BlobStore:
+        """The blob store: the one given, else the one STORE/ names (made at first use)."""
+        b = self._blobs
+        if b is None:
+            with self._conns_lock:  # (two threads' first uses make one store)
+                if self._blobs is None:
+                    self._blobs = _blob_store(self.path)
+                b = self._blobs
+        return b
+
+    @blobs.setter
+    def blobs(self, store: BlobStore) -> None:
+        self._blobs = store
+
+    @property
+    def meta_cache(self) -> LRU[BlobId, bytes]:
+        """Verified tree and map blobs, shared by every thread (made at first use)."""
+        c = self._meta_cache
+        if c is None:
+            from casfs.store.cache import LRU
+
+            with self._conns_lock:
+                if self._meta_cache is None:
+                    self._meta_cache = LRU(META_CACHE_BYTES)
+                c = self._meta_cache
+        return c
 
     @classmethod
     def init(
@@ -95,6 +130,8 @@ class Repository:
         if path.exists() and any(path.iterdir()):
             raise UsageError(f"{path} exists, is not empty and is not a casfs store")
         if blob_url is not None:
+            import dataclasses
+
             from casfs.store.s3.location import parse_url, write_location
             from casfs.store.s3.store import connect
 
@@ -113,6 +150,8 @@ class Repository:
         repo = cls(path, blobs)
         repo.blobs.create()
         repo.lock_path.touch()
+        from casfs.catalog.schema import create_tables  # (only here: every open would pay for it)
+
         create_tables(repo.conn)
         return repo
 
@@ -143,7 +182,21 @@ class Repository:
         for c in conns:
             c.close()
         self._local = threading.local()
-        self.blobs.close()
+        if self._blobs is not None:
+            self._blobs.close()
+
+    def recover_staging(self, owner_alive: Callable[[int], bool]) -> int:
+        """BlobStore.recover_staging, without opening a blob store for nothing: every
+        store on disk stages in STORE/tmp/, so while that is empty there is nothing to
+        recover (the case of nearly every command's start)."""
+        if self._blobs is None:
+            try:
+                with os.scandir(self.path / "tmp") as entries:
+                    if next(entries, None) is None:
+                        return 0
+            except FileNotFoundError:
+                return 0
+        return self.blobs.recover_staging(owner_alive)
 
     # -- blobs ---------------------------------------------------------------
 
@@ -186,6 +239,8 @@ class Repository:
 
 def _blob_store(path: Path) -> BlobStore:
     """The blob store STORE/blobs.json names (connected), else the local pack store."""
+    from casfs.store.packstore import PackBlobStore
+
     if not (path / "blobs.json").exists():
         return PackBlobStore(path)  # (without importing the S3 modules)
     from casfs.store.s3.location import read_location

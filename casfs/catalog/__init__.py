@@ -20,7 +20,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from casfs.catalog.migrate import MIGRATIONS as MIGRATIONS
 from casfs.catalog.schema import FORMAT_VERSION as FORMAT_VERSION
 from casfs.errors import UnsupportedFormat
 
@@ -113,6 +112,8 @@ def check_and_migrate(conn: sqlite3.Connection, path: Path) -> None:
         )
     if version == FORMAT_VERSION:
         return
+    from casfs.catalog.migrate import MIGRATIONS  # (only for an old store: not every open's)
+
     # Off while tables are rebuilt (a PRAGMA that is a no-op inside a transaction),
     # checked before each step commits, as SQLite's procedure for schema changes says.
     conn.execute("PRAGMA foreign_keys = OFF")
