@@ -1,7 +1,8 @@
 """Image rows: the only SQL about images. Inside the caller's transaction; the phase
 steps are casfs.lifecycle.phases', the references refcount.ledger's."""
 
-from __future__ import annotations
+# (No `from __future__ import annotations` here: typing.NamedTuple compiles each string
+# annotation, and the first compile() in a process costs a command's start-up 3 ms.)
 
 import sqlite3
 import time
