@@ -23,7 +23,6 @@ import os
 import sqlite3
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from casfs import catalog
@@ -33,6 +32,7 @@ from casfs.refcount.ledger import Batch
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
     from casfs.store import BlobStore
     from casfs.store.cache import LRU
@@ -43,7 +43,7 @@ META_CACHE_BYTES = 64 << 20
 
 
 class FileLock:
-    def __init__(self, path: Path, exclusive: bool, timeout: float | None) -> None:
+    def __init__(self, path: str, exclusive: bool, timeout: float | None) -> None:
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         op = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -67,21 +67,31 @@ class FileLock:
 class Repository:
     """A store's catalog connections, blob store and locks.
 
-    The blob store and the metadata cache are made at first use: a command that only
-    touches the catalog (a clone, a listing, a delete) then imports none of the blob
-    store's modules, which were half of such a command's start-up."""
+    The blob store, the metadata cache and `path` (a Path) are made at first use: a
+    command that only touches the catalog (a clone, a listing, a delete) then imports
+    none of the blob store's modules, nor pathlib, which were half of its start-up."""
 
-    def __init__(self, path: Path, blobs: BlobStore | None = None) -> None:
-        self.path = path
+    def __init__(self, path: str | os.PathLike[str], blobs: BlobStore | None = None) -> None:
+        self.dir = os.fspath(path)  # the store's directory, as given
+        self._path: Path | None = None
         self._blobs = blobs
-        self.catalog_path = path / "catalog.db"
-        self.lock_path = path / "lock"
+        self.catalog_path = os.path.join(self.dir, "catalog.db")
+        self.lock_path = os.path.join(self.dir, "lock")
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []  # every thread's, for close()
         self._conns_lock = threading.Lock()
         self._meta_cache: LRU[BlobId, bytes] | None = None
         # Called (from any thread) with each metadata blob that failed its check.
         self.on_corrupt: Callable[[BlobId], None] | None = None
+
+    @property
+    def path(self) -> Path:
+        """The store's directory."""
+        if self._path is None:
+            from pathlib import Path
+
+            self._path = Path(self.dir)
+        return self._path
 
     @property
     def blobs(self) -> BlobStore:
@@ -122,6 +132,8 @@ class Repository:
         """A new store at `path` (an existing one is opened); `blob_url` (s3://BUCKET/PREFIX)
         keeps its blobs in a bucket, checked reachable before anything is written, with a
         local cache of `blob_cache` bytes (None: the default)."""
+        from pathlib import Path
+
         path = Path(path)
         if (path / "catalog.db").exists():
             _same_location(path, blob_url)
@@ -149,19 +161,18 @@ class Repository:
         path.mkdir(parents=True, exist_ok=True)
         repo = cls(path, blobs)
         repo.blobs.create()
-        repo.lock_path.touch()
+        os.close(os.open(repo.lock_path, os.O_WRONLY | os.O_CREAT, 0o644))
         from casfs.catalog.schema import create_tables  # (only here: every open would pay for it)
 
         create_tables(repo.conn)
         return repo
 
     @classmethod
-    def open(cls, path: Path, blobs: BlobStore | None = None) -> Repository:
-        path = Path(path)
-        if not (path / "catalog.db").exists():
-            raise NotFound(f"no casfs store at {path} (create one with `casfs init`)")
+    def open(cls, path: str | os.PathLike[str], blobs: BlobStore | None = None) -> Repository:
         repo = cls(path, blobs)
-        catalog.check_and_migrate(repo.conn, repo.catalog_path)
+        if not os.path.exists(repo.catalog_path):
+            raise NotFound(f"no casfs store at {repo.dir} (create one with `casfs init`)")
+        catalog.check_and_migrate(repo.conn, repo.dir)
         return repo
 
     @property
@@ -191,7 +202,7 @@ class Repository:
         recover (the case of nearly every command's start)."""
         if self._blobs is None:
             try:
-                with os.scandir(self.path / "tmp") as entries:
+                with os.scandir(os.path.join(self.dir, "tmp")) as entries:
                     if next(entries, None) is None:
                         return 0
             except FileNotFoundError:
@@ -266,9 +277,9 @@ def _same_location(path: Path, blob_url: str | None) -> None:
         raise Conflict(f"the store at {path} keeps its blobs in {have}, not {want.url}")
 
 
-def store_path(arg: str | None) -> Path:
+def store_path(arg: str | None) -> str:
     """The store named by -s/--store, else $CASFS_STORE."""
     value = arg or os.environ.get(ENV_STORE)
     if not value:
         raise UsageError(f"no store given: pass -s/--store PATH or set {ENV_STORE}")
-    return Path(value)
+    return value
