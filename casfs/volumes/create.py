@@ -21,7 +21,6 @@ from casfs.repo import Repository
 from casfs.store.ids import ZERO_ID
 from casfs.units import check_name, parse_snapshot_ref
 from casfs.volumes.info import Source, VolumeInfo, get_volume, require_at_rest, volume_row
-from casfs.volumes.settle import wait_folded
 
 DEFAULT_CHUNK_SIZE = 64 << 10
 # A blank block volume's map is a list of holes: 10 TiB is 5 MiB of map root.
@@ -56,6 +55,8 @@ def create_volume(
 
     check_name(name, "volume")
     if source.snapshot is not None:
+        from casfs.volumes.settle import wait_folded  # (here: an image's clone has no use for it)
+
         wait_folded(repo, *parse_snapshot_ref(source.snapshot))
     chosen = [
         source.image is not None,
