@@ -67,8 +67,8 @@ class FileLock:
 class Repository:
     """A store's catalog connections, blob store and locks.
 
-    The blob store, the metadata cache and `path` (a Path) are made at first use: a
-    command that only touches the catalog (a clone, a listing, a delete) then imports
+    The local blob store, the metadata cache and `path` (a Path) are made at first use:
+    a command that only touches the catalog (a clone, a listing, a delete) then imports
     none of the blob store's modules, nor pathlib, which were half of its start-up."""
 
     def __init__(self, path: str | os.PathLike[str], blobs: BlobStore | None = None) -> None:
@@ -77,6 +77,10 @@ class Repository:
         self._blobs = blobs
         self.catalog_path = os.path.join(self.dir, "catalog.db")
         self.lock_path = os.path.join(self.dir, "lock")
+        if blobs is None and os.path.exists(os.path.join(self.dir, "blobs.json")):
+            # Blobs in a bucket: connected now, as before, so that a wrong setting (a
+            # key, an endpoint) fails every command at once, not only those reading blobs.
+            self._blobs = _blob_store(self.path)
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []  # every thread's, for close()
         self._conns_lock = threading.Lock()
