@@ -433,10 +433,7 @@ def remove_image(repo: Repository, name: str, if_exists: bool = False) -> bool:
 
 def ready_image(conn: sqlite3.Connection, name: str) -> ImageRow:
     """The row of a ready image (Busy if it is not ready), with its root set."""
-    row = _row(conn, name)
-    if row.phase != ImagePhase.READY or row.root is None:
-        raise Busy(f"image {name!r} is not ready (phase {row.phase})")
-    return row
+    return rows.ready_image_row(conn, name)
 
 
 def image_root(repo: Repository, name: str) -> tuple[BlobId, VolumeKind, int]:

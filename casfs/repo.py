@@ -18,31 +18,32 @@ transaction. Writers on different connections are serialized by SQLite's write l
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from casfs import catalog
 from casfs.catalog import blobs as blob_rows
-from casfs.catalog.schema import create_tables
 from casfs.errors import Busy, Conflict, Corruption, NotFound, UsageError
 from casfs.refcount.ledger import Batch
-from casfs.store import BlobStore
-from casfs.store.cache import LRU
-from casfs.store.ids import BlobId
-from casfs.store.packstore import PackBlobStore
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from casfs.store import BlobStore
+    from casfs.store.cache import LRU
+    from casfs.store.ids import BlobId
 
 ENV_STORE = "CASFS_STORE"
 META_CACHE_BYTES = 64 << 20
 
 
 class FileLock:
-    def __init__(self, path: Path, exclusive: bool, timeout: float | None) -> None:
+    def __init__(self, path: str, exclusive: bool, timeout: float | None) -> None:
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         op = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -64,17 +65,65 @@ class FileLock:
 
 
 class Repository:
-    def __init__(self, path: Path, blobs: BlobStore | None = None) -> None:
-        self.path = path
-        self.blobs: BlobStore = _blob_store(path) if blobs is None else blobs
-        self.catalog_path = path / "catalog.db"
-        self.lock_path = path / "lock"
+    """A store's catalog connections, blob store and locks.
+
+    The local blob store, the metadata cache and `path` (a Path) are made at first use:
+    a command that only touches the catalog (a clone, a listing, a delete) then imports
+    none of the blob store's modules, nor pathlib, which were half of its start-up."""
+
+    def __init__(self, path: str | os.PathLike[str], blobs: BlobStore | None = None) -> None:
+        self.dir = os.fspath(path)  # the store's directory, as given
+        self._path: Path | None = None
+        self._blobs = blobs
+        self.catalog_path = os.path.join(self.dir, "catalog.db")
+        self.lock_path = os.path.join(self.dir, "lock")
+        if blobs is None and os.path.exists(os.path.join(self.dir, "blobs.json")):
+            # Blobs in a bucket: connected now, as before, so that a wrong setting (a
+            # key, an endpoint) fails every command at once, not only those reading blobs.
+            self._blobs = _blob_store(self.path)
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []  # every thread's, for close()
         self._conns_lock = threading.Lock()
-        self.meta_cache: LRU[BlobId, bytes] = LRU(META_CACHE_BYTES)
+        self._meta_cache: LRU[BlobId, bytes] | None = None
         # Called (from any thread) with each metadata blob that failed its check.
         self.on_corrupt: Callable[[BlobId], None] | None = None
+
+    @property
+    def path(self) -> Path:
+        """The store's directory."""
+        if self._path is None:
+            from pathlib import Path
+
+            self._path = Path(self.dir)
+        return self._path
+
+    @property
+    def blobs(self) -> BlobStore:
+        """The blob store: the one given, else the one STORE/ names (made at first use)."""
+        b = self._blobs
+        if b is None:
+            with self._conns_lock:  # (two threads' first uses make one store)
+                if self._blobs is None:
+                    self._blobs = _blob_store(self.path)
+                b = self._blobs
+        return b
+
+    @blobs.setter
+    def blobs(self, store: BlobStore) -> None:
+        self._blobs = store
+
+    @property
+    def meta_cache(self) -> LRU[BlobId, bytes]:
+        """Verified tree and map blobs, shared by every thread (made at first use)."""
+        c = self._meta_cache
+        if c is None:
+            from casfs.store.cache import LRU
+
+            with self._conns_lock:
+                if self._meta_cache is None:
+                    self._meta_cache = LRU(META_CACHE_BYTES)
+                c = self._meta_cache
+        return c
 
     @classmethod
     def init(
@@ -87,6 +136,8 @@ class Repository:
         """A new store at `path` (an existing one is opened); `blob_url` (s3://BUCKET/PREFIX)
         keeps its blobs in a bucket, checked reachable before anything is written, with a
         local cache of `blob_cache` bytes (None: the default)."""
+        from pathlib import Path
+
         path = Path(path)
         if (path / "catalog.db").exists():
             _same_location(path, blob_url)
@@ -95,6 +146,8 @@ class Repository:
         if path.exists() and any(path.iterdir()):
             raise UsageError(f"{path} exists, is not empty and is not a casfs store")
         if blob_url is not None:
+            import dataclasses
+
             from casfs.store.s3.location import parse_url, write_location
             from casfs.store.s3.store import connect
 
@@ -112,17 +165,18 @@ class Repository:
         path.mkdir(parents=True, exist_ok=True)
         repo = cls(path, blobs)
         repo.blobs.create()
-        repo.lock_path.touch()
+        os.close(os.open(repo.lock_path, os.O_WRONLY | os.O_CREAT, 0o644))
+        from casfs.catalog.schema import create_tables  # (only here: every open would pay for it)
+
         create_tables(repo.conn)
         return repo
 
     @classmethod
-    def open(cls, path: Path, blobs: BlobStore | None = None) -> Repository:
-        path = Path(path)
-        if not (path / "catalog.db").exists():
-            raise NotFound(f"no casfs store at {path} (create one with `casfs init`)")
+    def open(cls, path: str | os.PathLike[str], blobs: BlobStore | None = None) -> Repository:
         repo = cls(path, blobs)
-        catalog.check_and_migrate(repo.conn, repo.catalog_path)
+        if not os.path.exists(repo.catalog_path):
+            raise NotFound(f"no casfs store at {repo.dir} (create one with `casfs init`)")
+        catalog.check_and_migrate(repo.conn, repo.dir)
         return repo
 
     @property
@@ -143,7 +197,21 @@ class Repository:
         for c in conns:
             c.close()
         self._local = threading.local()
-        self.blobs.close()
+        if self._blobs is not None:
+            self._blobs.close()
+
+    def recover_staging(self, owner_alive: Callable[[int], bool]) -> int:
+        """BlobStore.recover_staging, without opening a blob store for nothing: every
+        store on disk stages in STORE/tmp/, so while that is empty there is nothing to
+        recover (the case of nearly every command's start)."""
+        if self._blobs is None:
+            try:
+                with os.scandir(os.path.join(self.dir, "tmp")) as entries:
+                    if next(entries, None) is None:
+                        return 0
+            except FileNotFoundError:
+                return 0
+        return self.blobs.recover_staging(owner_alive)
 
     # -- blobs ---------------------------------------------------------------
 
@@ -186,6 +254,8 @@ class Repository:
 
 def _blob_store(path: Path) -> BlobStore:
     """The blob store STORE/blobs.json names (connected), else the local pack store."""
+    from casfs.store.packstore import PackBlobStore
+
     if not (path / "blobs.json").exists():
         return PackBlobStore(path)  # (without importing the S3 modules)
     from casfs.store.s3.location import read_location
@@ -211,9 +281,9 @@ def _same_location(path: Path, blob_url: str | None) -> None:
         raise Conflict(f"the store at {path} keeps its blobs in {have}, not {want.url}")
 
 
-def store_path(arg: str | None) -> Path:
+def store_path(arg: str | None) -> str:
     """The store named by -s/--store, else $CASFS_STORE."""
     value = arg or os.environ.get(ENV_STORE)
     if not value:
         raise UsageError(f"no store given: pass -s/--store PATH or set {ENV_STORE}")
-    return Path(value)
+    return value

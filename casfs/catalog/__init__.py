@@ -11,18 +11,20 @@ Here: connections (one owner each), transactions, opening (create or check and
 migrate), the meta table, and the one query of start-up recovery.
 """
 
-from __future__ import annotations
+# (No `from __future__ import annotations` here: typing.NamedTuple compiles each string
+# annotation, and the first compile() in a process costs a command's start-up 3 ms.)
 
 import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from casfs.catalog.migrate import MIGRATIONS as MIGRATIONS
 from casfs.catalog.schema import FORMAT_VERSION as FORMAT_VERSION
 from casfs.errors import UnsupportedFormat
+
+if TYPE_CHECKING:
+    import os
 
 BUSY_TIMEOUT_S = 60.0
 
@@ -59,7 +61,7 @@ class OwnedConnection(sqlite3.Connection):
         return super().executescript(*args, **kwargs)
 
 
-def connect(path: Path) -> sqlite3.Connection:
+def connect(path: "str | os.PathLike[str]") -> sqlite3.Connection:
     """A new connection, owned by the calling thread (OwnedConnection)."""
     conn = sqlite3.connect(
         path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False, factory=OwnedConnection
@@ -104,15 +106,18 @@ def format_version(conn: sqlite3.Connection) -> int:
     return int(row[0])
 
 
-def check_and_migrate(conn: sqlite3.Connection, path: Path) -> None:
+def check_and_migrate(conn: sqlite3.Connection, store: str) -> None:
+    """Refuse a catalog newer than this casfs; migrate an older one (`store`: its
+    directory, for the message)."""
     version = format_version(conn)
     if version > FORMAT_VERSION:
         raise UnsupportedFormat(
-            f"store at {path.parent} has format {version}; this casfs reads up to "
-            f"{FORMAT_VERSION}: upgrade casfs"
+            f"store at {store} has format {version}; this casfs reads up to {FORMAT_VERSION}: upgrade casfs"
         )
     if version == FORMAT_VERSION:
         return
+    from casfs.catalog.migrate import MIGRATIONS  # (only for an old store: not every open's)
+
     # Off while tables are rebuilt (a PRAGMA that is a no-op inside a transaction),
     # checked before each step commits, as SQLite's procedure for schema changes says.
     conn.execute("PRAGMA foreign_keys = OFF")

@@ -7,7 +7,8 @@ volume's overlay (holes, ZERO_ID, hold nothing). The invariant (catalog.schema):
 refs(b) = references from roots + occurrences of b among the children of all rows.
 """
 
-from __future__ import annotations
+# (No `from __future__ import annotations` here: typing.NamedTuple compiles each string
+# annotation, and the first compile() in a process costs a command's start-up 3 ms.)
 
 import sqlite3
 from collections import Counter

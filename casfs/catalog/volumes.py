@@ -6,7 +6,8 @@ caller's (refcount.ledger) and so are phase steps (lifecycle.phases), so this si
 everything that writes volumes (casfs.volumes at rest, casfs.vfs while mounted, claims).
 """
 
-from __future__ import annotations
+# (No `from __future__ import annotations` here: typing.NamedTuple compiles each string
+# annotation, and the first compile() in a process costs a command's start-up 3 ms.)
 
 import sqlite3
 import time

@@ -17,9 +17,11 @@ if TYPE_CHECKING:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from casfs.repo import Repository, store_path
 
-    path = store_path(args.store)
+    path = Path(store_path(args.store))
     existed = (path / "catalog.db").exists()
     blobs = getattr(args, "blobs", None)
     cache = getattr(args, "blob_cache", None)

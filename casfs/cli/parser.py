@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
+import sys
 from typing import TYPE_CHECKING
 
 from casfs import __version__
@@ -531,6 +533,28 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"casfs: error: {message} (see `{self.prog} --help`)\n")
 
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        # argparse makes one for every add_argument (to check its metavar), and a
+        # formatter not told its width imports shutil to ask the terminal: shutil and
+        # the compression modules it imports were a tenth of a short command's start-up.
+        # (typeshed's formatter class takes prog only; every HelpFormatter takes a width)
+        return self.formatter_class(prog=self.prog, width=_columns() - 2)  # type: ignore[call-arg]
+
+
+def _columns() -> int:
+    """The terminal's width, as shutil.get_terminal_size() finds it ($COLUMNS first)."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns > 0:
+        return columns
+    out = sys.__stdout__
+    try:
+        return (os.get_terminal_size(out.fileno()).columns if out is not None else 0) or 80
+    except (ValueError, OSError):
+        return 80
+
 
 class _Lazy(_SubParsers):
     """Subcommands known by name and help line only, until argparse picks one: then that
@@ -597,7 +621,8 @@ def _make_command(sub: _Lazy, name: str, row: Row, common: _Parser) -> None:
 
 def _make_noun(sub: _Lazy, noun: str, rows: Sequence[Row], common: _Parser) -> None:
     p = sub.add_parser(noun, description=NOUNS[noun], parents=[common])
-    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True, action=_Lazy)
+    # (prog given: argparse would format a usage line to find it, importing shutil)
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True, action=_Lazy, prog=p.prog)
     assert isinstance(verbs, _Lazy)
     for row in rows:
         assert row.verb is not None
@@ -620,7 +645,9 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="store_true", default=False, help="show tracebacks of unexpected errors"
     )
     parser.add_argument("--version", action="version", version=f"casfs {__version__}")
-    nouns = parser.add_subparsers(dest="noun", metavar="COMMAND", required=True, action=_Lazy)
+    nouns = parser.add_subparsers(
+        dest="noun", metavar="COMMAND", required=True, action=_Lazy, prog=parser.prog
+    )
     assert isinstance(nouns, _Lazy)
     by_noun: dict[str, list[Row]] = {}
     for row in GRAMMAR:

@@ -59,7 +59,7 @@ def recover(repo: Repository) -> list[str]:
             wrote = _image(conn, u, messages) or wrote
         else:
             wrote = _volume(repo, u, messages) or wrote
-    staged = repo.blobs.recover_staging(alive)
+    staged = repo.recover_staging(alive)
     if staged:
         messages.append(f"removed {staged} staging file(s) left by dead processes")
     if wrote:

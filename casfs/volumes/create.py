@@ -6,8 +6,8 @@ import os
 import sqlite3
 import stat
 import time
-from dataclasses import asdict
 
+from casfs.catalog import images as image_rows
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, Conflict, NotFound, UsageError
@@ -18,11 +18,9 @@ from casfs.lifecycle.faults import fault_point
 from casfs.lifecycle.phases import VolumePhase, give_volume, take_volume
 from casfs.refcount import ledger
 from casfs.repo import Repository
-from casfs.store import uppers
 from casfs.store.ids import ZERO_ID
 from casfs.units import check_name, parse_snapshot_ref
 from casfs.volumes.info import Source, VolumeInfo, get_volume, require_at_rest, volume_row
-from casfs.volumes.settle import wait_folded
 
 DEFAULT_CHUNK_SIZE = 64 << 10
 # A blank block volume's map is a list of holes: 10 TiB is 5 MiB of map root.
@@ -57,6 +55,8 @@ def create_volume(
 
     check_name(name, "volume")
     if source.snapshot is not None:
+        from casfs.volumes.settle import wait_folded  # (here: an image's clone has no use for it)
+
         wait_folded(repo, *parse_snapshot_ref(source.snapshot))
     chosen = [
         source.image is not None,
@@ -71,7 +71,7 @@ def create_volume(
     mode = "ro" if read_only else "rw"
     # grace_s only when given: the spec of a volume without one stays what format 2 wrote.
     spec = json.dumps(
-        {**asdict(source), "mode": mode, **({"grace_s": grace_s} if grace_s is not None else {})},
+        {**source.to_json(), "mode": mode, **({"grace_s": grace_s} if grace_s is not None else {})},
         sort_keys=True,
     )
     if source.blank_dir or source.blank_block is not None:
@@ -82,9 +82,7 @@ def create_volume(
         if _existing(conn, name, spec):
             return get_volume(repo, name), False
         if source.image is not None:
-            from casfs.images import ready_image  # (here: casfs.images is half a snapshot's start-up)
-
-            image = ready_image(conn, source.image)
+            image = image_rows.ready_image_row(conn, source.image)
             assert image.root is not None
             base, kind, chunk_size = image.root, image.kind, image.chunk_size
             size, next_ino = image.size, image.next_ino
@@ -228,5 +226,7 @@ def finish_delete(repo: Repository, name: str) -> bool:
             return False
         ledger.release(conn, rows.held_roots(conn, name))
         rows.delete_volume(conn, name)
+    from casfs.store import uppers  # (here: shutil and pathlib are not a clone's)
+
     uppers.remove_all(repo.path, name)  # (left-overs of a crash here: gc removes them)
     return True

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from casfs.catalog import volumes as rows
@@ -17,49 +16,111 @@ from casfs.lifecycle.phases import VolumePhase
 from casfs.repo import Repository
 
 
-@dataclass
-class SnapshotInfo:
-    volume: str
-    n: SnapshotNo
-    root: str
-    size: int
-    label: str | None
-    created: float
-    folded: bool = True  # False: taken while mounted, its fold into blobs still to commit
+class _Record:
+    """A plain record: its fields are its __slots__. (Not dataclasses, which import
+    inspect: a third of a clone's start-up, and a clone returns one of these.)"""
+
+    __slots__: tuple[str, ...] = ()
+
+    def _values(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._values().items())})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Record) and type(other) is type(self) and self._values() == other._values()
+
+    __hash__ = None  # type: ignore[assignment]  # (mutable, as a dataclass with eq)
+
+
+class SnapshotInfo(_Record):
+    __slots__ = ("volume", "n", "root", "size", "label", "created", "folded")  # noqa: RUF023 (the JSON's order)
+
+    def __init__(
+        self,
+        volume: str,
+        n: SnapshotNo,
+        root: str,
+        size: int,
+        label: str | None,
+        created: float,
+        folded: bool = True,  # False: taken while mounted, its fold into blobs still to commit
+    ) -> None:
+        self.volume, self.n, self.root, self.size = volume, n, root, size
+        self.label, self.created, self.folded = label, created, folded
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return self._values()
 
 
-@dataclass
-class VolumeInfo:
-    name: str
-    kind: VolumeKind
-    mode: str
-    phase: VolumePhase
-    origin: str
-    size: int
-    chunk_size: int
-    base: str
-    created: float
-    snapshots: list[SnapshotNo] = field(default_factory=list)
-    owner_pid: int | None = None  # the process holding the phase (the daemon, when mounted)
-    grace_s: float | None = None  # ephemeral: gc removes it once unused for this long
-    last_used: float | None = None  # created, or last mounted or unmounted
-    unsaved: dict[str, Any] | None = None  # what the last read/write mount lost (volumes.unsaved)
+class VolumeInfo(_Record):
+    __slots__ = (  # noqa: RUF023 (the order of the fields in the JSON)
+        "name",
+        "kind",
+        "mode",
+        "phase",
+        "origin",
+        "size",
+        "chunk_size",
+        "base",
+        "created",
+        "snapshots",
+        "owner_pid",
+        "grace_s",
+        "last_used",
+        "unsaved",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        kind: VolumeKind,
+        mode: str,
+        phase: VolumePhase,
+        origin: str,
+        size: int,
+        chunk_size: int,
+        base: str,
+        created: float,
+        snapshots: list[SnapshotNo] | None = None,
+        owner_pid: int | None = None,  # the process holding the phase (the daemon, when mounted)
+        grace_s: float | None = None,  # ephemeral: gc removes it once unused for this long
+        last_used: float | None = None,  # created, or last mounted or unmounted
+        unsaved: dict[str, Any] | None = None,  # what the last read/write mount lost (volumes.unsaved)
+    ) -> None:
+        self.name, self.kind, self.mode, self.phase = name, kind, mode, phase
+        self.origin, self.size, self.chunk_size, self.base = origin, size, chunk_size, base
+        self.created = created
+        self.snapshots: list[SnapshotNo] = [] if snapshots is None else snapshots
+        self.owner_pid, self.grace_s, self.last_used, self.unsaved = owner_pid, grace_s, last_used, unsaved
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """Its fields (the list and the dict copied: the caller may change the document)."""
+        d = self._values()
+        d["snapshots"] = list(self.snapshots)
+        if self.unsaved is not None:
+            d["unsaved"] = dict(self.unsaved)
+        return d
 
 
-@dataclass(frozen=True)
-class Source:
+class Source(_Record):
     """Where a new volume comes from: exactly one of image, snapshot, blank_dir, blank_block."""
 
-    image: str | None = None
-    snapshot: str | None = None
-    blank_dir: bool = False
-    blank_block: int | None = None
+    __slots__ = ("image", "snapshot", "blank_dir", "blank_block")  # noqa: RUF023 (the spec's order)
+
+    def __init__(
+        self,
+        image: str | None = None,
+        snapshot: str | None = None,
+        blank_dir: bool = False,
+        blank_block: int | None = None,
+    ) -> None:
+        self.image, self.snapshot, self.blank_dir, self.blank_block = image, snapshot, blank_dir, blank_block
+
+    def to_json(self) -> dict[str, Any]:
+        """Its fields: the start of a volume's spec (volumes.create)."""
+        return self._values()
 
 
 def _json(text: str) -> Any:

@@ -24,6 +24,7 @@ import pytest
 
 from casfs import catalog
 from casfs.catalog import schema
+from casfs.catalog.migrate import MIGRATIONS
 from casfs.errors import UnsupportedFormat
 from casfs.ids import ROOT_INO
 from casfs.lifecycle.phases import ImagePhase, VolumePhase
@@ -222,7 +223,7 @@ def _shape(store: Path) -> dict[str, Any]:
 def test_the_phase_enums_are_the_phases_the_catalog_checks() -> None:
     assert tuple(ImagePhase) == schema.IMAGE_PHASES
     assert tuple(VolumePhase) == schema.VOLUME_PHASES
-    assert set(catalog.MIGRATIONS) == set(FORMATS)
+    assert set(MIGRATIONS) == set(FORMATS)
     assert set(FORMATS) <= set(STORES) <= {*FORMATS, catalog.FORMAT_VERSION}  # a store of each
 
 
