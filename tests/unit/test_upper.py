@@ -64,6 +64,21 @@ def test_bits_not_synced_are_not_there_after_a_crash(tmp_path: Path) -> None:
     assert after_crash.present(0) and not after_crash.present(1)
 
 
+def test_bytes_written_during_a_sync_stay_counted_as_unsynced(tmp_path: Path) -> None:
+    """Writes go on while a sync runs (rwsession.flush): what it covered is no longer
+    unsaved, what came after it still is, on a disk written to without a pause."""
+    up = Upper.create(tmp_path, "v", SIZE)
+    up.pwrite(0, os.urandom(2 * BLOCK))
+    job = up.capture()
+    assert job is not None
+    up.pwrite(8 * BLOCK, os.urandom(BLOCK))  # (during the sync)
+    up.sync(job)
+    up.synced(job)
+    assert up.unsynced_bytes == BLOCK
+    synced(up)
+    assert up.unsynced_bytes == 0
+
+
 def test_a_failed_sync_keeps_its_pages_to_write(tmp_path: Path) -> None:
     up = Upper.create(tmp_path, "v", SIZE)
     up.pwrite(0, b"a" * BLOCK)

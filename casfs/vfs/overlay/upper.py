@@ -63,6 +63,7 @@ class Sync:
     writes: int
     first: bool  # the epoch's first sync: the catalog does not name it yet
     punched: bool  # holes were punched: their extents are metadata, fsync them
+    unsynced_bytes: int = 0  # written before the capture (writes may go on during the sync)
 
 
 @dataclass
@@ -237,7 +238,7 @@ class Upper:
             return None
         pages = {p: bytes(self._pages[p]) for p in self._dirty_pages}
         self._dirty_pages.clear()  # (given back by failed() if the sync fails)
-        sync = Sync(pages, self.writes, not self.registered, self.punched)
+        sync = Sync(pages, self.writes, not self.registered, self.punched, self.unsynced_bytes)
         self.punched = False
         return sync
 
@@ -255,8 +256,7 @@ class Upper:
     def synced(self, job: Sync) -> None:
         self.synced_writes = job.writes
         self.registered = True
-        if self.writes == job.writes:
-            self.unsynced_bytes = 0
+        self.unsynced_bytes -= job.unsynced_bytes  # (what was written since stays counted)
 
     def failed(self, job: Sync) -> None:
         """The sync failed: its pages are still to be written."""
