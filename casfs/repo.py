@@ -231,14 +231,18 @@ class Repository:
         fails its check is reported to `on_corrupt` (the mount counts them) first."""
         plain = self.meta_cache.get(bid)
         if plain is None:
-            try:
-                plain = self.blobs.get(bid, "meta")
-            except Corruption:
-                if self.on_corrupt is not None:
-                    self.on_corrupt(bid)
-                raise
+            plain = self.read_meta(bid)
             self.meta_cache.put(bid, plain, len(plain))
         return plain
+
+    def read_meta(self, bid: BlobId) -> bytes:
+        """get_meta without its cache (a caller that keeps the decoded form instead)."""
+        try:
+            return self.blobs.get(bid, "meta")
+        except Corruption:
+            if self.on_corrupt is not None:
+                self.on_corrupt(bid)
+            raise
 
     def batch(self) -> Batch:
         return Batch(self)

@@ -135,12 +135,7 @@ class TreeView:
     def _tree(self, bid: BlobId) -> Tree:
         t = self._trees.get(bid)
         if t is None:
-            try:
-                plain = self._repo.blobs.get(bid, "meta")  # (Repository.get_meta, uncached)
-            except Corruption:
-                if self._repo.on_corrupt is not None:
-                    self._repo.on_corrupt(bid)
-                raise
+            plain = self._repo.read_meta(bid)  # (not cached as bytes too: the tree is)
             t = Tree.decode(plain)
             self._trees.put(bid, t, len(plain))
         return t
