@@ -129,7 +129,9 @@ class Operations(pyfuse3.Operations):
         """Whether the kernel may keep what it learns of the view: an image never changes,
         and a read/write volume changes only through this mount (its claim keeps rollback,
         resize and other mounts out), while the kernel drops what its own requests change.
-        Only the store's listing changes behind the kernel's back (the CLI's commands)."""
+        Only the store's listing changes behind the kernel's back (the CLI's commands).
+        (What the daemon itself moves later, an atime after reads, st_blocks after a
+        fold, may show its old value until the kernel asks again: up to the timeout.)"""
         return view.immutable or view.rw is not None
 
     def _timeout(self, view: View) -> float:
