@@ -3,11 +3,11 @@
 Inode numbers are the tree's own (the root directory is ROOT_INO), so they are the
 same in every mount and across snapshots. The tree is immutable, so an entry's
 attributes never change and readdir offsets are simply positions in the sorted entry
-list. Tree blobs are read and verified as the repository's metadata is; decoded trees
-are kept in a small LRU of their own, and not in the repository's metadata cache as
-well (that copy of /usr/share's trees was 7 MiB of a daemon's RSS). `_nodes` remembers
-what the kernel was told about (ino -> attributes, parent, name), filled by lookup and
-readdir and emptied by forget.
+list. Tree blobs are read and verified as the repository's metadata is, and kept as
+their bytes in a small LRU of their own (TreeIndex: each entry decoded when asked for),
+not in the repository's metadata cache as well. `_nodes` remembers where each inode
+the kernel was told about is (its tree and position, its parent), filled by lookup and
+readdir and emptied by forget; attributes are decoded from there when asked for.
 """
 
 from __future__ import annotations
@@ -22,30 +22,32 @@ from casfs.errors import Corruption
 from casfs.ids import InodeNo
 from casfs.repo import Repository
 from casfs.snapshots.chunkmap import Content
-from casfs.snapshots.tree import Attrs, Entry, Tree
+from casfs.snapshots.tree import TreeIndex
 from casfs.store.cache import LRU
 from casfs.store.ids import BlobId
 from casfs.vfs.api import ROOT_INO, Piece, Stat, enoent, no_xattr
 from casfs.vfs.chunks import plan_pieces
 
-# Decoded trees, sized by their blob's plaintext (decoded entries take about five times
-# more: /usr/share's 7 MiB of trees, decoded, are 15 MiB of a daemon's RSS). Not much
-# smaller: listing a directory decodes each subdirectory's tree too (its attributes
-# live there), and a cache smaller than that set evicts the directory being listed
-# between two readdir requests (2 MiB made a warm `ls -lR` of /usr/share 6x slower).
+# Tree blobs kept (their bytes, indexed: see TreeIndex). Not much fewer: listing a
+# directory reads each subdirectory's tree too (its attributes live there), and a cache
+# smaller than that set evicts the directory being listed between two readdir requests
+# (2 MiB made a warm `ls -lR` of /usr/share 6x slower; its trees are 7 MiB).
 _TREE_CACHE_BYTES = 16 << 20
 _CONTENT_CACHE = 512
 
 
 @dataclass(frozen=True, slots=True)
 class _Node:
-    # A directory's own attributes (from its tree blob), else the entry's; made into the
-    # Stat replied once, when the kernel first hears of the inode (a warm `ls -lR`
-    # replies every entry again: building a Stat each time was an eighth of its time).
-    attrs: Stat
-    data: bytes  # subtree id, content id or symlink target (tree.Entry.data)
+    """Where an inode the kernel holds is: entry `index` of the tree blob `tree` (the
+    root: -1 of its own), so that its attributes are decoded from there when asked. A
+    directory also keeps its subtree's id, and so needs only its own tree to be listed.
+    A node is 150 bytes with its dict slot, where keeping the decoded attributes, name
+    and data took about 500 (a daemon that served `ls -lR` of /usr/share held 58,000)."""
+
+    tree: BlobId
+    index: int
     parent: InodeNo
-    name: bytes
+    subtree: BlobId | None
 
 
 class TreeView:
@@ -62,48 +64,52 @@ class TreeView:
         self.chunk_size = chunk_size
         self.next_ino = next_ino
         self.label = label
-        self._trees: LRU[BlobId, Tree] = LRU(_TREE_CACHE_BYTES)
+        self._trees: LRU[BlobId, TreeIndex] = LRU(_TREE_CACHE_BYTES)
         self._contents: OrderedDict[InodeNo, Content] = OrderedDict()
-        top = self._tree(root)
-        self._nodes: dict[InodeNo, _Node] = {
-            ROOT_INO: _Node(Stat.of(self._dir_attrs(top, ROOT_INO)), root, ROOT_INO, b"")
-        }
+        self._tree(root)  # (a root that is no tree fails here, at once)
+        self._nodes: dict[InodeNo, _Node] = {ROOT_INO: _Node(root, -1, ROOT_INO, root)}
 
     # -- View --------------------------------------------------------------------
 
     def getattr(self, ino: InodeNo) -> Stat:
-        return self._node(ino).attrs
+        node = self._node(ino)
+        if node.subtree is not None:
+            return self._dir_stat(node.subtree, ino)
+        return self._tree(node.tree).fields(node.index, Stat)[1]
 
     def lookup(self, parent: InodeNo, name: bytes) -> Stat:
-        entry = self._dir(parent).find(name)
-        if entry is None:
+        tree_id = self._dir(parent)
+        t = self._tree(tree_id)
+        i = t.index_of(name)
+        if i is None:
             raise enoent(name.decode(errors="replace"))
-        return self._remember(entry, parent)
+        return self._remember(tree_id, t, i, parent)[1]
 
     def readdir(self, ino: InodeNo, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
-        entries = self._dir(ino).entries
-        for i in range(offset, len(entries)):
-            entry = entries[i]
-            yield entry.name, self._remember(entry, ino), i + 1
+        tree_id = self._dir(ino)
+        t = self._tree(tree_id)
+        for i in range(offset, len(t)):
+            name, st = self._remember(tree_id, t, i, ino)
+            yield name, st, i + 1
 
     def readlink(self, ino: InodeNo) -> bytes:
-        node = self._node(ino)
-        if not stat.S_ISLNK(node.attrs.mode):
+        st, target = self._leaf(ino)
+        if not stat.S_ISLNK(st.mode):
             raise OSError(errno.EINVAL, "not a symlink")
-        return node.data
+        return target
 
     def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
         content = self._content(ino)
         return plan_pieces(content.chunk, content.size, self.chunk_size, offset, size)
 
     def getxattr(self, ino: InodeNo, name: bytes) -> bytes:
-        for key, value in self._node(ino).attrs.xattrs:
+        for key, value in self.getattr(ino).xattrs:
             if key == name:
                 return value
         raise no_xattr(name)
 
     def listxattr(self, ino: InodeNo) -> list[bytes]:
-        return [key for key, _ in self._node(ino).attrs.xattrs]
+        return [key for key, _ in self.getattr(ino).xattrs]
 
     def forget(self, ino: InodeNo) -> None:
         if ino != ROOT_INO:
@@ -117,7 +123,7 @@ class TreeView:
         parts: list[bytes] = []
         node = self._nodes.get(ino)
         while node is not None and ino != ROOT_INO:
-            parts.append(node.name)
+            parts.append(self._tree(node.tree).name(node.index))
             ino = node.parent
             node = self._nodes.get(ino)
         path = b"/".join(reversed(parts)).decode(errors="backslashreplace")
@@ -132,44 +138,56 @@ class TreeView:
             raise OSError(errno.ESTALE, f"unknown inode {ino}")
         return node
 
-    def _tree(self, bid: BlobId) -> Tree:
+    def _tree(self, bid: BlobId) -> TreeIndex:
         t = self._trees.get(bid)
         if t is None:
-            plain = self._repo.read_meta(bid)  # (not cached as bytes too: the tree is)
-            t = Tree.decode(plain)
+            plain = self._repo.read_meta(bid)  # (not cached as bytes twice: the index keeps them)
+            t = TreeIndex(plain)
             self._trees.put(bid, t, len(plain))
         return t
 
-    def _dir(self, ino: InodeNo) -> Tree:
-        node = self._node(ino)
-        if not stat.S_ISDIR(node.attrs.mode):
+    def _dir(self, ino: InodeNo) -> BlobId:
+        """The tree id of directory `ino`."""
+        subtree = self._node(ino).subtree
+        if subtree is None:
             raise OSError(errno.ENOTDIR, "not a directory")
-        return self._tree(BlobId(node.data))
+        return subtree
 
-    @staticmethod
-    def _dir_attrs(t: Tree, ino: InodeNo) -> Attrs:
-        subdirs = sum(1 for e in t.entries if e.is_dir)
-        return t.attrs.with_(ino=ino, nlink=2 + subdirs)
+    def _dir_stat(self, tree_id: BlobId, ino: InodeNo) -> Stat:
+        """A directory's attributes live in its own tree; its link count is 2 + subdirs."""
+        t = self._tree(tree_id)
+        return Stat.of(t.attrs.with_(ino=ino, nlink=2 + t.subdirs))
 
-    def _remember(self, entry: Entry, parent: InodeNo) -> Stat:
-        ino = entry.attrs.ino
-        node = self._nodes.get(ino)
-        if node is None:
-            attrs = self._dir_attrs(self._tree(BlobId(entry.data)), ino) if entry.is_dir else entry.attrs
-            node = self._nodes[ino] = _Node(Stat.of(attrs), entry.data, parent, entry.name)
-        return node.attrs
+    def _leaf(self, ino: InodeNo) -> tuple[Stat, bytes]:
+        """A non-directory's attributes and data (content id or symlink target)."""
+        node = self._node(ino)
+        if node.subtree is not None:
+            raise OSError(errno.EISDIR, "is a directory")
+        _, st, data = self._tree(node.tree).fields(node.index, Stat)
+        return st, data
+
+    def _remember(self, tree_id: BlobId, t: TreeIndex, i: int, parent: InodeNo) -> tuple[bytes, Stat]:
+        """Entry i of directory `parent` (tree `t`): its name and attributes, the kernel
+        about to hear of it."""
+        name, st, data = t.fields(i, Stat)
+        ino = st.ino
+        subtree = BlobId(data) if stat.S_ISDIR(st.mode) else None
+        if subtree is not None:
+            st = self._dir_stat(subtree, ino)
+        if ino not in self._nodes:
+            self._nodes[ino] = _Node(tree_id, i, parent, subtree)
+        return name, st
 
     def _content(self, ino: InodeNo) -> Content:
         content = self._contents.get(ino)
         if content is not None:
             self._contents.move_to_end(ino)
             return content
-        node = self._node(ino)
-        if not stat.S_ISREG(node.attrs.mode):
-            code = errno.EISDIR if stat.S_ISDIR(node.attrs.mode) else errno.EINVAL
-            raise OSError(code, "not a regular file")
+        st, content_id = self._leaf(ino)  # (EISDIR for a directory)
+        if not stat.S_ISREG(st.mode):
+            raise OSError(errno.EINVAL, "not a regular file")
         try:
-            content = Content(self._get_meta, BlobId(node.data), node.attrs.size, self.chunk_size)
+            content = Content(self._get_meta, BlobId(content_id), st.size, self.chunk_size)
         except Corruption as e:
             raise Corruption(f"{self.describe(ino)}: {e}") from None
         self._contents[ino] = content
