@@ -56,7 +56,13 @@ class TreeView:
     rw = None  # not a read/write volume
 
     def __init__(
-        self, repo: Repository, root: BlobId, chunk_size: int, next_ino: InodeNo, label: str = ""
+        self,
+        repo: Repository,
+        root: BlobId,
+        chunk_size: int,
+        next_ino: InodeNo,
+        label: str = "",
+        tree_cache_bytes: int = _TREE_CACHE_BYTES,
     ) -> None:
         self._repo = repo
         self._get_meta = repo.get_meta
@@ -64,7 +70,7 @@ class TreeView:
         self.chunk_size = chunk_size
         self.next_ino = next_ino
         self.label = label
-        self._trees: LRU[BlobId, TreeIndex] = LRU(_TREE_CACHE_BYTES)
+        self._trees: LRU[BlobId, TreeIndex] = LRU(tree_cache_bytes)
         self._contents: OrderedDict[InodeNo, Content] = OrderedDict()
         self._tree(root)  # (a root that is no tree fails here, at once)
         self._nodes: dict[InodeNo, _Node] = {ROOT_INO: _Node(root, -1, ROOT_INO, root)}

@@ -17,6 +17,7 @@ from casfs.importers.treebuilder import TreeBuilder
 from casfs.repo import Repository
 from casfs.snapshots.tree import Attrs
 from casfs.store.ids import BlobId
+from casfs.vfs.api import Stat, assemble
 from casfs.vfs.treeview import TreeView
 from tests.helpers.trees import compare
 
@@ -132,3 +133,62 @@ def test_readdir_lookup_and_getattr_agree(view: TreeView) -> None:
         assert view.lookup(ROOT_INO, name) == st
         assert view.getattr(st.ino) == st
     assert view.getattr(ROOT_INO).nlink == 2
+
+
+# -- TreeView without its tree cache --------------------------------------------------
+
+
+Answers = tuple[Stat, bytes | None, list[bytes], str]
+
+
+def walk(view: TreeView) -> dict[str, Answers]:
+    """Everything a mount can ask of a view, by path: attributes, link target, bytes,
+    xattrs and the view's own name for the inode; and each answer asked twice."""
+    seen: dict[str, Answers] = {}
+
+    def visit(ino: InodeNo, path: str) -> None:
+        for name, st, _ in view.readdir(ino, 0):
+            sub = f"{path}/{name.decode()}"
+            assert view.lookup(ino, name) == st == view.getattr(st.ino)
+            body = None
+            if stat.S_ISLNK(st.mode):
+                body = view.readlink(st.ino)
+            elif stat.S_ISREG(st.mode):
+                body = assemble(view.read_plan(st.ino, 0, st.size + 1), view._repo.get)
+            seen[sub] = (st, body, view.listxattr(st.ino), view.describe(st.ino))
+            if st.is_dir:
+                visit(InodeNo(st.ino), sub)
+
+    visit(ROOT_INO, "")
+    return seen
+
+
+def test_a_view_that_keeps_no_tree_answers_as_one_that_keeps_them_all(
+    repo: Repository, tmp_path: Path
+) -> None:
+    """Inodes are remembered by where their entry is, and read again from the store
+    once their tree has left the cache: the answers must not change."""
+    src = tmp_path / "src"
+    many_files(src)
+    (src / "d03" / "deeper" / "still").mkdir(parents=True)
+    (src / "d03" / "deeper" / "still" / "leaf").write_text("leaf\n")
+    os.symlink("../d01/f002", src / "d03" / "link")
+    os.setxattr(src / "d02" / "f003", "user.kept", b"value")
+    root = import_root(repo, src)
+    cached = walk(TreeView(repo, root, CHUNK, InodeNo(FIRST_FREE_INO)))
+    uncached = TreeView(repo, root, CHUNK, InodeNo(FIRST_FREE_INO), tree_cache_bytes=0)
+    assert walk(uncached) == cached
+    assert cached["/d03/link"][1] == b"../d01/f002"
+    assert cached["/d03/deeper/still/leaf"][1] == b"leaf\n"
+    assert cached["/d02/f003"][2] == [b"user.kept"]
+    assert cached["/d07/f001.link"][0] == cached["/d07/f001"][0]  # hardlinks: one inode
+    # forgotten, an inode is unknown (ESTALE) until looked up again
+    ino = cached["/d05/f010"][0].ino
+    d05 = uncached.lookup(ROOT_INO, b"d05").ino
+    uncached.forget(ino)
+    assert d05 != ino
+    with pytest.raises(OSError) as e:
+        uncached.getattr(ino)
+    assert e.value.errno == errno.ESTALE
+    assert uncached.lookup(InodeNo(d05), b"f010") == cached["/d05/f010"][0]
+    assert uncached.getattr(ino) == cached["/d05/f010"][0]
