@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from casfs.errors import Corruption
 from casfs.store import Staging, codec
 from casfs.store.ids import ID_SIZE, BlobId
+from casfs.store.packwrite import DirectAppender, FileAppender, open_direct, write_all
 from casfs.store.verified import verified
 
 if TYPE_CHECKING:
@@ -50,12 +51,13 @@ def pack_header() -> bytes:
 @dataclass
 class StagedPack:
     """A pack a staging fills (fd: the pack, ent_fd: its .ent file; both closed once
-    it is sealed)."""
+    it is sealed, after out.finish())."""
 
     seq: int
     fd: int
     ent_fd: int
     size: int
+    out: FileAppender  # how its bytes reach fd
     entries: list[Entry] = field(default_factory=list)
     name: str = ""  # its name once sealed (the store's)
     published: bool = False
@@ -66,7 +68,10 @@ P = TypeVar("P", bound=StagedPack)
 
 class PackStaging(Staging, Generic[P]):
     """add() and add_stored() into pack files in the staging's directory; `_seal(pack)`
-    is called (outside the lock, by the adding thread) with each pack that filled."""
+    is called (outside the lock, by the adding thread) with each pack that filled.
+    `direct`: write the packs with O_DIRECT (store.packwrite; _seal calls out.finish())."""
+
+    direct = False
 
     def __init__(self, tmp_dir: Path, target: int, pack_type: type[P]) -> None:
         import uuid
@@ -106,11 +111,11 @@ class PackStaging(Staging, Generic[P]):
                 return self._sizes[bid]
             pack = self._open or self._start()
             offset = pack.size
+            pack.out.append(parts)
             try:
-                write_all(pack.fd, *parts)
                 write_all(pack.ent_fd, ENTRY.pack(bid, offset, length))
             except BaseException:
-                os.ftruncate(pack.fd, offset)  # (a full disk) nothing of this blob stays
+                pack.out.cut(offset)  # (a full disk) nothing of this blob stays
                 raise
             pack.size += length
             pack.entries.append((bid, offset, length))
@@ -124,15 +129,21 @@ class PackStaging(Staging, Generic[P]):
     def _start(self) -> P:
         seq = next(self._seq)
         flags = os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        fd = os.open(f"{self.dir}/{seq}.pack", os.O_RDWR | flags, 0o600)
+        path = f"{self.dir}/{seq}.pack"
+        if self.direct:
+            fd, direct = open_direct(path, os.O_WRONLY | flags, 0o600)
+        else:
+            fd, direct = os.open(path, os.O_RDWR | flags, 0o600), False
+        out = DirectAppender(fd) if direct else FileAppender(fd)
         try:
             header = pack_header()
-            write_all(fd, header)
+            out.append((header,))
             ent_fd = os.open(f"{self.dir}/{seq}.ent", os.O_WRONLY | os.O_APPEND | flags, 0o600)
         except BaseException:
+            out.close()
             os.close(fd)
             raise
-        self._open = self._pack_type(seq, fd, ent_fd, len(header))
+        self._open = self._pack_type(seq, fd, ent_fd, len(header), out)
         return self._open
 
     def _seal(self, pack: P) -> None:
@@ -161,20 +172,11 @@ class PackStaging(Staging, Generic[P]):
 
 
 def close_pack(pack: StagedPack) -> None:
+    pack.out.close()
     for fd in (pack.fd, pack.ent_fd):
         if fd >= 0:
             os.close(fd)
     pack.fd = pack.ent_fd = -1
-
-
-def write_all(fd: int, *parts: bytes | memoryview) -> None:
-    """Write the parts, joined (one writev: a short write is finished by os.write)."""
-    done = os.writev(fd, parts)
-    if done == sum(len(p) for p in parts):
-        return
-    view = memoryview(b"".join(parts))[done:]
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def dead_stagings(tmp_dir: Path, owner_alive: Callable[[int], bool]) -> list[os.DirEntry[str]]:
