@@ -27,7 +27,7 @@ Failures are OSError (a disk's: ENOSPC, EIO...), MissingBlob or Corruption
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Literal, Protocol
 
 from casfs.store.ids import BlobId, blob_id
@@ -49,6 +49,12 @@ class Staging(Protocol):
         returns the same size. On error (OSError: ENOSPC, EIO) nothing of this blob is
         staged; what was staged before stays staged."""
         ...
+
+    def add_many(self, blobs: Sequence[tuple[BlobId, bytes | memoryview]]) -> list[int]:
+        """add() of each (id, plaintext), in order; their stored sizes. On error the
+        blob it failed on and those after it are not staged. This default calls add();
+        a pack staging takes its lock and writes its records once for them all."""
+        return [self.add(bid, plain) for bid, plain in blobs]
 
     def publish(self) -> None:
         """Make every staged blob durable, then visible under its id (a blob already

@@ -6,7 +6,8 @@ holds: its index does (a table of the local store, an index object in a bucket).
 A staging fills its packs in its own directory, STORE/tmp/<pid>-<random>/:
 
     <n>.pack    the pack being filled (header, encoded blobs, appended)
-    <n>.ent     one 44-byte record per blob added (id, offset, length): what
+    <n>.ent     one 44-byte record per blob added (id, offset, length), written
+                before its bytes (one write for a put_many's group): what
                 recover_staging counts, as the pack itself cannot be parsed
 
 and starts pack n + 1 once pack n holds `target` bytes; what it does with a full pack
@@ -92,39 +93,68 @@ class PackStaging(Staging, Generic[P]):
         return f"{self.dir}/{pack.seq}.{ext}"
 
     def add(self, bid: BlobId, plain: bytes | memoryview) -> int:
+        return self.add_many([(bid, plain)])[0]
+
+    def add_many(self, blobs: Sequence[tuple[BlobId, bytes | memoryview]]) -> list[int]:
         with self._lock:
-            known = self._sizes.get(bid)
-        if known is not None:
-            return known
-        return self._append(bid, codec.encode_parts(plain))
+            known = {bid: self._sizes[bid] for bid, _ in blobs if bid in self._sizes}
+        new = [(bid, codec.encode_parts(plain)) for bid, plain in blobs if bid not in known]
+        if new:
+            known.update(self._append(new))
+        return [known[bid] for bid, _ in blobs]
 
     def add_stored(self, bid: BlobId, stored: bytes) -> int:
         """add() of a blob already encoded (and verified by the caller: a repack)."""
-        return self._append(bid, (stored,))
+        return self._append([(bid, (stored,))])[bid]
 
-    def _append(self, bid: BlobId, parts: Sequence[bytes | memoryview]) -> int:
-        """Append the blob whose encoded bytes are `parts` joined; its stored size."""
-        full = None
-        length = sum(len(p) for p in parts)
-        with self._lock:
-            if bid in self._sizes:
-                return self._sizes[bid]
-            pack = self._open or self._start()
+    def _append(self, blobs: Sequence[tuple[BlobId, Sequence[bytes | memoryview]]]) -> dict[BlobId, int]:
+        """Append each blob (its encoded bytes: the parts joined) not staged yet, into
+        the open pack, then the next; {id: stored size}. Each pack's records for them
+        go first, in one write: a record without its blob (the append failed: a full
+        disk) only makes recover_staging count one blob too many."""
+        sizes: dict[BlobId, int] = {}
+        full: list[P] = []
+        try:
+            with self._lock:
+                todo: list[tuple[BlobId, Sequence[bytes | memoryview], int]] = []
+                for bid, parts in blobs:
+                    if bid in self._sizes or bid in sizes:
+                        sizes[bid] = self._sizes.get(bid) or sizes[bid]
+                        continue
+                    sizes[bid] = length = sum(len(p) for p in parts)
+                    todo.append((bid, parts, length))
+                while todo:
+                    pack = self._open or self._start()
+                    end, n = pack.size, 0
+                    while n < len(todo) and end < self.target:
+                        end += todo[n][2]
+                        n += 1
+                    self._fill(pack, todo[:n])
+                    del todo[:n]
+                    if pack.size >= self.target:
+                        full.append(pack)
+                        self._open = None
+        finally:
+            for pack in full:  # (also after a failure: those are whole)
+                self._seal_full(pack)
+        return sizes
+
+    def _fill(self, pack: P, blobs: list[tuple[BlobId, Sequence[bytes | memoryview], int]]) -> None:
+        records, at = [], pack.size
+        for bid, _, length in blobs:
+            records.append(ENTRY.pack(bid, at, length))
+            at += length
+        write_all(pack.ent_fd, b"".join(records))
+        for bid, parts, length in blobs:
             offset = pack.size
-            pack.out.append(parts)
             try:
-                write_all(pack.ent_fd, ENTRY.pack(bid, offset, length))
+                pack.out.append(parts)
             except BaseException:
                 pack.out.cut(offset)  # (a full disk) nothing of this blob stays
                 raise
             pack.size += length
             pack.entries.append((bid, offset, length))
             self._sizes[bid] = length
-            if pack.size >= self.target:
-                full, self._open = pack, None
-        if full is not None:
-            self._seal_full(full)
-        return length
 
     def _start(self) -> P:
         seq = next(self._seq)

@@ -49,7 +49,8 @@ def _take(size: int) -> mmap.mmap:
         with _free_lock:
             if _free:
                 return _free.pop()
-    return mmap.mmap(-1, size)  # (page-aligned, as O_DIRECT needs)
+    # Page-aligned, as O_DIRECT needs; private (the default, shared, is a shmem file).
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
 def _give(buf: mmap.mmap) -> None:
@@ -101,6 +102,8 @@ class DirectAppender(FileAppender):
     def __init__(self, fd: int) -> None:
         super().__init__(fd)
         self._buf = _take(BUFFER)
+        self._closed = False
+        self._failed: BaseException | None = None
         self._base = 0  # the file offset of the buffer's first byte
         self._pos = 0  # bytes in the buffer
         self._writes: deque[Future[None]] = deque()
@@ -119,8 +122,10 @@ class DirectAppender(FileAppender):
         """Hand the whole blocks the buffer holds to a writer; go on in a new buffer
         (larger, for a blob larger than one). Raises the error of an earlier write
         first: then nothing of this blob is staged (the pack's publish fails too)."""
+        if self._failed is not None:
+            raise self._failed
         while self._writes and (self._writes[0].done() or len(self._writes) >= _AHEAD):
-            self._writes.popleft().result()
+            self._collect()
         keep = self._pos % ALIGN
         done = self._pos - keep
         old = self._buf
@@ -148,18 +153,26 @@ class DirectAppender(FileAppender):
     def close(self) -> None:
         with contextlib.suppress(BaseException):  # (the error is finish's, or the caller's)
             self._wait()
-        self._pos = 0
+        if not self._closed:
+            self._closed = True
+            _give(self._buf)
+
+    def _collect(self) -> None:
+        """Wait for the oldest write; its error, if any, is this appender's for good
+        (the pack has a hole where that buffer's blobs were)."""
+        try:
+            self._writes.popleft().result()
+        except BaseException as e:
+            self._failed = self._failed or e
+            raise
 
     def _wait(self) -> None:
         """Wait for every write handed out; then raise the first that failed."""
-        failed: BaseException | None = None
         while self._writes:
-            try:
-                self._writes.popleft().result()
-            except BaseException as e:
-                failed = failed or e
-        if failed is not None:
-            raise failed
+            with contextlib.suppress(BaseException):
+                self._collect()
+        if self._failed is not None:
+            raise self._failed
 
 
 def open_direct(path: str, flags: int, mode: int) -> tuple[int, bool]:

@@ -171,7 +171,8 @@ def run_fold_block(
 
 # Chunks hashed, compressed and written at once by a pool of threads (BLAKE3 and zstd
 # release the GIL), in tasks of `_GROUP` chunks (a future and a hand-off per chunk cost
-# as much as hashing it), a bounded number in flight so memory stays a few MiB whatever
+# as much as hashing it; a group is one Batch.put_many: one catalog lookup, one staging
+# lock and one write of pack records), a bounded number in flight so memory stays a few MiB whatever
 # was written. Small jobs (an fsync of one file) stay in the calling thread.
 _PUT_THREADS = max(2, os.cpu_count() or 2)
 _GROUP = 16
@@ -188,7 +189,8 @@ Data = bytes | Callable[[], bytes]
 
 
 def _put_group(batch: ledger.Batch, group: list[tuple[K, Data]]) -> list[tuple[K, BlobId]]:
-    return [(key, batch.put(data() if callable(data) else data)) for key, data in group]
+    ids = batch.put_many([data() if callable(data) else data for _, data in group])
+    return [(key, bid) for (key, _), bid in zip(group, ids, strict=True)]
 
 
 def _put_all(batch: ledger.Batch, chunks: Iterable[tuple[K, Data]]) -> dict[K, BlobId]:
