@@ -164,7 +164,7 @@ class PackStaging(Staging, Generic[P]):
             fd, direct = open_direct(path, os.O_WRONLY | flags, 0o600)
         else:
             fd, direct = os.open(path, os.O_RDWR | flags, 0o600), False
-        out = DirectAppender(fd) if direct else FileAppender(fd)
+        out = DirectAppender(fd, self.target) if direct else FileAppender(fd)
         try:
             header = pack_header()
             out.append((header,))

@@ -99,8 +99,13 @@ class DirectAppender(FileAppender):
     """Appends to a file opened with O_DIRECT through aligned buffers (above), each
     written by a writer thread once full while the next one fills."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, reserve: int = 0) -> None:
         super().__init__(fd)
+        if reserve:
+            # Its blocks at once: writes of 1 MiB by two threads, each allocated as it
+            # came, left a 16 MiB pack in 3-5 extents (against 1-2 written back).
+            with contextlib.suppress(OSError):  # (a file system without fallocate)
+                os.posix_fallocate(fd, 0, reserve)
         self._buf = _take(BUFFER)
         self._closed = False
         self._failed: BaseException | None = None
@@ -146,9 +151,7 @@ class DirectAppender(FileAppender):
             padded = -(-self._pos // ALIGN) * ALIGN
             self._buf[self._pos : padded] = bytes(padded - self._pos)
             _pwrite_all(self.fd, memoryview(self._buf)[:padded], self._base)
-            os.ftruncate(self.fd, self._base + self._pos)
-            self._base += self._pos
-            self._pos = 0
+        os.ftruncate(self.fd, self._base + self._pos)  # (past the padding, and the reserve)
 
     def close(self) -> None:
         with contextlib.suppress(BaseException):  # (the error is finish's, or the caller's)

@@ -15,7 +15,7 @@ from casfs.store.packwrite import BUFFER, DirectAppender, FileAppender, open_dir
 
 def _open(path: Path) -> tuple[int, FileAppender]:
     fd, direct = open_direct(str(path), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    return fd, DirectAppender(fd) if direct else FileAppender(fd)
+    return fd, DirectAppender(fd, reserve=16 * BUFFER) if direct else FileAppender(fd)
 
 
 def test_the_file_holds_what_was_appended(tmp_path: Path) -> None:
