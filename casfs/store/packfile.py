@@ -103,9 +103,9 @@ class PackStaging(Staging, Generic[P]):
             known.update(self._append(new))
         return [known[bid] for bid, _ in blobs]
 
-    def add_stored(self, bid: BlobId, stored: bytes) -> int:
-        """add() of a blob already encoded (and verified by the caller: a repack)."""
-        return self._append([(bid, (stored,))])[bid]
+    def add_stored(self, blobs: Sequence[tuple[BlobId, bytes]]) -> None:
+        """add_many() of blobs already encoded (and verified by the caller: a repack)."""
+        self._append([(bid, (stored,)) for bid, stored in blobs])
 
     def _append(self, blobs: Sequence[tuple[BlobId, Sequence[bytes | memoryview]]]) -> dict[BlobId, int]:
         """Append each blob (its encoded bytes: the parts joined) not staged yet, into
@@ -225,13 +225,14 @@ def restage(
     """A repack's step: stage the live blobs of one pack (`data`, its bytes), each
     verified first; False, having staged none, if one fails (it is marked damaged and
     the pack left as it is: fsck reports the blob)."""
-    for bid, offset, length in live:
+    view = memoryview(data)
+    blobs = [(bid, bytes(view[offset : offset + length])) for bid, offset, length in live]  # (one copy)
+    for bid, stored in blobs:
         try:
-            verified(bid, bytes(data[offset : offset + length]), None)
+            verified(bid, stored, None)
         except Corruption as e:
             log.error("pack %s not repacked: %s", what, e)
             store.mark_damaged(bid)
             return False
-    for bid, offset, length in live:
-        staging.add_stored(bid, bytes(data[offset : offset + length]))
+    staging.add_stored(blobs)
     return True
