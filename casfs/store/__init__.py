@@ -3,10 +3,11 @@
 Modules: ids (BlobId, hashing), codec (on-disk encoding), verified (the check on every
 read), packstore (PackBlobStore: a local store's blobs in pack files; with packindex,
 its SQLite index, fdcache and packcompact), packfile (pack files and their staging,
-shared with s3; packwrite appends to them, with O_DIRECT for local ones), local (FileBlobStore: a file per blob, the layout of stores made
-before packs), memory (MemoryBlobStore, for tests), faulty (a wrapper that fails on
-purpose), cache (an LRU), verify (outside digests), damaged (the damaged-blob marks
-the local and S3 stores share), s3 (blobs in a bucket).
+shared with s3; packwrite appends to them, with O_DIRECT for local ones), local
+(FileBlobStore: a file per blob, the layout of stores made before packs), memory
+(MemoryBlobStore, for tests), faulty (a wrapper that fails on purpose), cache (an
+LRU), verify (outside digests), damaged (the damaged-blob marks the local and S3
+stores share), s3 (blobs in a bucket).
 
 Lifecycle of a blob in a store (containerd's content store is the model):
 
