@@ -173,8 +173,8 @@ def run_fold_block(
 # Chunks hashed, compressed and written at once by a pool of threads (BLAKE3 and zstd
 # release the GIL), in tasks of `_GROUP` chunks (a future and a hand-off per chunk cost
 # as much as hashing it; a group is one Batch.put_many: one catalog lookup, one staging
-# lock and one write of pack records), a bounded number in flight so memory stays a few MiB whatever
-# was written. Small jobs (an fsync of one file) stay in the calling thread.
+# lock and one write of pack records), a bounded number in flight so memory stays a
+# few MiB whatever was written. Small jobs (an fsync of one file) stay in the calling thread.
 _PUT_THREADS = max(2, os.cpu_count() or 2)
 _GROUP = 16
 _IN_FLIGHT = 2 * _PUT_THREADS
@@ -199,7 +199,7 @@ class Span:
 Data = bytes | Callable[[], bytes] | Span
 
 # Each put worker's buffer for the chunks of a group (kept: new memory for each chunk
-# read cost page faults, and on this VM the host's too: 15% of a daemon's fold in
+# read cost page faults, and on this VM the host's too: 15% of a daemon fold's samples,
 # copying into fresh pages). A group's chunks are stored in parts of at most this.
 _BUFFER = 1 << 20
 _local = threading.local()
@@ -215,10 +215,6 @@ class _Group:
 
     def __init__(self, batch: ledger.Batch) -> None:
         self.batch = batch
-        buf = getattr(_local, "buf", None)
-        if buf is None:
-            buf = _local.buf = memoryview(bytearray(_BUFFER))
-        self.buf: memoryview = buf
         self.ids: list[BlobId] = []
         self.chunks: list[bytes | memoryview] = []
         self.held = 0  # bytes in chunks and run
@@ -253,11 +249,14 @@ class _Group:
     def _read_run(self) -> None:
         if not self.run:
             return
+        buf: memoryview | None = getattr(_local, "buf", None)
+        if buf is None:  # (made at a thread's first span: a directory fold reads none)
+            buf = _local.buf = memoryview(bytearray(_BUFFER))
         first, at = self.run[0], self.used
         self.used += sum(s.length for s in self.run)
-        first.upper.pread_into(first.offset, self.buf[at : self.used])
+        first.upper.pread_into(first.offset, buf[at : self.used])
         for s in self.run:
-            self.chunks.append(self.buf[at : at + s.length])
+            self.chunks.append(buf[at : at + s.length])
             at += s.length
         self.run.clear()
 
