@@ -48,7 +48,8 @@ class Staging(Protocol):
         """Stage one blob (its id computed by the caller, in the right domain); returns
         its stored (encoded) size. Adding an id already staged here stages nothing and
         returns the same size. On error (OSError: ENOSPC, EIO) nothing of this blob is
-        staged; what was staged before stays staged."""
+        staged; what was staged before stays staged, unless the error is that of an
+        earlier blob's deferred write (store.packwrite): then publish() fails too."""
         ...
 
     def add_many(self, blobs: Sequence[tuple[BlobId, bytes | memoryview]]) -> list[int]:
