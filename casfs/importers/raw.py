@@ -38,7 +38,7 @@ def _put_block(batch: Batch, block: Block, chunk_size: int) -> list[BlobId]:
     # Views, not copies: hashing, compressing and writing take them as they are (and
     # is_zero copies only a chunk that starts with a zero byte).
     view = memoryview(block)
-    return [batch.put(view[i : i + chunk_size]) for i in range(0, len(block), chunk_size)]
+    return batch.put_many([view[i : i + chunk_size] for i in range(0, len(block), chunk_size)])
 
 
 def _read_full(source: Readable, n: int) -> bytes:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from casfs.catalog import blobs as blob_rows
@@ -27,6 +27,8 @@ from casfs.store.ids import ZERO_ID, BlobId, blob_id, is_zero, meta_id
 
 if TYPE_CHECKING:
     from casfs.repo import Repository
+
+_NO_KIDS: Counter[BlobId] = Counter()  # a chunk's children (shared: never changed)
 
 
 class Batch:
@@ -53,32 +55,56 @@ class Batch:
     def put(self, plain: bytes | memoryview, kind: BlobKind = BlobKind.DATA) -> BlobId:
         """Stage a blob unless the store already holds it live; returns its id.
         All-zero data is a hole: ZERO_ID, nothing stored."""
-        if kind == BlobKind.DATA and is_zero(plain):
-            return ZERO_ID
-        bid = blob_id(plain) if kind == BlobKind.DATA else meta_id(plain)
-        with self._mutex:
-            if bid in self.new:
-                return bid
-        # A live blob has a file: the stat is a cheap filter before the catalog lookup.
-        if bid in self.damaged:
-            with self._mutex:
-                self.healed.add(bid)  # its file failed a check: this copy replaces it
-        elif self.repo.blobs.has(bid) and self.repo.is_live(bid):
-            with self._mutex:
-                self.reused += 1
-            return bid
-        kids: Counter[BlobId] = Counter()
         if kind != BlobKind.DATA:
-            # (here: the tree and map codecs are not a clone's or a listing's start-up)
-            from casfs.snapshots.children import children
+            bid = meta_id(plain)
+            if self._unstored([bid]):
+                # (here: the tree and map codecs are not a clone's or a listing's start-up)
+                from casfs.snapshots.children import children
 
-            kids = Counter(c for c, _ in children(kind, bytes(plain)))
-        stored = self.staging.add(bid, plain)
+                kids = Counter(c for c, _ in children(kind, bytes(plain)))
+                self._staged(kind, [(bid, plain)], kids)
+            return bid
+        return self.put_many([plain])[0]
+
+    def put_many(self, chunks: Sequence[bytes | memoryview]) -> list[BlobId]:
+        """put() of data chunks, several at once (a fold's or an import's group): one
+        catalog lookup and one staging call for them all; their ids, in order."""
+        ids = [ZERO_ID if is_zero(c) else blob_id(c) for c in chunks]
+        todo = dict(zip(ids, chunks, strict=True))
+        todo.pop(ZERO_ID, None)
+        if todo:
+            self._staged(BlobKind.DATA, [(bid, todo[bid]) for bid in self._unstored(todo)], _NO_KIDS)
+        return ids
+
+    def _unstored(self, ids: Iterable[BlobId]) -> list[BlobId]:
+        """Those of `ids` (distinct) to stage: not staged by this batch yet, nor live in
+        the store. A blob found damaged by a read is staged again (the copy heals it)."""
         with self._mutex:
-            if bid not in self.new:
-                self.new[bid] = (kind, len(plain), stored, kids)
-                self.stored_bytes += stored
-        return bid
+            fresh = [bid for bid in ids if bid not in self.new]
+        heal = [bid for bid in fresh if bid in self.damaged]
+        asked = [bid for bid in fresh if bid not in self.damaged]
+        # The catalog first (one query for the group: a fold's chunks are mostly new);
+        # a live row whose bytes the store lacks is stored again.
+        rows = blob_rows.rows_of(self.repo.conn, asked) if asked else ()
+        live = {bid for bid, row in rows if row.refs > 0 and self.repo.blobs.has(bid)}
+        if heal or live:
+            with self._mutex:
+                self.healed.update(heal)
+                self.reused += len(live)
+        return [bid for bid in fresh if bid not in live]
+
+    def _staged(
+        self, kind: BlobKind, blobs: list[tuple[BlobId, bytes | memoryview]], kids: Counter[BlobId]
+    ) -> None:
+        """Stage `blobs` and count them in (kids: each one's children, for a page)."""
+        if not blobs:
+            return
+        sizes = self.staging.add_many(blobs)
+        with self._mutex:
+            for (bid, plain), stored in zip(blobs, sizes, strict=True):
+                if bid not in self.new:
+                    self.new[bid] = (kind, len(plain), stored, kids)
+                    self.stored_bytes += stored
 
     def adopted(self, bid: BlobId, kind: BlobKind, size: int, stored: int, kids: Counter[BlobId]) -> None:
         """Count a blob the caller staged without its bytes (an adoption of another

@@ -3,10 +3,11 @@
 Modules: ids (BlobId, hashing), codec (on-disk encoding), verified (the check on every
 read), packstore (PackBlobStore: a local store's blobs in pack files; with packindex,
 its SQLite index, fdcache and packcompact), packfile (pack files and their staging,
-shared with s3), local (FileBlobStore: a file per blob, the layout of stores made
-before packs), memory (MemoryBlobStore, for tests), faulty (a wrapper that fails on
-purpose), cache (an LRU), verify (outside digests), damaged (the damaged-blob marks
-the local and S3 stores share), s3 (blobs in a bucket).
+shared with s3; packwrite appends to them, with O_DIRECT for local ones), local
+(FileBlobStore: a file per blob, the layout of stores made before packs), memory
+(MemoryBlobStore, for tests), faulty (a wrapper that fails on purpose), cache (an
+LRU), verify (outside digests), damaged (the damaged-blob marks the local and S3
+stores share), s3 (blobs in a bucket).
 
 Lifecycle of a blob in a store (containerd's content store is the model):
 
@@ -27,7 +28,7 @@ Failures are OSError (a disk's: ENOSPC, EIO...), MissingBlob or Corruption
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Literal, Protocol
 
 from casfs.store.ids import BlobId, blob_id
@@ -47,8 +48,15 @@ class Staging(Protocol):
         """Stage one blob (its id computed by the caller, in the right domain); returns
         its stored (encoded) size. Adding an id already staged here stages nothing and
         returns the same size. On error (OSError: ENOSPC, EIO) nothing of this blob is
-        staged; what was staged before stays staged."""
+        staged; what was staged before stays staged, unless the error is that of an
+        earlier blob's deferred write (store.packwrite): then publish() fails too."""
         ...
+
+    def add_many(self, blobs: Sequence[tuple[BlobId, bytes | memoryview]]) -> list[int]:
+        """add() of each (id, plaintext), in order; their stored sizes. On error the
+        blob it failed on and those after it are not staged. This default calls add();
+        a pack staging takes its lock and writes its records once for them all."""
+        return [self.add(bid, plain) for bid, plain in blobs]
 
     def publish(self) -> None:
         """Make every staged blob durable, then visible under its id (a blob already

@@ -6,7 +6,8 @@ holds: its index does (a table of the local store, an index object in a bucket).
 A staging fills its packs in its own directory, STORE/tmp/<pid>-<random>/:
 
     <n>.pack    the pack being filled (header, encoded blobs, appended)
-    <n>.ent     one 44-byte record per blob added (id, offset, length): what
+    <n>.ent     one 44-byte record per blob added (id, offset, length), written
+                before its bytes (one write for a put_many's group): what
                 recover_staging counts, as the pack itself cannot be parsed
 
 and starts pack n + 1 once pack n holds `target` bytes; what it does with a full pack
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from casfs.errors import Corruption
 from casfs.store import Staging, codec
 from casfs.store.ids import ID_SIZE, BlobId
+from casfs.store.packwrite import DirectAppender, FileAppender, open_direct, write_all
 from casfs.store.verified import verified
 
 if TYPE_CHECKING:
@@ -50,12 +52,13 @@ def pack_header() -> bytes:
 @dataclass
 class StagedPack:
     """A pack a staging fills (fd: the pack, ent_fd: its .ent file; both closed once
-    it is sealed)."""
+    it is sealed, after out.finish())."""
 
     seq: int
     fd: int
     ent_fd: int
     size: int
+    out: FileAppender  # how its bytes reach fd
     entries: list[Entry] = field(default_factory=list)
     name: str = ""  # its name once sealed (the store's)
     published: bool = False
@@ -66,7 +69,10 @@ P = TypeVar("P", bound=StagedPack)
 
 class PackStaging(Staging, Generic[P]):
     """add() and add_stored() into pack files in the staging's directory; `_seal(pack)`
-    is called (outside the lock, by the adding thread) with each pack that filled."""
+    is called (outside the lock, by the adding thread) with each pack that filled.
+    `direct`: write the packs with O_DIRECT (store.packwrite; _seal calls out.finish())."""
+
+    direct = False
 
     def __init__(self, tmp_dir: Path, target: int, pack_type: type[P]) -> None:
         import uuid
@@ -87,52 +93,87 @@ class PackStaging(Staging, Generic[P]):
         return f"{self.dir}/{pack.seq}.{ext}"
 
     def add(self, bid: BlobId, plain: bytes | memoryview) -> int:
-        with self._lock:
-            known = self._sizes.get(bid)
-        if known is not None:
-            return known
-        return self._append(bid, codec.encode_parts(plain))
+        return self.add_many([(bid, plain)])[0]
 
-    def add_stored(self, bid: BlobId, stored: bytes) -> int:
-        """add() of a blob already encoded (and verified by the caller: a repack)."""
-        return self._append(bid, (stored,))
-
-    def _append(self, bid: BlobId, parts: Sequence[bytes | memoryview]) -> int:
-        """Append the blob whose encoded bytes are `parts` joined; its stored size."""
-        full = None
-        length = sum(len(p) for p in parts)
+    def add_many(self, blobs: Sequence[tuple[BlobId, bytes | memoryview]]) -> list[int]:
         with self._lock:
-            if bid in self._sizes:
-                return self._sizes[bid]
-            pack = self._open or self._start()
+            known = {bid: self._sizes[bid] for bid, _ in blobs if bid in self._sizes}
+        new = [(bid, codec.encode_parts(plain)) for bid, plain in blobs if bid not in known]
+        if new:
+            known.update(self._append(new))
+        return [known[bid] for bid, _ in blobs]
+
+    def add_stored(self, blobs: Sequence[tuple[BlobId, bytes]]) -> None:
+        """add_many() of blobs already encoded (and verified by the caller: a repack)."""
+        self._append([(bid, (stored,)) for bid, stored in blobs])
+
+    def _append(self, blobs: Sequence[tuple[BlobId, Sequence[bytes | memoryview]]]) -> dict[BlobId, int]:
+        """Append each blob (its encoded bytes: the parts joined) not staged yet, into
+        the open pack, then the next; {id: stored size}. Each pack's records for them
+        go first, in one write: a record without its blob (the append failed: a full
+        disk) only makes recover_staging count one blob too many."""
+        sizes: dict[BlobId, int] = {}
+        full: list[P] = []
+        try:
+            with self._lock:
+                todo: list[tuple[BlobId, Sequence[bytes | memoryview], int]] = []
+                for bid, parts in blobs:
+                    if bid in self._sizes or bid in sizes:
+                        sizes[bid] = self._sizes.get(bid) or sizes[bid]
+                        continue
+                    sizes[bid] = length = sum(len(p) for p in parts)
+                    todo.append((bid, parts, length))
+                while todo:
+                    pack = self._open or self._start()
+                    end, n = pack.size, 0
+                    while n < len(todo) and end < self.target:
+                        end += todo[n][2]
+                        n += 1
+                    self._fill(pack, todo[:n])
+                    del todo[:n]
+                    if pack.size >= self.target:
+                        full.append(pack)
+                        self._open = None
+        finally:
+            for pack in full:  # (also after a failure: those are whole)
+                self._seal_full(pack)
+        return sizes
+
+    def _fill(self, pack: P, blobs: list[tuple[BlobId, Sequence[bytes | memoryview], int]]) -> None:
+        records, at = [], pack.size
+        for bid, _, length in blobs:
+            records.append(ENTRY.pack(bid, at, length))
+            at += length
+        write_all(pack.ent_fd, b"".join(records))
+        for bid, parts, length in blobs:
             offset = pack.size
             try:
-                write_all(pack.fd, *parts)
-                write_all(pack.ent_fd, ENTRY.pack(bid, offset, length))
+                pack.out.append(parts)
             except BaseException:
-                os.ftruncate(pack.fd, offset)  # (a full disk) nothing of this blob stays
+                pack.out.cut(offset)  # (a full disk) nothing of this blob stays
                 raise
             pack.size += length
             pack.entries.append((bid, offset, length))
             self._sizes[bid] = length
-            if pack.size >= self.target:
-                full, self._open = pack, None
-        if full is not None:
-            self._seal_full(full)
-        return length
 
     def _start(self) -> P:
         seq = next(self._seq)
         flags = os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        fd = os.open(f"{self.dir}/{seq}.pack", os.O_RDWR | flags, 0o600)
+        path = f"{self.dir}/{seq}.pack"
+        if self.direct:
+            fd, direct = open_direct(path, os.O_WRONLY | flags, 0o600)
+        else:
+            fd, direct = os.open(path, os.O_RDWR | flags, 0o600), False
+        out = DirectAppender(fd, self.target) if direct else FileAppender(fd)
         try:
             header = pack_header()
-            write_all(fd, header)
+            out.append((header,))
             ent_fd = os.open(f"{self.dir}/{seq}.ent", os.O_WRONLY | os.O_APPEND | flags, 0o600)
         except BaseException:
+            out.close()
             os.close(fd)
             raise
-        self._open = self._pack_type(seq, fd, ent_fd, len(header))
+        self._open = self._pack_type(seq, fd, ent_fd, len(header), out)
         return self._open
 
     def _seal(self, pack: P) -> None:
@@ -161,20 +202,11 @@ class PackStaging(Staging, Generic[P]):
 
 
 def close_pack(pack: StagedPack) -> None:
+    pack.out.close()
     for fd in (pack.fd, pack.ent_fd):
         if fd >= 0:
             os.close(fd)
     pack.fd = pack.ent_fd = -1
-
-
-def write_all(fd: int, *parts: bytes | memoryview) -> None:
-    """Write the parts, joined (one writev: a short write is finished by os.write)."""
-    done = os.writev(fd, parts)
-    if done == sum(len(p) for p in parts):
-        return
-    view = memoryview(b"".join(parts))[done:]
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def dead_stagings(tmp_dir: Path, owner_alive: Callable[[int], bool]) -> list[os.DirEntry[str]]:
@@ -193,13 +225,14 @@ def restage(
     """A repack's step: stage the live blobs of one pack (`data`, its bytes), each
     verified first; False, having staged none, if one fails (it is marked damaged and
     the pack left as it is: fsck reports the blob)."""
-    for bid, offset, length in live:
+    view = memoryview(data)
+    blobs = [(bid, bytes(view[offset : offset + length])) for bid, offset, length in live]  # (one copy)
+    for bid, stored in blobs:
         try:
-            verified(bid, bytes(data[offset : offset + length]), None)
+            verified(bid, stored, None)
         except Corruption as e:
             log.error("pack %s not repacked: %s", what, e)
             store.mark_damaged(bid)
             return False
-    for bid, offset, length in live:
-        staging.add_stored(bid, bytes(data[offset : offset + length]))
+    staging.add_stored(blobs)
     return True

@@ -15,6 +15,7 @@ import itertools
 import os
 import sqlite3
 import stat
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
@@ -171,8 +172,9 @@ def run_fold_block(
 
 # Chunks hashed, compressed and written at once by a pool of threads (BLAKE3 and zstd
 # release the GIL), in tasks of `_GROUP` chunks (a future and a hand-off per chunk cost
-# as much as hashing it), a bounded number in flight so memory stays a few MiB whatever
-# was written. Small jobs (an fsync of one file) stay in the calling thread.
+# as much as hashing it; a group is one Batch.put_many: one catalog lookup, one staging
+# lock and one write of pack records), a bounded number in flight so memory stays a
+# few MiB whatever was written. Small jobs (an fsync of one file) stay in the calling thread.
 _PUT_THREADS = max(2, os.cpu_count() or 2)
 _GROUP = 16
 _IN_FLIGHT = 2 * _PUT_THREADS
@@ -183,12 +185,86 @@ K = TypeVar("K")
 T = TypeVar("T")
 
 
-# A chunk, or how to read it (called in the worker: reading it runs in parallel too).
-Data = bytes | Callable[[], bytes]
+@dataclass(frozen=True)
+class Span:
+    """A chunk wholly in an upper file: `length` bytes at `offset`, read by the worker
+    into its reused buffer, consecutive ones at once."""
+
+    upper: Upper
+    offset: int
+    length: int
+
+
+# A chunk, or how to read it (in the worker: reading runs in parallel too).
+Data = bytes | Callable[[], bytes] | Span
+
+# Each put worker's buffer for the chunks of a group (kept: new memory for each chunk
+# read cost page faults, and on this VM the host's too: 15% of a daemon fold's samples,
+# copying into fresh pages). A group's chunks are stored in parts of at most this.
+_BUFFER = 1 << 20
+_local = threading.local()
 
 
 def _put_group(batch: ledger.Batch, group: list[tuple[K, Data]]) -> list[tuple[K, BlobId]]:
-    return [(key, batch.put(data() if callable(data) else data)) for key, data in group]
+    return list(zip((key for key, _ in group), _Group(batch).put(data for _, data in group), strict=True))
+
+
+class _Group:
+    """batch.put_many of a group's chunks, in parts of at most _BUFFER bytes: spans
+    read into the worker's buffer (consecutive ones by one preadv), the rest as given."""
+
+    def __init__(self, batch: ledger.Batch) -> None:
+        self.batch = batch
+        self.ids: list[BlobId] = []
+        self.chunks: list[bytes | memoryview] = []
+        self.held = 0  # bytes in chunks and run
+        self.used = 0  # of buf, by chunks
+        self.run: list[Span] = []  # spans to read next, at buf[used:]
+
+    def put(self, items: Iterable[Data]) -> list[BlobId]:
+        for data in items:
+            if isinstance(data, Span) and data.length <= _BUFFER:
+                if self.held + data.length > _BUFFER:
+                    self._flush()
+                last = self.run[-1] if self.run else None
+                if last is not None and (
+                    last.upper is not data.upper or last.offset + last.length != data.offset
+                ):
+                    self._read_run()
+                self.run.append(data)
+                self.held += data.length
+                continue
+            self._read_run()
+            if isinstance(data, Span):
+                chunk = data.upper.pread(data.offset, data.length)
+            else:
+                chunk = data() if callable(data) else data
+            self.chunks.append(chunk)
+            self.held += len(chunk)
+            if self.held >= _BUFFER:
+                self._flush()
+        self._flush()
+        return self.ids
+
+    def _read_run(self) -> None:
+        if not self.run:
+            return
+        buf: memoryview | None = getattr(_local, "buf", None)
+        if buf is None:  # (made at a thread's first span: a directory fold reads none)
+            buf = _local.buf = memoryview(bytearray(_BUFFER))
+        first, at = self.run[0], self.used
+        self.used += sum(s.length for s in self.run)
+        first.upper.pread_into(first.offset, buf[at : self.used])
+        for s in self.run:
+            self.chunks.append(buf[at : at + s.length])
+            at += s.length
+        self.run.clear()
+
+    def _flush(self) -> None:
+        self._read_run()
+        if self.chunks:
+            self.ids += self.batch.put_many(self.chunks)
+        self.chunks, self.held, self.used = [], 0, 0
 
 
 def _put_all(batch: ledger.Batch, chunks: Iterable[tuple[K, Data]]) -> dict[K, BlobId]:
@@ -293,7 +369,7 @@ def _upper_chunks(
             break
         mask = upper.mask(n * per, per)
         if mask == (1 << per) - 1:
-            yield n, functools.partial(upper.pread, n * cs, want)
+            yield n, Span(upper, n * cs, want)
         else:
             ref = below[n] if n in below else cmap.chunk(n)
             yield n, functools.partial(_merged, repo, upper, ref, n * cs, want, mask, per)

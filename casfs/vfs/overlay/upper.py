@@ -226,6 +226,16 @@ class Upper:
         data = os.pread(self._data, size, offset)
         return data if len(data) == size else data + bytes(size - len(data))
 
+    def pread_into(self, offset: int, buf: memoryview) -> None:
+        """pread() into `buf`, all of it (a fold's reused buffer: no new memory)."""
+        done = 0
+        while done < len(buf):
+            n = os.preadv(self._data, [buf[done:]], offset + done)
+            if n == 0:
+                buf[done:] = bytes(len(buf) - done)  # (past the file's end: zeros)
+                return
+            done += n
+
     # -- durability ------------------------------------------------------------------
 
     @property
