@@ -60,6 +60,7 @@ def listen(store: Path, name: str, idle: float) -> None:
                 try:
                     _detach(lock)
                     signal.signal(signal.SIGTERM, _terminated)  # (ended by pid: cleans up too)
+                    _warm()
                     _serve_forever(listener, store, idle, path, pid_path)
                 finally:
                     os._exit(0)
@@ -83,6 +84,14 @@ def _detach(lock: IO[str]) -> None:
     lock.flush()
     fcntl.flock(lock, fcntl.LOCK_UN)  # (the lock is the parent's too: a next start waits on it)
     lock.close()
+
+
+def _warm() -> None:
+    """Import what a session runs now, while the pull that started this server is
+    served: the next pull's session (its first) starts without them."""
+    import casfs.lifecycle.recovery
+    import casfs.replica.serve
+    import casfs.repo  # noqa: F401
 
 
 def _serve_forever(listener: socket.socket, store: Path, idle: float, path: Path, pid_path: Path) -> None:

@@ -44,7 +44,7 @@ WINDOW = 4  # requests in flight
 def listing(conn: Connection, volume: str) -> tuple[dict[str, Any], dict[SnapshotNo, BlobId | None]]:
     """The source's hello (its store id, its bucket) and its snapshots of `volume` (root
     None: still folding)."""
-    hello = conn.request("hello")
+    hello = conn.hello()
     doc = conn.request("volume", name=volume)
     snaps = {
         SnapshotNo(int(s["n"])): None if s["root"] is None else BlobId(bytes.fromhex(s["root"]))
