@@ -27,6 +27,8 @@ from typing import IO
 from casfs.errors import CasfsError, NotFound, UsageError
 from casfs.replica.sharing import control_dir
 
+WARM_AFTER_S = 1.0  # a server with no session yet imports the sessions' modules after this
+
 
 def _up(path: Path) -> bool:
     with socket.socket(socket.AF_UNIX) as s:
@@ -60,7 +62,6 @@ def listen(store: Path, name: str, idle: float) -> None:
                 try:
                     _detach(lock)
                     signal.signal(signal.SIGTERM, _terminated)  # (ended by pid: cleans up too)
-                    _warm()
                     _serve_forever(listener, store, idle, path, pid_path)
                 finally:
                     os._exit(0)
@@ -87,8 +88,9 @@ def _detach(lock: IO[str]) -> None:
 
 
 def _warm() -> None:
-    """Import what a session runs now, while the pull that started this server is
-    served: the next pull's session (its first) starts without them."""
+    """Import what a session runs, once the pull that started this server (served by
+    its parent, on this machine's CPUs) is likely done: the next pull's session, this
+    server's first, then starts without them."""
     import casfs.lifecycle.recovery
     import casfs.replica.serve
     import casfs.repo  # noqa: F401
@@ -112,16 +114,20 @@ def _serve_forever(listener: socket.socket, store: Path, idle: float, path: Path
                 active -= 1
                 last = time.monotonic()
 
+    warm = False
     try:
         while True:
             with mutex:
                 left = idle if active else idle - (time.monotonic() - last)
             if left <= 0:
                 return
-            listener.settimeout(left)
+            listener.settimeout(left if warm else min(left, WARM_AFTER_S))
             try:
                 conn, _ = listener.accept()
             except TimeoutError:
+                if not warm:
+                    warm = True
+                    _warm()
                 continue
             conn.settimeout(None)
             with mutex:
