@@ -127,3 +127,43 @@ def test_a_source_without_a_socket_server_is_served_in_a_session(
     old.chmod(0o755)
     assert pull(b, sshd, url, str(old))["plan"] == "new"
     assert pids(sshd, url, str(old))[1] is None
+
+
+def test_a_source_that_cannot_serve_a_session_too_starts_its_server_apart(
+    two: tuple[Path, Path], tmp_path: Path, sshd: Sshd
+) -> None:
+    """A casfs on the source with --listen but not --stdio (usage, exit 2): the server
+    is started by a session of its own and forwarded to, and the next pull reuses it."""
+    a, b = two
+    url = sshd.url(a)
+    block_volume(a, tmp_path, "vm1", 4 * MiB, os.urandom(MiB))
+    snapshot(a, "vm1")
+    older = tmp_path / "older-casfs"
+    older.write_text(
+        '#!/bin/sh\ncase "$*" in *--stdio*) echo "casfs: error: unrecognized arguments" >&2; exit 2;; esac\n'
+        f'exec {sshd.remote} "$@"\n'
+    )
+    older.chmod(0o755)
+    assert pull(b, sshd, url, str(older))["plan"] == "new"
+    master, server = pids(sshd, url, str(older))
+    assert master is not None and server is not None
+    n = write_block(a, "vm1", [(0, os.urandom(256 << 10))])
+    assert pull(b, sshd, url, str(older))["n"] == n
+    assert pids(sshd, url, str(older)) == (master, server)
+
+
+def test_a_source_with_no_private_directory_serves_the_session_all_the_same(
+    two: tuple[Path, Path], tmp_path: Path, sshd: Sshd
+) -> None:
+    """The source's directory of sockets is not private: no server is kept up there, and
+    the pull's own session is served (`not listening: …`)."""
+    a, b = two
+    url = sshd.url(a)
+    block_volume(a, tmp_path, "vm1", 4 * MiB, os.urandom(MiB))
+    snapshot(a, "vm1")
+    shared = tmp_path / "run"
+    (shared / "casfs-ssh").mkdir(parents=True, mode=0o755)
+    (shared / "casfs-ssh").chmod(0o755)
+    remote = sshd.remote.replace(f"XDG_RUNTIME_DIR={sshd.far}", f"XDG_RUNTIME_DIR={shared}")
+    assert pull(b, sshd, url, remote)["plan"] == "new"
+    assert list((shared / "casfs-ssh").iterdir()) == []
