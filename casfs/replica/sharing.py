@@ -32,7 +32,6 @@ import shlex
 import socket
 import stat
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -53,7 +52,12 @@ def control_dir() -> Path | None:
     """The private directory of shared sockets (made if absent); None if it is not a
     directory of this user's that no one else may enter, or too long a path."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    d = Path(runtime) / "casfs-ssh" if runtime else Path(tempfile.gettempdir()) / f"casfs-ssh-{os.getuid()}"
+    if runtime:
+        d = Path(runtime) / "casfs-ssh"
+    else:
+        import tempfile  # (here: a server's start, on the source, needs none where there is a runtime dir)
+
+        d = Path(tempfile.gettempdir()) / f"casfs-ssh-{os.getuid()}"
     try:
         d.mkdir(mode=0o700, exist_ok=True)
         st = d.lstat()
