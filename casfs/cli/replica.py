@@ -49,6 +49,9 @@ def cmd_send(args: argparse.Namespace) -> int:
             raise UsageError(f"--since must name an older snapshot of {volume}, not {args.since}")
     if sys.stdout.isatty():
         raise UsageError("refusing to write a snapshot stream to a terminal: redirect or pipe it")
+    from casfs.replica.wire import widen
+
+    widen(sys.stdout.fileno())
     with open_store(args) as repo:
         send(repo, volume, n, since, sys.stdout.buffer)
     return 0
@@ -134,6 +137,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         for message in recover(repo):
             print(f"casfs: recovered: {message}", file=sys.stderr)
+        from casfs.replica.wire import widen
+
+        widen(sys.stdout.fileno())
         serve(repo, sys.stdin.buffer, sys.stdout.buffer)
     finally:
         repo.close()

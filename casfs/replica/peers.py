@@ -31,7 +31,7 @@ from casfs.errors import CasfsError, Corruption, UsageError
 from casfs.kinds import BlobKind
 from casfs.replica import sharing
 from casfs.replica.protocol import ERRORS, FRAME, WANT, error_of, frame, read_frame
-from casfs.replica.wire import Reader, Record, Writer
+from casfs.replica.wire import Reader, Record, Writer, widen
 from casfs.store.ids import BlobId
 
 
@@ -86,6 +86,8 @@ class Connection:
             raise CasfsError(f"cannot start {argv[0]} for {self.source}: {e.strerror}") from None
         self._stderr = threading.Thread(target=self._drain, args=(self.proc,), daemon=True)
         self._stderr.start()
+        assert self.proc.stdout is not None
+        widen(self.proc.stdout.fileno())
         self._streams(cast(BinaryIO, self.proc.stdout), cast(BinaryIO, self.proc.stdin))
 
     def _streams(self, out: BinaryIO, inp: BinaryIO) -> None:
