@@ -236,8 +236,7 @@ class Connection:
     def _close_process(self) -> None:
         if self.proc is None:
             return
-        with contextlib.suppress(OSError):
-            self._close_streams()
+        self._close_streams()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

@@ -7,19 +7,26 @@ starting on the source).
              session or forwarded connection through it ended; later sessions open
              through it, without a handshake.
     server   `casfs serve-replica --listen NAME --idle S` on the source (replica.listen),
-             started through the master, bound to a socket in the source user's private
-             directory; it exits S seconds (the same $CASFS_SSH_PERSIST) after its last
-             session. The master forwards a socket here to it (`ssh -O forward`), so a
-             pull connects to a local socket and a session starts at once.
+             bound to a socket in the source user's private directory; it exits S
+             seconds (the same $CASFS_SSH_PERSIST) after its last session. The master
+             forwards a socket here to it (`ssh -O forward`), so a pull connects to a
+             local socket and a session starts at once.
+
+A pull that finds no server up runs `serve-replica --listen NAME --idle S --stdio` in
+one ssh session (`session`): it starts the server (or finds it up), says where it
+listens on its first line, and then serves that pull on its stdin and stdout, while
+the master is told to forward (`forward`). So a cold pull pays one ssh session and one
+Python start on the source, not a session to start the server and a connection to it.
 
 NAME is a hash of SOURCE and the remote command, so servers of other stores, or run
 by another casfs, are never mixed up. Sockets live in a directory only this user can
 reach ($XDG_RUNTIME_DIR/casfs-ssh, else /tmp/casfs-ssh-UID; if it is not private,
 nothing is shared); CASFS_SSH_PERSIST=0 turns sharing off. Options in $CASFS_SSH come
-first, so a ControlPath or ControlMaster given there wins. When the server cannot be
-started (a casfs there without --listen, forwarding refused by sshd), a pull runs
-`serve-replica` in a session as without sharing; when it is gone (idle, killed), the
-next pull starts it again. `master_pid` and `server_pid` find both, to end them sooner.
+first, so a ControlPath or ControlMaster given there wins. Against a casfs there
+without --stdio (usage: exit 2) the server is started by a session of its own and
+forwarded to first (`connect`); without --listen either, or where forwarding is refused,
+a pull runs `serve-replica` in a session as without sharing. When the server is gone
+(idle, killed), the next pull starts it again. `master_pid` and `server_pid` find both, to end them sooner.
 """
 
 from __future__ import annotations
