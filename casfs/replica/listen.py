@@ -92,8 +92,10 @@ def _warm() -> None:
     its parent, on this machine's CPUs) is likely done: the next pull's session, this
     server's first, then starts without them."""
     import casfs.lifecycle.recovery
+    import casfs.replica.adopt  # (hello's)
     import casfs.replica.serve
-    import casfs.repo  # noqa: F401
+    import casfs.repo
+    import casfs.store.packstore  # noqa: F401  (a store's blobs, opened at its first read)
 
 
 def _serve_forever(listener: socket.socket, store: Path, idle: float, path: Path, pid_path: Path) -> None:
