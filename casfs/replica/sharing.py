@@ -24,9 +24,10 @@ reach ($XDG_RUNTIME_DIR/casfs-ssh, else /tmp/casfs-ssh-UID; if it is not private
 nothing is shared); CASFS_SSH_PERSIST=0 turns sharing off. Options in $CASFS_SSH come
 first, so a ControlPath or ControlMaster given there wins. Against a casfs there
 without --stdio (usage: exit 2) the server is started by a session of its own and
-forwarded to first (`connect`); without --listen either, or where forwarding is refused,
-a pull runs `serve-replica` in a session as without sharing. When the server is gone
-(idle, killed), the next pull starts it again. `master_pid` and `server_pid` find both, to end them sooner.
+forwarded to first (`connect`); without --listen either, or where forwarding is
+refused, a pull runs `serve-replica` in a session as without sharing. When the server
+is gone (idle, killed), the next pull starts it again. `master_pid` and `server_pid`
+find both, to end them sooner.
 """
 
 from __future__ import annotations
