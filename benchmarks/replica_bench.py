@@ -4,7 +4,7 @@ raw image, through the same ssh to a throwaway sshd on 127.0.0.1.
 
     python benchmarks/replica_bench.py [--size 1G] [--change 10M]
                                        [--change-data random|text|files] [--reps 3]
-                                       [--workdir DIR] [--json]
+                                       [--no-full] [--workdir DIR] [--json]
 
 One image of --size (a third zeros, a third random, a third text: benchlib.generate) is
 imported into store A, a volume made from it and snapshotted (vm1@1). Then, each
@@ -20,6 +20,14 @@ repetition into a fresh store B and a fresh copy target:
                 connection and the source-side server its last pull left up
                 (replica.sharing), rsync through the same ssh connection (the same
                 ControlPath; rsync starts its remote side in a session each time)
+
+--no-full leaves the full pull untimed: store B gets vm1@1 through a local pipe (`casfs
+pull A vm1`) and the copy is the image copied (cp), so a run measures the other two.
+
+Beside the cold incremental, the floors it cannot go under, timed right after it: `ssh
+connect`, a fresh connection running `true` (the handshake and a session: what rsync's
+cold run pays too), and `+ remote casfs`, the same running `casfs --version` (the
+source's interpreter and CLI start on top).
 
 The change is --change-data: `random` (64 KiB pieces of random bytes at random
 offsets: incompressible, so no transfer can move less than it), `text` (the same
@@ -63,6 +71,7 @@ CHUNK = 64 << 10
 EXTENT = 1 << 20  # a file's contiguous extent (--change-data files)
 ROOT = Path(__file__).resolve().parents[1]
 WHAT = {"full": "full", "incr": "incremental", "repeat": "repeated"}
+FLOORS = {"ssh": "ssh connect", "remote": "+ remote casfs"}
 
 
 @contextlib.contextmanager
@@ -125,6 +134,17 @@ class Shared:
             "CASFS_REMOTE": f"env PYTHONPATH={ROOT} XDG_RUNTIME_DIR={self.far} {sys.executable} -m casfs",
             "XDG_RUNTIME_DIR": str(self.here),
         }
+
+    def floors(self) -> dict[str, float]:
+        """Seconds of a fresh ssh connection running `true`, and running the source's
+        `casfs --version` (no master: ControlPath=none)."""
+        ssh = [*self.ssh.split(), "-o", "ControlPath=none", "-p", str(self.port), "root@127.0.0.1"]
+        out = {}
+        for what, command in (("ssh", "true"), ("remote", f"{self.env()['CASFS_REMOTE']} --version")):
+            t = time.perf_counter()
+            sh(*ssh, command)
+            out[what] = time.perf_counter() - t
+        return out
 
     def pids(self) -> list[int]:
         found = []
@@ -216,7 +236,7 @@ def rsync(ssh: str, src: Path, dest: Path) -> tuple[float, int]:
     return elapsed, int(m.group(1).replace(",", ""))
 
 
-def run(work: Path, size: int, total: int, reps: int, data: str) -> dict[str, Any]:
+def run(work: Path, size: int, total: int, reps: int, data: str, full: bool = True) -> dict[str, Any]:
     image = work / "disk.img"
     generate(image, size, seed=1, runs="zrt")
     a = work / "a"
@@ -238,7 +258,11 @@ def run(work: Path, size: int, total: int, reps: int, data: str) -> dict[str, An
                 b, copy, source = work / f"b{rep}", work / f"copy{rep}.img", work / f"src{rep}.img"
                 casfs(b, "init")
                 sh("cp", "--sparse=always", image, source)
-                for what in ("full", "incr", "repeat"):
+                if not full:  # (vm1@1 and the copy there untimed)
+                    casfs(b, "pull", a, "vm1")
+                    sh("cp", "--sparse=always", image, copy)
+                    os.utime(copy, (0, 0))  # (older than the change: rsync's quick check sees it)
+                for what in ("full", "incr", "repeat") if full else ("incr", "repeat"):
                     if what != "full":
                         change(a, source, size, total, 10 * rep + len(what), data)
                     if what == "repeat":  # (through what casfs's cold pull left up)
@@ -249,6 +273,9 @@ def run(work: Path, size: int, total: int, reps: int, data: str) -> dict[str, An
                     note(what, "rsync", rsync(shared.rsync_ssh, source, copy))
                     shared.stop()
                     note(what, "casfs", pull(b, url, env))
+                    if what == "incr":
+                        for floor, seconds in shared.floors().items():
+                            figures.setdefault(f"floor {floor} s", []).append(seconds)
                 sh("cmp", source, copy)
                 last = casfs(b, "snapshot", "ls", "vm1", "--json")
                 newest = max(int(s["n"]) for s in json.loads(last))
@@ -265,6 +292,7 @@ def run(work: Path, size: int, total: int, reps: int, data: str) -> dict[str, An
     ratios = {
         f"{what} {unit}": med[f"{what} rsync {unit}"] / med[f"{what} casfs {unit}"]
         for what in WHAT
+        if f"{what} casfs s" in med
         for unit in ("s", "bytes")
     }
     return {
@@ -283,11 +311,12 @@ def main() -> None:
     p.add_argument("--change", default="10M")
     p.add_argument("--change-data", choices=("random", "text", "files"), default="random")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--no-full", action="store_true", help="time only the incremental and repeated pulls")
     args = p.parse_args()
     stop_on_sigterm()
     size, total = parse_size(args.size), parse_size(args.change)
     with scratch(args.workdir, "casfs-replica-bench-", mounts=()) as work:
-        report = run(work, size, total, args.reps, args.change_data)
+        report = run(work, size, total, args.reps, args.change_data, not args.no_full)
     med, r = report["median"], report["rsync_over_casfs"]
     lines = [
         f"pull over ssh to 127.0.0.1: {format_size(size)} block volume, {format_size(total)} changed "
@@ -296,11 +325,17 @@ def main() -> None:
     head = ("casfs s", "rsync s", "casfs bytes", "rsync bytes")
     lines.append(f"{'':12} {head[0]:>9} {head[1]:>9} {head[2]:>12} {head[3]:>12}  rsync/casfs time, bytes")
     for what, label in WHAT.items():
+        if f"{what} casfs s" not in med:
+            continue
         sizes = [format_size(int(med[f"{what} {peer} bytes"])) for peer in ("casfs", "rsync")]
         lines.append(
             f"{label:12} {med[f'{what} casfs s']:9.2f} {med[f'{what} rsync s']:9.2f} "
             f"{sizes[0]:>12} {sizes[1]:>12}  {r[f'{what} s']:.1f}x, {r[f'{what} bytes']:.1f}x"
         )
+    lines.append(
+        "floors of a cold pull: "
+        + ", ".join(f"{label} {med[f'floor {k} s']:.2f} s" for k, label in FLOORS.items())
+    )
     emit(report, args.json, *lines)
 
 

@@ -433,6 +433,11 @@ GRAMMAR = (
             Arg("path", metavar="STORE"),
             Arg("--listen", metavar="NAME", help="serve on a socket in the background (repeated pulls)"),
             Arg("--idle", metavar="SECONDS", type=float, default=60.0, help="with --listen: exit when idle"),
+            Arg(
+                "--stdio",
+                action="store_true",
+                help="with --listen: then serve this session on stdin and stdout too",
+            ),
         ],
     ),
     Row(

@@ -3,6 +3,7 @@ moving snapshots between stores (casfs.replica)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import TYPE_CHECKING
 
@@ -13,7 +14,9 @@ from casfs.units import format_size, parse_snapshot_ref
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Iterator
 
+    from casfs.cli.output import Progress
     from casfs.replica.land import Moved
 
 
@@ -46,6 +49,9 @@ def cmd_send(args: argparse.Namespace) -> int:
             raise UsageError(f"--since must name an older snapshot of {volume}, not {args.since}")
     if sys.stdout.isatty():
         raise UsageError("refusing to write a snapshot stream to a terminal: redirect or pipe it")
+    from casfs.replica.wire import widen
+
+    widen(sys.stdout.fileno())
     with open_store(args) as repo:
         send(repo, volume, n, since, sys.stdout.buffer)
     return 0
@@ -63,52 +69,66 @@ def cmd_receive(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from casfs.cli.output import Progress
     from casfs.replica.peers import Connection
-    from casfs.replica.pull import pull
 
     n = None
     if args.snapshot is not None:
-        from casfs.ids import SnapshotNo
-
         if not args.snapshot.isdigit() or int(args.snapshot) < 1:
             raise UsageError(f"invalid snapshot number {args.snapshot!r}")
-        n = SnapshotNo(int(args.snapshot))
-    bar = Progress(f"pull {args.volume}", None, sys.stderr) if sys.stderr.isatty() else None
-    try:
-        with Connection(args.source, args.remote_casfs) as conn, open_store(args) as repo:
-            moved = pull(repo, conn, args.volume, n, args.as_name, bar)
-    finally:
-        if bar is not None:
-            bar.close()
+        n = int(args.snapshot)
+    # The source starts first: this side's imports and store run while ssh connects.
+    with Connection(args.source, args.remote_casfs) as conn:
+        from casfs.ids import SnapshotNo
+        from casfs.replica.pull import pull
+
+        with _progress(f"pull {args.volume}") as bar, open_store(args) as repo:
+            moved = pull(repo, conn, args.volume, None if n is None else SnapshotNo(n), args.as_name, bar)
     _report(moved, args.json, "pulled")
     return 0
 
 
 def cmd_image_pull(args: argparse.Namespace) -> int:
-    from casfs.cli.output import Progress
-    from casfs.replica.image import pull_image
     from casfs.replica.peers import Connection
 
-    bar = Progress(f"pull {args.image}", None, sys.stderr) if sys.stderr.isatty() else None
-    try:
-        with Connection(args.source, args.remote_casfs) as conn, open_store(args) as repo:
+    with Connection(args.source, args.remote_casfs) as conn:
+        from casfs.replica.image import pull_image
+
+        with _progress(f"pull {args.image}") as bar, open_store(args) as repo:
             moved = pull_image(repo, conn, args.image, args.as_name, bar)
-    finally:
-        if bar is not None:
-            bar.close()
     _report(moved, args.json, "pulled", image=True)
     return 0
+
+
+@contextlib.contextmanager
+def _progress(what: str) -> Iterator[Progress | None]:
+    """A progress bar on a terminal (closed however the transfer ends), else None."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from casfs.cli.output import Progress
+
+    bar = Progress(what, None, sys.stderr)
+    try:
+        yield bar
+    finally:
+        bar.close()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     if args.listen is not None:
+        from casfs.errors import CasfsError, NotFound
         from casfs.replica.listen import listen
 
-        listen(Path(args.path), args.listen, args.idle)
-        return 0
+        try:
+            listen(Path(args.path), args.listen, args.idle)
+        except CasfsError as e:
+            if not args.stdio or isinstance(e, NotFound):
+                raise
+            print(f"not listening: {e}", flush=True)  # (this session is served all the same)
+        if not args.stdio:
+            return 0
     from casfs.lifecycle.recovery import recover
     from casfs.replica.serve import serve
     from casfs.repo import Repository
@@ -117,6 +137,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         for message in recover(repo):
             print(f"casfs: recovered: {message}", file=sys.stderr)
+        from casfs.replica.wire import widen
+
+        widen(sys.stdout.fileno())
         serve(repo, sys.stdin.buffer, sys.stdout.buffer)
     finally:
         repo.close()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from casfs.catalog import blobs as blob_rows
 from casfs.errors import Corruption
@@ -51,32 +51,45 @@ class Assembler:
         self.data: Batch | None = None
         self.present: set[BlobId] = set()  # has a row, or staged by this run
         self.wanted: dict[BlobId, BlobKind] = {}
+        self._held: Future[set[BlobId]] | None = None  # holding's walk, under way
 
     def holding(self, root: BlobId, kind: BlobKind) -> None:
         """`root` has a row here (a local snapshot's): so has everything under it. For a
         chunk map, take its pages' children as present without asking the catalog (a
         volume's next snapshot names mostly its previous one's chunks: a few reads of
-        local pages instead of a look-up per chunk). Under the writer lock, none goes."""
-        if kind != BlobKind.MAP_ROOT:
-            return
+        local pages instead of a look-up per chunk). Under the writer lock, none goes.
+        The pages are read in the pool while the root is asked for; `missing` waits."""
+        if kind == BlobKind.MAP_ROOT:
+            self._held = self.pool.submit(self._under, root, kind)
+
+    def _under(self, root: BlobId, kind: BlobKind) -> set[BlobId]:
+        found: set[BlobId] = set()
         todo: list[Want] = [(root, kind)]
         while todo:
             bid, k = todo.pop()
             if bid == ZERO_ID:
                 continue  # (a hole)
-            self.present.add(bid)
+            found.add(bid)
             for child, ck in children(k, self.repo.get_meta(bid)):
                 if ck == BlobKind.MAP_PAGE:
                     todo.append((child, ck))
                 else:
-                    self.present.add(child)
+                    found.add(child)
+        return found
 
     def start(self) -> list[Want]:
-        """What to fetch first: the root, unless it is present (nothing to move)."""
-        return self.missing([(self.root, self.kind)])
+        """What to fetch first: the root, unless it is present (nothing to move). (Never
+        under a base `holding` walks: it need not wait for that walk.)"""
+        return self._missing([(self.root, self.kind)])
 
     def missing(self, items: Sequence[Want]) -> list[Want]:
         """Those of `items` neither present nor wanted yet; they become wanted."""
+        if self._held is not None:
+            held, self._held = self._held, None
+            self.present |= held.result()
+        return self._missing(items)
+
+    def _missing(self, items: Sequence[Want]) -> list[Want]:
         fresh: dict[BlobId, BlobKind] = {}
         for bid, kind in items:
             if bid != ZERO_ID and bid not in self.present and bid not in self.wanted:

@@ -34,7 +34,7 @@ def pull_image(
     from casfs.replica.pull import bring
 
     name = check_name(as_name or image, "image")
-    hello = conn.request("hello")
+    hello = conn.hello()
     doc = conn.request("image", name=image)
     root = BlobId(bytes.fromhex(doc["root"]))
     kind = VolumeKind(doc["kind"])

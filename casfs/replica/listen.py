@@ -27,6 +27,8 @@ from typing import IO
 from casfs.errors import CasfsError, NotFound, UsageError
 from casfs.replica.sharing import control_dir
 
+WARM_AFTER_S = 1.0  # a server with no session yet imports the sessions' modules after this
+
 
 def _up(path: Path) -> bool:
     with socket.socket(socket.AF_UNIX) as s:
@@ -85,6 +87,17 @@ def _detach(lock: IO[str]) -> None:
     lock.close()
 
 
+def _warm() -> None:
+    """Import what a session runs, once the pull that started this server (served by
+    its parent, on this machine's CPUs) is likely done: the next pull's session, this
+    server's first, then starts without them."""
+    import casfs.lifecycle.recovery
+    import casfs.replica.adopt  # (hello's)
+    import casfs.replica.serve
+    import casfs.repo
+    import casfs.store.packstore  # noqa: F401  (a store's blobs, opened at its first read)
+
+
 def _serve_forever(listener: socket.socket, store: Path, idle: float, path: Path, pid_path: Path) -> None:
     """Accept sessions until none has run for `idle` seconds."""
     mutex = threading.Lock()
@@ -103,16 +116,20 @@ def _serve_forever(listener: socket.socket, store: Path, idle: float, path: Path
                 active -= 1
                 last = time.monotonic()
 
+    warm = False
     try:
         while True:
             with mutex:
                 left = idle if active else idle - (time.monotonic() - last)
             if left <= 0:
                 return
-            listener.settimeout(left)
+            listener.settimeout(left if warm else min(left, WARM_AFTER_S))
             try:
                 conn, _ = listener.accept()
             except TimeoutError:
+                if not warm:
+                    warm = True
+                    _warm()
                 continue
             conn.settimeout(None)
             with mutex:

@@ -23,15 +23,15 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
-from casfs.errors import CasfsError, Corruption
+from casfs.errors import CasfsError, Corruption, UsageError
 from casfs.kinds import BlobKind
+from casfs.replica import sharing
 from casfs.replica.protocol import ERRORS, FRAME, WANT, error_of, frame, read_frame
-from casfs.replica.sharing import connect, far_command, ssh_command
-from casfs.replica.wire import Reader, Record, Writer
+from casfs.replica.wire import Reader, Record, Writer, widen
 from casfs.store.ids import BlobId
 
 
@@ -44,36 +44,99 @@ def command(source: str, remote: str | None = None) -> list[str]:
     """The argv that serves SOURCE on our stdin and stdout."""
     if not source.startswith("ssh://"):
         return [sys.executable, "-m", "casfs", "serve-replica", normalize(source)]
-    ssh, where, store = ssh_command(source)
-    return [*ssh, where, shlex.join([*far_command(remote), "serve-replica", store])]
+    ssh, where, store = sharing.ssh_command(source)
+    return [*ssh, where, shlex.join([*sharing.far_command(remote), "serve-replica", store])]
 
 
 class Connection:
-    """A session with a store's `serve-replica`. Close it (a context manager)."""
+    """A session with a store's `serve-replica`. Close it (a context manager).
+
+    It is started at once and waited for at the first request, so that the caller's own
+    start (imports, opening its store) runs while ssh connects and the source starts."""
 
     def __init__(self, source: str, remote: str | None = None) -> None:
-        self.source = source
+        self.source, self.remote = source, remote
         self.proc: subprocess.Popen[bytes] | None = None
+        self.sock: socket.socket | None = None
         self.said: deque[str] = deque(maxlen=20)  # the last lines of its stderr
         self._stderr: threading.Thread | None = None
-        self.sock = connect(source, remote) if source.startswith("ssh://") else None
-        out: BinaryIO
-        inp: BinaryIO
-        if self.sock is not None:
-            out, inp = self.sock.makefile("rb"), self.sock.makefile("wb")
+        self._forward: subprocess.Popen[bytes] | None = None
+        self.greeting: dict[str, Any] | None = None  # the server's hello, when asked already
+        self._pending: Callable[[], None] | None = None  # what the first request waits for
+        self.local = sharing.forwarded(source, remote) if source.startswith("ssh://") else None
+        if self.local is None:
+            self._start(command(source, remote))
+        elif (s := sharing.dial(self.local)) is not None:
+            self._use(s)  # (the server kept up: its hello is read at the first request)
+            self._pending = self._greeted
         else:
-            argv = command(source, remote)
-            try:
-                self.proc = subprocess.Popen(
-                    argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-                )
-            except OSError as e:
-                raise CasfsError(f"cannot start {argv[0]} for {source}: {e.strerror}") from None
-            self._stderr = threading.Thread(target=self._drain, args=(self.proc,), daemon=True)
-            self._stderr.start()
-            out, inp = cast(BinaryIO, self.proc.stdout), cast(BinaryIO, self.proc.stdin)
-        self.r = Reader(out, f"the connection to {source}", role="receiver", ended=self._ended)
+            self._start(sharing.session(source, remote))
+            self._pending = self._listening
+
+    def _use(self, s: socket.socket) -> None:
+        self.sock = s
+        self._streams(s.makefile("rb"), s.makefile("wb"))
+
+    def _start(self, argv: list[str]) -> None:
+        try:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        except OSError as e:
+            raise CasfsError(f"cannot start {argv[0]} for {self.source}: {e.strerror}") from None
+        self._stderr = threading.Thread(target=self._drain, args=(self.proc,), daemon=True)
+        self._stderr.start()
+        assert self.proc.stdout is not None
+        widen(self.proc.stdout.fileno())
+        self._streams(cast(BinaryIO, self.proc.stdout), cast(BinaryIO, self.proc.stdin))
+
+    def _streams(self, out: BinaryIO, inp: BinaryIO) -> None:
+        self.r = Reader(out, f"the connection to {self.source}", role="receiver", ended=self._ended)
         self.w = Writer(inp)
+
+    def _ready(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending()
+
+    def _greeted(self) -> None:
+        """The kept-up server's hello; it gone (idle, killed), a session starts it again."""
+        assert self.sock is not None
+        self.greeting = sharing.answer(self.sock)
+        if self.greeting is None:
+            self._close_streams()
+            self.sock = None
+            self._start(sharing.session(self.source, self.remote))
+            self._listening()
+
+    def _listening(self) -> None:
+        """The session's first line: where its server listens (the master is then told to
+        forward a socket here to it, meanwhile), or why not. Without it (an older casfs
+        on the source, or an error), the server is started as such a casfs allows."""
+        assert self.proc is not None and self.proc.stdout is not None and self.local is not None
+        line = self.proc.stdout.readline(4096).decode(errors="replace").rstrip("\n")
+        if line.startswith("listening "):
+            self._forward = sharing.forward(self.source, self.local, line.removeprefix("listening "))
+            return
+        if line.startswith("not listening"):
+            return
+        error = self._ended("")
+        self._close_process()
+        if not isinstance(error, UsageError):
+            raise error  # the source's own error (no such store, ...), or ssh's
+        shared = sharing.connect(self.source, self.remote)
+        if shared is not None:
+            self._use(shared[0])
+            self.greeting = shared[1]
+        else:
+            self._start(command(self.source, self.remote))
+
+    def hello(self) -> dict[str, Any]:
+        """The server's hello (its store id, its bucket)."""
+        self._ready()
+        if self.greeting is None:
+            self.greeting = cast(dict[str, Any], self.request("hello"))
+        return self.greeting
 
     def _drain(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stderr is not None
@@ -106,6 +169,7 @@ class Connection:
             raise self._ended("") from None
 
     def request(self, op: str, **args: Any) -> Any:
+        self._ready()
         self._send(frame(b"Q", json.dumps({"op": op, **args}).encode()), flush=True)
         tag, payload = read_frame(self.r)
         if tag == b"E":
@@ -153,13 +217,26 @@ class Connection:
     def close(self) -> None:
         """End the session: the server sees the end of its requests (and, if it is still
         writing answers no one will read, a broken pipe) and ends it."""
+        self._close_streams()
+        if self.sock is not None:
+            self.sock.close()
+        self._close_process()
+        if self._forward is not None:  # (the next pull finds the server through it)
+            try:
+                self._forward.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._forward.kill()
+                self._forward.wait()
+
+    def _close_streams(self) -> None:
         for f in (self.w.f, self.r.f):
             with contextlib.suppress(OSError):
                 f.close()
-        if self.sock is not None:
-            self.sock.close()
+
+    def _close_process(self) -> None:
+        if self.proc is None:
             return
-        assert self.proc is not None
+        self._close_streams()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -169,6 +246,7 @@ class Connection:
             self._stderr.join(timeout=5)
         if self.proc.stderr is not None:
             self.proc.stderr.close()
+        self.proc = None
 
     def __enter__(self) -> Connection:
         return self

@@ -15,6 +15,7 @@ the pull adopts them (replica.adopt) and only catalog records cross the connecti
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import sqlite3
 import threading
@@ -44,7 +45,7 @@ WINDOW = 4  # requests in flight
 def listing(conn: Connection, volume: str) -> tuple[dict[str, Any], dict[SnapshotNo, BlobId | None]]:
     """The source's hello (its store id, its bucket) and its snapshots of `volume` (root
     None: still folding)."""
-    hello = conn.request("hello")
+    hello = conn.hello()
     doc = conn.request("volume", name=volume)
     snaps = {
         SnapshotNo(int(s["n"])): None if s["root"] is None else BlobId(bytes.fromhex(s["root"]))
@@ -81,13 +82,32 @@ def pull(
     snaps[target] = offer.root
     theirs = {k: v for k, v in snaps.items() if v is not None}
     peer = peer_row(where, theirs_id, volume, snaps)
-    with transaction(repo.conn) as c:  # (seen, whatever comes of the pull)
-        if rows.volume_row(c, name) is not None:
-            rows.record_peer(c, name, peer)
+    try:
+        moved = _land(repo, conn, hello, name, offer, theirs, peer, where, progress)
+    except BaseException:
+        _seen(repo, name, peer)
+        raise
+    if moved.plan == Plan.HAVE:
+        _seen(repo, name, peer)
+    moved.bytes = conn.r.meter.bytes
+    return moved
+
+
+def _land(
+    repo: Repository,
+    conn: Connection,
+    hello: dict[str, Any],
+    name: str,
+    offer: Offer,
+    theirs: dict[SnapshotNo, BlobId],
+    peer: rows.Peer,
+    where: str,
+    progress: Callable[[int], None] | None,
+) -> Moved:
+    """The pull's landing (or nothing, if held), the peer recorded in its transaction."""
     mine = store_id(repo)
     moved = Moved(name, offer.n, offer.root.hex(), check(repo.conn, name, offer, theirs, mine))
     if moved.plan == Plan.HAVE:
-        moved.bytes = conn.r.meter.bytes
         return moved
 
     def then(c: sqlite3.Connection) -> None:
@@ -98,8 +118,15 @@ def pull(
     row = rows.volume_row(repo.conn, name) if moved.plan == Plan.NEXT else None
     base = None if row is None else row.base
     bring(repo, conn, hello, offer.root, offer.kind, moved, progress, {}, then, base)
-    moved.bytes = conn.r.meter.bytes
     return moved
+
+
+def _seen(repo: Repository, name: str, peer: rows.Peer) -> None:
+    """The peer as seen, whatever came of the pull (where no landing recorded it; a
+    failure to record it leaves the pull's own error to be raised)."""
+    with contextlib.suppress(Exception), transaction(repo.conn) as c:
+        if rows.volume_row(c, name) is not None:
+            rows.record_peer(c, name, peer)
 
 
 def bring(

@@ -7,19 +7,27 @@ starting on the source).
              session or forwarded connection through it ended; later sessions open
              through it, without a handshake.
     server   `casfs serve-replica --listen NAME --idle S` on the source (replica.listen),
-             started through the master, bound to a socket in the source user's private
-             directory; it exits S seconds (the same $CASFS_SSH_PERSIST) after its last
-             session. The master forwards a socket here to it (`ssh -O forward`), so a
-             pull connects to a local socket and a session starts at once.
+             bound to a socket in the source user's private directory; it exits S
+             seconds (the same $CASFS_SSH_PERSIST) after its last session. The master
+             forwards a socket here to it (`ssh -O forward`), so a pull connects to a
+             local socket and a session starts at once.
+
+A pull that finds no server up runs `serve-replica --listen NAME --idle S --stdio` in
+one ssh session (`session`): it starts the server (or finds it up), says where it
+listens on its first line, and then serves that pull on its stdin and stdout, while
+the master is told to forward (`forward`). So a cold pull pays one ssh session and one
+Python start on the source, not a session to start the server and a connection to it.
 
 NAME is a hash of SOURCE and the remote command, so servers of other stores, or run
 by another casfs, are never mixed up. Sockets live in a directory only this user can
 reach ($XDG_RUNTIME_DIR/casfs-ssh, else /tmp/casfs-ssh-UID; if it is not private,
 nothing is shared); CASFS_SSH_PERSIST=0 turns sharing off. Options in $CASFS_SSH come
-first, so a ControlPath or ControlMaster given there wins. When the server cannot be
-started (a casfs there without --listen, forwarding refused by sshd), a pull runs
-`serve-replica` in a session as without sharing; when it is gone (idle, killed), the
-next pull starts it again. `master_pid` and `server_pid` find both, to end them sooner.
+first, so a ControlPath or ControlMaster given there wins. Against a casfs there
+without --stdio (usage: exit 2) the server is started by a session of its own and
+forwarded to first (`connect`); without --listen either, or where forwarding is
+refused, a pull runs `serve-replica` in a session as without sharing. When the server
+is gone (idle, killed), the next pull starts it again. `master_pid` and `server_pid`
+find both, to end them sooner.
 """
 
 from __future__ import annotations
@@ -32,8 +40,8 @@ import shlex
 import socket
 import stat
 import subprocess
-import tempfile
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from casfs.errors import CasfsError, UsageError
@@ -52,7 +60,12 @@ def control_dir() -> Path | None:
     """The private directory of shared sockets (made if absent); None if it is not a
     directory of this user's that no one else may enter, or too long a path."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    d = Path(runtime) / "casfs-ssh" if runtime else Path(tempfile.gettempdir()) / f"casfs-ssh-{os.getuid()}"
+    if runtime:
+        d = Path(runtime) / "casfs-ssh"
+    else:
+        import tempfile  # (here: a server's start, on the source, needs none where there is a runtime dir)
+
+        d = Path(tempfile.gettempdir()) / f"casfs-ssh-{os.getuid()}"
     try:
         d.mkdir(mode=0o700, exist_ok=True)
         st = d.lstat()
@@ -133,10 +146,10 @@ def server_pid(source: str, remote: str | None, far_dir: Path) -> int | None:
         return None
 
 
-def _hello(path: Path) -> socket.socket | None:
-    """A session with the server through the local socket, asked `hello` (answered
-    here: ssh closes the connection when the server on the far side is gone). A socket
-    no one listens on (its master gone) is removed: the next forward binds there."""
+def dial(path: Path) -> socket.socket | None:
+    """A session with the server through the local socket, `hello` asked (its answer:
+    `answer`); None where no one listens. A socket no one listens on (its master gone)
+    is removed: the next forward binds there."""
     from casfs.replica.protocol import frame
 
     s = socket.socket(socket.AF_UNIX)
@@ -152,30 +165,71 @@ def _hello(path: Path) -> socket.socket | None:
     try:
         s.settimeout(START_S)
         s.sendall(frame(b"Q", b'{"op": "hello"}'))
+        return s
+    except OSError:
+        s.close()
+        return None
+
+
+def answer(s: socket.socket) -> dict[str, Any] | None:
+    """The server's answer to dial's `hello` (ssh closes the connection when the server
+    on the far side is gone: then None, and the socket closed)."""
+    try:
         with s.makefile("rb") as f:
             head = f.read(5)
-            if len(head) == 5 and head[:1] == b"R" and len(f.read(int.from_bytes(head[1:], "little"))):
-                s.settimeout(None)
-                return s
-    except OSError:
+            if len(head) == 5 and head[:1] == b"R":
+                body = f.read(int.from_bytes(head[1:], "little"))
+                if body:
+                    s.settimeout(None)
+                    hello: dict[str, Any] = json.loads(body)
+                    return hello
+    except (OSError, ValueError):
         pass
     s.close()
     return None
 
 
-def connect(source: str, remote: str | None) -> socket.socket | None:
-    """A connected socket to SOURCE's server (started and forwarded if need be); None
-    where sharing is off or cannot be had (the caller runs a session instead)."""
-    persist = persist_s()
-    d = control_dir() if persist else None
-    if d is None:
-        return None
-    name = server_name(source, remote)
-    local = d / f"fwd-{_key(source, remote)}.sock"
-    s = _hello(local)
-    if s is not None:
-        return s
+def forwarded(source: str, remote: str | None) -> Path | None:
+    """The local socket forwarded to SOURCE's server; None where sharing is off."""
+    d = control_dir() if persist_s() else None
+    return None if d is None else d / f"fwd-{_key(source, remote)}.sock"
+
+
+def session(source: str, remote: str | None) -> list[str]:
+    """The argv of a session that starts SOURCE's server (or finds it up), prints
+    `listening PATH` (or `not listening: WHY`), then serves this pull on its stdin and
+    stdout: one ssh session and one Python on the source for a pull that finds no
+    server up, instead of a session to start it and a connection to it."""
     ssh, where, store = ssh_command(source)
+    name, idle = server_name(source, remote), str(persist_s())
+    return [
+        *ssh,
+        where,
+        shlex.join(
+            [*far_command(remote), "serve-replica", "--listen", name, "--idle", idle, "--stdio", store]
+        ),
+    ]
+
+
+def forward(source: str, local: Path, far: str) -> subprocess.Popen[bytes]:
+    """Have the master forward `local` to the server's socket `far` (in the background:
+    the caller waits for it when its pull ends)."""
+    ssh, where, _ = ssh_command(source)
+    return subprocess.Popen(
+        [*ssh, "-O", "forward", "-L", f"{local}:{far}", where],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def connect(source: str, remote: str | None) -> tuple[socket.socket, dict[str, Any]] | None:
+    """A connected socket to SOURCE's server, started and forwarded by a session of its
+    own, and the server's hello; None where sharing is off or cannot be had (the caller
+    runs a session instead). For a casfs on the source without `--stdio` (`session`)."""
+    local = forwarded(source, remote)
+    if local is None:
+        return None
+    ssh, where, store = ssh_command(source)
+    name, persist = server_name(source, remote), persist_s()
     start = [*far_command(remote), "serve-replica", "--listen", name, "--idle", str(persist), store]
     try:
         done = subprocess.run(
@@ -196,7 +250,9 @@ def connect(source: str, remote: str | None) -> socket.socket | None:
         timeout=30,
         stdin=subprocess.DEVNULL,
     )
-    return _hello(local) if forward.returncode == 0 else None
+    s = dial(local) if forward.returncode == 0 else None
+    hello = None if s is None else answer(s)
+    return None if s is None or hello is None else (s, hello)
 
 
 def _raise_error_of(source: str, done: subprocess.CompletedProcess[bytes]) -> None:

@@ -35,6 +35,26 @@ def pids(sshd: Sshd, source: str, remote: str | None = None) -> tuple[int | None
         del os.environ["CASFS_SSH"]
 
 
+def one_volume(two: tuple[Path, Path], tmp_path: Path, sshd: Sshd) -> tuple[Path, Path, str]:
+    """Stores a (vm1@1, 4 MiB) and b, and a's ssh:// URL."""
+    a, b = two
+    block_volume(a, tmp_path, "vm1", 4 * MiB, os.urandom(MiB))
+    snapshot(a, "vm1")
+    return a, b, sshd.url(a)
+
+
+def older_casfs(tmp_path: Path, sshd: Sshd, option: str) -> Path:
+    """A casfs for the far side that refuses `option` (usage, exit 2), as an older one."""
+    older = tmp_path / f"older-casfs{option}"
+    older.write_text(
+        f'#!/bin/sh\ncase "$*" in *{option}*) echo "casfs: error: unrecognized arguments" >&2; exit 2;;'
+        " esac\n"
+        f'exec {sshd.remote} "$@"\n'
+    )
+    older.chmod(0o755)
+    return older
+
+
 def wait_gone(pid: int, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while alive(pid) and time.monotonic() < deadline:
@@ -71,10 +91,7 @@ def test_a_new_master_finds_the_server_up(two: tuple[Path, Path], tmp_path: Path
     """The master gone (idle, killed), its forwarded socket is left behind: the next pull
     makes another master, finds the server up (a second start waits for nothing), and
     forwards to it again."""
-    a, b = two
-    url = sshd.url(a)
-    block_volume(a, tmp_path, "vm1", 4 * MiB, os.urandom(MiB))
-    snapshot(a, "vm1")
+    a, b, url = one_volume(two, tmp_path, sshd)
     pull(b, sshd, url)
     master, server = pids(sshd, url)
     assert master is not None and server is not None
@@ -89,10 +106,7 @@ def test_a_new_master_finds_the_server_up(two: tuple[Path, Path], tmp_path: Path
 
 
 def test_both_end_on_their_own_when_idle(two: tuple[Path, Path], tmp_path: Path, sshd: Sshd) -> None:
-    a, b = two
-    url = sshd.url(a)
-    block_volume(a, tmp_path, "vm1", 4 * MiB, os.urandom(MiB))
-    snapshot(a, "vm1")
+    _, b, url = one_volume(two, tmp_path, sshd)
     pull(b, sshd, url, CASFS_SSH_PERSIST="2")
     master, server = pids(sshd, url)
     assert master is not None and server is not None
@@ -102,10 +116,7 @@ def test_both_end_on_their_own_when_idle(two: tuple[Path, Path], tmp_path: Path,
 
 
 def test_nothing_is_shared_when_turned_off(two: tuple[Path, Path], tmp_path: Path, sshd: Sshd) -> None:
-    a, b = two
-    url = sshd.url(a)
-    block_volume(a, tmp_path, "vm1", 4 * MiB, os.urandom(MiB))
-    snapshot(a, "vm1")
+    _, b, url = one_volume(two, tmp_path, sshd)
     assert pull(b, sshd, url, CASFS_SSH_PERSIST="0")["plan"] == "new"
     assert sshd.shared() == {}
 
@@ -115,15 +126,36 @@ def test_a_source_without_a_socket_server_is_served_in_a_session(
 ) -> None:
     """An older casfs on the source refuses --listen (usage, exit 2): the pull goes on
     as without sharing, over one session (through the shared ssh connection)."""
-    a, b = two
-    url = sshd.url(a)
-    block_volume(a, tmp_path, "vm1", 4 * MiB, os.urandom(MiB))
-    snapshot(a, "vm1")
-    old = tmp_path / "old-casfs"
-    old.write_text(
-        '#!/bin/sh\ncase "$*" in *--listen*) echo "casfs: error: unrecognized arguments" >&2; exit 2;; esac\n'
-        f'exec {sshd.remote} "$@"\n'
-    )
-    old.chmod(0o755)
+    _, b, url = one_volume(two, tmp_path, sshd)
+    old = older_casfs(tmp_path, sshd, "--listen")
     assert pull(b, sshd, url, str(old))["plan"] == "new"
     assert pids(sshd, url, str(old))[1] is None
+
+
+def test_a_source_that_cannot_serve_a_session_too_starts_its_server_apart(
+    two: tuple[Path, Path], tmp_path: Path, sshd: Sshd
+) -> None:
+    """A casfs on the source with --listen but not --stdio (usage, exit 2): the server
+    is started by a session of its own and forwarded to, and the next pull reuses it."""
+    a, b, url = one_volume(two, tmp_path, sshd)
+    older = older_casfs(tmp_path, sshd, "--stdio")
+    assert pull(b, sshd, url, str(older))["plan"] == "new"
+    master, server = pids(sshd, url, str(older))
+    assert master is not None and server is not None
+    n = write_block(a, "vm1", [(0, os.urandom(256 << 10))])
+    assert pull(b, sshd, url, str(older))["n"] == n
+    assert pids(sshd, url, str(older)) == (master, server)
+
+
+def test_a_source_with_no_private_directory_serves_the_session_all_the_same(
+    two: tuple[Path, Path], tmp_path: Path, sshd: Sshd
+) -> None:
+    """The source's directory of sockets is not private: no server is kept up there, and
+    the pull's own session is served (`not listening: …`)."""
+    _, b, url = one_volume(two, tmp_path, sshd)
+    shared = tmp_path / "run"
+    (shared / "casfs-ssh").mkdir(parents=True, mode=0o755)
+    (shared / "casfs-ssh").chmod(0o755)
+    remote = sshd.remote.replace(f"XDG_RUNTIME_DIR={sshd.far}", f"XDG_RUNTIME_DIR={shared}")
+    assert pull(b, sshd, url, remote)["plan"] == "new"
+    assert list((shared / "casfs-ssh").iterdir()) == []

@@ -20,8 +20,11 @@ import ast
 import contextlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import ForwardRef
@@ -189,37 +192,78 @@ def _source(store: Path, tmp_path: Path) -> None:
 
 def test_a_pull_and_its_server_load_only_their_side(store: Path, tmp_path: Path) -> None:
     """Both start for every pull over ssh that finds no server up (replica.sharing)."""
-    from casfs.kinds import BlobKind
-    from casfs.replica.protocol import FRAME, WANT, frame
-
     _source(store, tmp_path)
     here = tmp_path / "here"
     ok(here, "init")
     assert loaded(RUN_CASFS, str(here), "pull", str(store), "v", probe=NOT_FOR_A_PULL) == []
-    # The server, asked what a pull asks: hello, the volume, the offer, then its root.
+    assert _served(store, "serve-replica", str(store)) == b""
+
+
+def test_a_server_kept_up_starts_as_a_server_does(store: Path, tmp_path: Path) -> None:
+    """`serve-replica --listen --stdio` (what a pull over ssh starts when it finds no
+    server up) loads no more than `serve-replica` while it serves that pull, nor
+    tempfile (where $XDG_RUNTIME_DIR names its directory); its server is ended by pid."""
+    from casfs.lifecycle.pids import alive
+    from casfs.replica.land import store_id
+
+    _source(store, tmp_path)
+    with contextlib.closing(Repository.open(store)) as repo:
+        store_id(repo)  # (made at a store's first pull: uuid, imported then only)
+    run = Path(tempfile.mkdtemp(prefix="casfs-run-"))  # (short: a socket's path)
+    argv = ("serve-replica", "--listen", "probe", "--idle", "60", "--stdio", str(store))
+    try:
+        said = _served(store, *argv, probe=("tempfile",), XDG_RUNTIME_DIR=str(run))
+        pid = int((run / "casfs-ssh" / "probe.pid").read_text())
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert said == f"listening {run / 'casfs-ssh' / 'probe.sock'}\n".encode()
+        assert not alive(pid) and list((run / "casfs-ssh").iterdir()) == []
+    finally:
+        for pid_file in (run / "casfs-ssh").glob("*.pid"):  # (a failure above: the server ended)
+            with contextlib.suppress(ValueError, ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def _served(store: Path, *argv: str, probe: tuple[str, ...] = (), **extra: str) -> bytes:
+    """Run `casfs ARGV` as a server, asked what a pull asks (hello, the volume, the offer,
+    then its root): checks it answered all and loaded none of NOT_FOR_A_SERVER (nor
+    `probe`); returns what it wrote before the frames."""
+    from casfs.kinds import BlobKind
+    from casfs.replica.protocol import FRAME, WANT, frame
+
     with contextlib.closing(Repository.open(store)) as repo:
         (root,) = repo.conn.execute("SELECT root FROM snapshots WHERE volume = 'v'").fetchone()
     requests = b"".join(
         frame(b"Q", json.dumps(q).encode())
         for q in ({"op": "hello"}, {"op": "volume", "name": "v"}, {"op": "offer", "name": "v", "n": 1})
     ) + frame(b"G", WANT.pack(bytes(root), BlobKind.MAP_ROOT))
+    absent = (*NOT_FOR_A_SERVER, *probe)
     script = (
-        "import sys, runpy\nsys.argv = ['casfs', 'serve-replica', sys.argv[1]]\n"
+        f"import sys, runpy\nsys.argv = ['casfs', *sys.argv[1:]]\n"
         "try:\n    runpy.run_module('casfs', run_name='__main__')\nexcept SystemExit as e:\n"
         "    assert not e.code, e.code\n"
-        f"print('loaded:', sorted(m for m in {NOT_FOR_A_SERVER!r} if m in sys.modules), file=sys.stderr)\n"
+        f"print('loaded:', sorted(m for m in {absent!r} if m in sys.modules), file=sys.stderr)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script, str(store)], input=requests, capture_output=True, timeout=60, env=env()
+        [sys.executable, "-c", script, *argv],
+        input=requests,
+        capture_output=True,
+        timeout=60,
+        env=env(**extra),
     )
     said = done.stderr.decode().splitlines()
     assert done.returncode == 0 and said and said[-1] == "loaded: []", (done.returncode, said)
-    tags, at = [], 0
+    line = done.stdout[: done.stdout.index(b"\n") + 1] if done.stdout.startswith(b"listening ") else b""
+    tags, at = [], len(line)
     while at < len(done.stdout):
         tag, length = FRAME.unpack_from(done.stdout, at)
         tags.append(tag)
         at += FRAME.size + length
     assert tags == [b"R", b"R", b"R", b"b", b"."]  # (answered, and the root sent)
+    return line
 
 
 def test_a_background_mount_loads_no_trio_in_the_cli(store: Path, tmp_path: Path) -> None:
