@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pyfuse3
 import pytest
 import trio
+import trio.testing
 
 from casfs.fuse import fastwait
 
@@ -24,16 +25,34 @@ def pipe() -> Iterator[tuple[int, int]]:
 
 
 def test_a_queued_request_is_taken_without_the_stock_wait(pipe: tuple[int, int]) -> None:
+    """With a task in pyfuse3's wait (so pyfuse3 starts no new one), a task done with its
+    request takes the next one at once; a lone task goes through pyfuse3's wait."""
     r, w = pipe
     calls: list[str] = []
+    lock = trio.Lock()
 
-    async def stock() -> bool:
+    async def stock() -> bool:  # pyfuse3's: one task at a time in wait_readable
         calls.append("stock")
-        return False
+        async with lock:
+            await trio.lowlevel.wait_readable(r)
+        return True
 
-    os.write(w, b"x")
+    async def main() -> None:
+        wait = fastwait.make_wait(r, stock)
+        async with trio.open_nursery() as nursery:
+            await lock.acquire()  # (as another task in wait_readable holds it)
+            nursery.start_soon(wait)  # queued behind it: pyfuse3 counts it as waiting
+            await trio.testing.wait_all_tasks_blocked()
+            assert calls == ["stock"]
+            os.write(w, b"x")
+            assert await wait() is True
+            assert calls == ["stock"]
+            nursery.cancel_scope.cancel()
+            lock.release()
+
+    trio.run(main)
     assert trio.run(fastwait.make_wait(r, stock)) is True
-    assert calls == []
+    assert calls == ["stock"] * 2
 
 
 def test_a_stock_wake_up_is_checked_again(pipe: tuple[int, int]) -> None:
