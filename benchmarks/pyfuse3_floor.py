@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The floor of a Python FUSE daemon here: a passthrough of a directory in pyfuse3 and
-trio, as casfs's daemon uses them, with nothing of casfs in it.
+trio, as casfs's daemon uses them, with nothing of casfs in it but its wait for requests.
 
     python benchmarks/pyfuse3_floor.py SOURCE MOUNTPOINT [--stock-wait]
                                                (foreground; fusermount3 -u ends it)
