@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The floor of a Python FUSE daemon here: a passthrough of a directory in pyfuse3 and
-trio, as casfs's daemon uses them, with nothing of casfs in it.
+trio, as casfs's daemon uses them, with nothing of casfs in it but its wait for requests.
 
-    python benchmarks/pyfuse3_floor.py SOURCE MOUNTPOINT     (foreground; fusermount3 -u ends it)
+    python benchmarks/pyfuse3_floor.py SOURCE MOUNTPOINT [--stock-wait]
+                                               (foreground; fusermount3 -u ends it)
 
 Every request is one or two system calls on SOURCE, made on the trio thread; inodes are
 the source's, paths are remembered per inode (enough for benchmarks: a renamed directory's
@@ -10,10 +11,13 @@ children keep their old paths). Mount options and timeouts are casfs's for a rea
 volume (default_permissions, the kernel's writeback cache, 300 s entry and attribute
 timeouts), so `dir_bench.py` can put casfs beside what the same stack costs with no work
 at all: a figure casfs cannot beat, and how far bindfs (C, libfuse) is beyond it.
+It waits for requests as casfs's daemon does (casfs.fuse.fastwait); --stock-wait keeps
+pyfuse3's own wait, to measure what that costs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
@@ -231,12 +235,17 @@ class Passthrough(pyfuse3.Operations):
 
 
 def main() -> None:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from casfs.fuse import fastwait
+
     source, mountpoint = sys.argv[1:3]
     pyfuse3.init(
         Passthrough(os.path.abspath(source)), mountpoint, {"fsname=pyfuse3-floor", "default_permissions"}
     )
+    wait = contextlib.nullcontext(False) if "--stock-wait" in sys.argv[3:] else fastwait.installed()
     try:
-        trio.run(functools.partial(pyfuse3.main, min_tasks=32))  # (casfs's daemon's loop)
+        with wait:
+            trio.run(functools.partial(pyfuse3.main, min_tasks=32))  # (casfs's daemon's loop)
     finally:
         pyfuse3.close(unmount=False)
 

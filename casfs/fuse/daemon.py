@@ -39,7 +39,7 @@ from casfs import volumes
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, CasfsError, NotFound, UsageError
-from casfs.fuse import launcher, rwsession
+from casfs.fuse import fastwait, launcher, rwsession
 from casfs.fuse.control import CatalogWriter, ControlPlane, syncfs_path
 from casfs.fuse.inodes import InodeTable
 from casfs.fuse.launcher import Config
@@ -149,16 +149,12 @@ def _fuse_idle() -> Callable[[], bool] | None:
     """A check that no FUSE request is queued in the kernel (the session's /dev/fuse
     polls readable while one is), for the chunk cache's blocking reads on the trio
     thread; None if the device is not found (pyfuse3 does not expose it)."""
-    fds = []
-    for name in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/self/fd/{name}") == "/dev/fuse":
-                fds.append(int(name))
-    if len(fds) != 1:
-        log.info("no single /dev/fuse descriptor (%d): misses are always read in workers", len(fds))
+    fd = fastwait.fuse_fd()
+    if fd is None:
+        log.info("no single /dev/fuse descriptor: misses are always read in workers")
         return None
     poller = select.poll()
-    poller.register(fds[0], select.POLLIN)
+    poller.register(fd, select.POLLIN)
     return lambda: not poller.poll(0)
 
 
@@ -218,7 +214,8 @@ async def serve(cfg: Config) -> int:
                 nursery.start_soon(_announce_ready, cfg, repo)
                 nursery.start_soon(_flush_timer, ops, mounted)
                 nursery.start_soon(_fold_timer, mounted)
-                await pyfuse3.main(min_tasks=SERVING_TASKS)
+                with fastwait.installed():
+                    await pyfuse3.main(min_tasks=SERVING_TASKS)
                 nursery.cancel_scope.cancel()
             # Only the clean path snapshots (the exit stack closes the views).
             mounted.clean = True

@@ -1,0 +1,102 @@
+"""The daemon's wait for the next FUSE request (casfs.fuse.fastwait), on a pipe standing in
+for /dev/fuse: True only when a poll has just seen the fd readable (pyfuse3 then reads
+it with no await between, and a read of an empty fd would block the daemon), pyfuse3's
+own wait only for an idle fd, and pyfuse3's function back in place after a session."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pyfuse3
+import pytest
+import trio
+import trio.testing
+
+from casfs.fuse import fastwait
+
+
+@pytest.fixture
+def pipe() -> Iterator[tuple[int, int]]:
+    r, w = os.pipe()
+    yield r, w
+    os.close(r)
+    os.close(w)
+
+
+def test_a_queued_request_is_taken_without_the_stock_wait(pipe: tuple[int, int]) -> None:
+    """With a task in pyfuse3's wait (so pyfuse3 starts no new one), a task done with its
+    request takes the next one at once; a lone task goes through pyfuse3's wait."""
+    r, w = pipe
+    calls: list[str] = []
+    lock = trio.Lock()
+
+    async def stock() -> bool:  # pyfuse3's: one task at a time in wait_readable
+        calls.append("stock")
+        async with lock:
+            await trio.lowlevel.wait_readable(r)
+        return True
+
+    async def main() -> None:
+        wait = fastwait.make_wait(r, stock)
+        async with trio.open_nursery() as nursery:
+            await lock.acquire()  # (as another task in wait_readable holds it)
+            nursery.start_soon(wait)  # queued behind it: pyfuse3 counts it as waiting
+            await trio.testing.wait_all_tasks_blocked()
+            assert calls == ["stock"]
+            os.write(w, b"x")
+            assert await wait() is True
+            assert calls == ["stock"]
+            nursery.cancel_scope.cancel()
+            lock.release()
+
+    trio.run(main)
+    assert trio.run(fastwait.make_wait(r, stock)) is True
+    assert calls == ["stock"] * 2
+
+
+def test_a_stock_wake_up_is_checked_again(pipe: tuple[int, int]) -> None:
+    """pyfuse3's wait can wake a task after another took the request: the wait goes on
+    until the fd really is readable, and ends as pyfuse3's does (False)."""
+    r, w = pipe
+    calls: list[str] = []
+
+    async def stock() -> bool:
+        calls.append("stock")
+        if len(calls) <= 2:  # woken with nothing there
+            await trio.lowlevel.checkpoint()
+        else:
+            await trio.lowlevel.wait_readable(r)
+        return True
+
+    async def main() -> bool:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_write_later, w)
+            return await fastwait.make_wait(r, stock)()
+        raise AssertionError("unreachable")
+
+    assert trio.run(main) is True
+    assert calls == ["stock"] * 3
+    assert os.read(r, 1) == b"x"
+
+
+async def _write_later(w: int) -> None:
+    await trio.sleep(0.01)
+    os.write(w, b"x")
+
+
+def test_an_ended_session_ends_the_wait(pipe: tuple[int, int]) -> None:
+    r, _ = pipe
+
+    async def stock() -> bool:
+        return False
+
+    assert trio.run(fastwait.make_wait(r, stock)) is False
+
+
+def test_without_a_session_pyfuse3_keeps_its_own_wait() -> None:
+    stock = pyfuse3._wait_fuse_readable  # type: ignore[attr-defined]
+    with fastwait.installed() as fast:
+        assert fast is False
+        assert pyfuse3._wait_fuse_readable is stock  # type: ignore[attr-defined]
+    assert pyfuse3._wait_fuse_readable is stock  # type: ignore[attr-defined]
