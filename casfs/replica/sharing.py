@@ -200,23 +200,28 @@ def session(source: str, remote: str | None) -> list[str]:
     `listening PATH` (or `not listening: WHY`), then serves this pull on its stdin and
     stdout: one ssh session and one Python on the source for a pull that finds no
     server up, instead of a session to start it and a connection to it."""
+    return _listen_session(source, remote, "--stdio")
+
+
+def _listen_session(source: str, remote: str | None, *more: str) -> list[str]:
+    """The argv of an ssh session running `serve-replica --listen` on SOURCE."""
     ssh, where, store = ssh_command(source)
     name, idle = server_name(source, remote), str(persist_s())
-    return [
-        *ssh,
-        where,
-        shlex.join(
-            [*far_command(remote), "serve-replica", "--listen", name, "--idle", idle, "--stdio", store]
-        ),
-    ]
+    far = [*far_command(remote), "serve-replica", "--listen", name, "--idle", idle, *more, store]
+    return [*ssh, where, shlex.join(far)]
+
+
+def _forward_argv(source: str, local: Path, far: str) -> list[str]:
+    """The argv that has the master forward `local` to the server's socket `far`."""
+    ssh, where, _ = ssh_command(source)
+    return [*ssh, "-O", "forward", "-L", f"{local}:{far}", where]
 
 
 def forward(source: str, local: Path, far: str) -> subprocess.Popen[bytes]:
     """Have the master forward `local` to the server's socket `far` (in the background:
     the caller waits for it when its pull ends)."""
-    ssh, where, _ = ssh_command(source)
     return subprocess.Popen(
-        [*ssh, "-O", "forward", "-L", f"{local}:{far}", where],
+        _forward_argv(source, local, far),
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 
@@ -228,29 +233,22 @@ def connect(source: str, remote: str | None) -> tuple[socket.socket, dict[str, A
     local = forwarded(source, remote)
     if local is None:
         return None
-    ssh, where, store = ssh_command(source)
-    name, persist = server_name(source, remote), persist_s()
-    start = [*far_command(remote), "serve-replica", "--listen", name, "--idle", str(persist), store]
+    start = _listen_session(source, remote)
     try:
-        done = subprocess.run(
-            [*ssh, where, shlex.join(start)], capture_output=True, timeout=START_S, stdin=subprocess.DEVNULL
-        )
+        done = subprocess.run(start, capture_output=True, timeout=START_S, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise CasfsError(f"{source}: the server did not start in {START_S} s") from None
     except OSError as e:
-        raise CasfsError(f"cannot start {ssh[0]} for {source}: {e.strerror}") from None
+        raise CasfsError(f"cannot start {start[0]} for {source}: {e.strerror}") from None
     said = done.stdout.decode(errors="replace").strip().splitlines()
     if done.returncode != 0 or not said or not said[-1].startswith("listening "):
         _raise_error_of(source, done)
         return None  # (a casfs there without --listen, say: a session, as before)
     far = said[-1].removeprefix("listening ")
-    forward = subprocess.run(
-        [*ssh, "-O", "forward", "-L", f"{local}:{far}", where],
-        capture_output=True,
-        timeout=30,
-        stdin=subprocess.DEVNULL,
+    forwarding = subprocess.run(
+        _forward_argv(source, local, far), capture_output=True, timeout=30, stdin=subprocess.DEVNULL
     )
-    s = dial(local) if forward.returncode == 0 else None
+    s = dial(local) if forwarding.returncode == 0 else None
     hello = None if s is None else answer(s)
     return None if s is None or hello is None else (s, hello)
 
