@@ -85,7 +85,8 @@ def pull(
     try:
         moved = _land(repo, conn, hello, name, offer, theirs, peer, where, progress)
     except BaseException:
-        _seen(repo, name, peer)
+        with contextlib.suppress(Exception):  # the pull's own error is the one to raise
+            _seen(repo, name, peer)
         raise
     if moved.plan == Plan.HAVE:
         _seen(repo, name, peer)
@@ -122,9 +123,8 @@ def _land(
 
 
 def _seen(repo: Repository, name: str, peer: rows.Peer) -> None:
-    """The peer as seen, whatever came of the pull (where no landing recorded it; a
-    failure to record it leaves the pull's own error to be raised)."""
-    with contextlib.suppress(Exception), transaction(repo.conn) as c:
+    """The peer as seen, whatever came of the pull (where no landing recorded it)."""
+    with transaction(repo.conn) as c:
         if rows.volume_row(c, name) is not None:
             rows.record_peer(c, name, peer)
 

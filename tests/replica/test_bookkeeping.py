@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 from tests.helpers.mount import mounted
@@ -23,6 +24,12 @@ def pull(store: Path, *args: str | Path) -> dict[str, object]:
 def info(store: Path, name: str) -> dict[str, object]:
     doc: dict[str, object] = json.loads(cli(store, "volume", "info", name, "--json").stdout)
     return doc
+
+
+def peers_seen(store: Path) -> list[float]:
+    peers = info(store, "vm1")["peers"]
+    assert isinstance(peers, list)
+    return [float(p["seen"]) for p in peers]
 
 
 def test_info_shows_the_newest_where_each_came_from_and_the_peers(
@@ -139,3 +146,24 @@ def test_a_snapshot_taken_here_that_the_source_went_past_is_divergence(
     assert cli(a, "snapshot", "rm", "vm1@2").returncode == 0  # no number left in common but 1
     p = cli(b, "pull", a, "vm1")
     assert p.returncode == 4 and b"snapshot 2 was taken here" in p.stderr, p.stderr
+
+
+def test_a_pull_of_what_is_held_fails_if_the_peer_cannot_be_recorded(
+    two: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A pull that finds the snapshot held only records the peer: a failure to record it
+    is reported, not swallowed into a success with stale peer rows."""
+    a, b = two
+    block_volume(a, tmp_path, "vm1", 4 * MiB, os.urandom(MiB))
+    write_block(a, "vm1", [(0, b"a" * 4096)])
+    assert pull(b, a, "vm1")["plan"] != "have"
+    (seen,) = peers_seen(b)
+    trigger = "CREATE TRIGGER refuse BEFORE INSERT ON peers BEGIN SELECT RAISE(ABORT, 'peers refused'); END"
+    subprocess.run(["sqlite3", str(b / "catalog.db"), trigger], check=True)
+    p = cli(b, "pull", a, "vm1")
+    assert p.returncode == 1 and b"peers refused" in p.stderr
+    assert peers_seen(b) == [seen]
+    subprocess.run(["sqlite3", str(b / "catalog.db"), "DROP TRIGGER refuse"], check=True)
+    assert pull(b, a, "vm1")["plan"] == "have"
+    (again,) = peers_seen(b)
+    assert again > seen
