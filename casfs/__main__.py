@@ -1,7 +1,5 @@
 """`python -m casfs …`: the same as the `casfs` console script."""
 
-import sys
+from casfs.cli import run
 
-from casfs.cli import main
-
-sys.exit(main())
+run()

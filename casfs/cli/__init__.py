@@ -27,12 +27,40 @@ from casfs.errors import CasfsError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from typing import NoReturn
 
 
 def _traceback() -> None:
     import traceback
 
     traceback.print_exc()
+
+
+def run() -> NoReturn:
+    """The `casfs` program (its console script, `python -m casfs`): main(), then the
+    exit. A command that left its store's catalog open for it (cli.store) ends with
+    os._exit, once its output is flushed, unless the interpreter has more to do at
+    exit (another thread, an atexit function): nothing else is left open then, and
+    closing the catalog would only checkpoint its WAL."""
+    from casfs.cli.store import Exit
+
+    Exit.fast = True
+    code = main()
+    if Exit.catalog_left_open and _nothing_at_exit():
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BrokenPipeError:
+            pass  # (main's reader went away: as main says, not an error of ours)
+        os._exit(code)
+    sys.exit(code)
+
+
+def _nothing_at_exit() -> bool:
+    import atexit
+
+    threading = sys.modules.get("threading")
+    return atexit._ncallbacks() == 0 and (threading is None or threading.active_count() == 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -35,7 +35,7 @@ from casfs.cli.parser import GRAMMAR, LazyCommand
 from casfs.images import import_image
 from casfs.repo import Repository
 from casfs.volumes import Source, create_snapshot, create_volume
-from tests.helpers.cli import env, ok
+from tests.helpers.cli import RUN_IN_PROBE, env, ok
 from tests.helpers.mount import cleanup
 
 HEAVY = ("trio", "pyfuse3", "zstandard")
@@ -68,11 +68,7 @@ NOT_FOR_AN_IMAGE_CLONE = ("casfs.volumes.rollback", "casfs.volumes.snapshots", "
 
 
 # `casfs -s STORE ARGS...` run as a module, in the probing interpreter.
-RUN_CASFS = (
-    "import runpy\nsys.argv = ['casfs', '-s', *sys.argv[1:]]\n"
-    "try:\n    runpy.run_module('casfs', run_name='__main__')\nexcept SystemExit as e:\n"
-    "    assert not e.code, e.code"
-)
+RUN_CASFS = "sys.argv = ['casfs', '-s', *sys.argv[1:]]\n" + RUN_IN_PROBE + "assert not code, code"
 
 
 def loaded(code: str, *argv: str, probe: tuple[str, ...]) -> list[str]:
@@ -242,9 +238,7 @@ def _served(store: Path, *argv: str, probe: tuple[str, ...] = (), **extra: str) 
     ) + frame(b"G", WANT.pack(bytes(root), BlobKind.MAP_ROOT))
     absent = (*NOT_FOR_A_SERVER, *probe)
     script = (
-        f"import sys, runpy\nsys.argv = ['casfs', *sys.argv[1:]]\n"
-        "try:\n    runpy.run_module('casfs', run_name='__main__')\nexcept SystemExit as e:\n"
-        "    assert not e.code, e.code\n"
+        "import sys\nsys.argv = ['casfs', *sys.argv[1:]]\n" + RUN_IN_PROBE + "assert not code, code\n"
         f"print('loaded:', sorted(m for m in {absent!r} if m in sys.modules), file=sys.stderr)\n"
     )
     done = subprocess.run(
