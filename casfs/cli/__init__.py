@@ -1,6 +1,8 @@
 """The `casfs` command line: nouns then verbs, one line per error, an exit code per kind.
 
-    parser.py     the grammar, as a table, and the (lazily built) argparse parser
+    grammar.py    the grammar, as a table
+    quick.py      plain command lines parsed from it (nearly every call)
+    parser.py     the (lazily built) argparse parser: every other line, help, errors
     output.py     tables, JSON, key-values, progress, error and warning lines
     store.py      opening the store (after recovery), the totals line, export checks
     images.py, volumes.py, snapshots.py, maintenance.py, mounts.py: one module per noun
@@ -9,7 +11,7 @@ Exit codes come from CasfsError.exit_code: 0 success, 2 bad usage, 3 not found,
 4 conflict or busy, 5 corruption, 1 anything else, 130 interrupted.
 
 Orchestrators call the CLI once per volume, so its start-up is kept small: the parser
-imports no command's module (parser._Module), a command imports what it needs inside
+imports no command's module (grammar._Module), a command imports what it needs inside
 its function, and only `casfs mount`/`umount` load trio and pyfuse3
 (tests/unit/test_cli_start.py and test_layers.py check what commands load;
 benchmarks/cli_start.py times them).
@@ -26,7 +28,9 @@ from casfs.cli.output import error
 from casfs.errors import CasfsError
 
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Sequence
+    from types import SimpleNamespace
     from typing import NoReturn
 
 
@@ -64,9 +68,15 @@ def _nothing_at_exit() -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from casfs.cli.parser import parse
+    from casfs.cli import quick
 
-    args = parse(argv)
+    plain = quick.parse(sys.argv[1:] if argv is None else argv)
+    if plain is not None:
+        args: SimpleNamespace | argparse.Namespace = plain
+    else:  # (argparse takes the line, with its help and errors)
+        from casfs.cli.parser import parse
+
+        args = parse(argv)
     # What is loaded by now lives as long as the process: the collector need not walk it
     # again at each full collection while the command imports its own modules (7% of a
     # clone's instructions). Documented for this (gc.freeze: "before a fork"), it is as

@@ -31,7 +31,7 @@ from typing import ForwardRef
 
 import pytest
 
-from casfs.cli.parser import GRAMMAR, LazyCommand
+from casfs.cli.grammar import GRAMMAR, LazyCommand
 from casfs.images import import_image
 from casfs.repo import Repository
 from casfs.volumes import Source, create_snapshot, create_volume
@@ -62,6 +62,8 @@ NOT_FOR_A_CLONE_START = (
     "pathlib",
     "shutil",
     "logging",
+    "argparse",  # (a plain command line: casfs.cli.quick)
+    "gettext",
 )
 # ...and a clone of an image no other part of casfs.volumes (imported name by name).
 NOT_FOR_AN_IMAGE_CLONE = ("casfs.volumes.rollback", "casfs.volumes.snapshots", "casfs.volumes.settle")
