@@ -1,5 +1,10 @@
-"""`python -m casfs …`: the same as the `casfs` console script."""
+"""The `casfs` program: its console script (`run`) and `python -m casfs`."""
 
-from casfs.cli import run
+import gc
 
-run()
+gc.disable()  # (for the start-up: casfs.cli.main enables it again, see there)
+
+from casfs.cli import run  # noqa: E402
+
+if __name__ == "__main__":
+    run()

@@ -81,7 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # again at each full collection while the command imports its own modules (7% of a
     # clone's instructions). Documented for this (gc.freeze: "before a fork"), it is as
     # good for a short process; the garbage frozen with it is a parser's few kilobytes.
+    # The program (casfs.__main__) starts with the collector off, for the same reason
+    # (its 20 collections while loading were 3 M of a clone's 122 M instructions): on
+    # again for the command, which may run for hours.
     gc.freeze()
+    gc.enable()
     verbose = bool(args.verbose)
     try:
         return int(args.func(args))

@@ -84,6 +84,13 @@ def loaded(code: str, *argv: str, probe: tuple[str, ...]) -> list[str]:
     return list(ast.literal_eval(lines[-1].removeprefix("loaded: ")))
 
 
+def test_the_program_collects_garbage_again_once_started(store: Path) -> None:
+    """(casfs.__main__ turns the collector off for the start-up only: a command may
+    run for hours.)"""
+    code = RUN_CASFS + "\nimport gc\nif not gc.isenabled():\n    sys.modules['collector off'] = sys"
+    assert loaded(code, str(store), "volume", "ls", probe=("collector off",)) == []
+
+
 def test_every_command_in_the_grammar_names_a_function() -> None:
     """(A row names its function by module and name, resolved only when it runs: a typo
     would otherwise show only when someone runs that command.)"""
