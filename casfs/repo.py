@@ -18,7 +18,6 @@ transaction. Writers on different connections are serialized by SQLite's write l
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sqlite3
 import threading
@@ -44,6 +43,8 @@ META_CACHE_BYTES = 64 << 20
 
 class FileLock:
     def __init__(self, path: str, exclusive: bool, timeout: float | None) -> None:
+        import fcntl  # (here: the many commands that take no lock need not load it)
+
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         op = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
         deadline = None if timeout is None else time.monotonic() + timeout

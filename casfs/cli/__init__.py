@@ -41,16 +41,20 @@ def _traceback() -> None:
 
 
 def run() -> NoReturn:
-    """The `casfs` program (its console script, `python -m casfs`): main(), then the
-    exit. A command that left its store's catalog open for it (cli.store) ends with
-    os._exit, once its output is flushed, unless the interpreter has more to do at
-    exit (another thread, an atexit function): nothing else is left open then, and
-    closing the catalog would only checkpoint its WAL."""
+    """The `casfs` program (casfs.__main__): main(), then the exit. A command that left
+    its store's catalog open for it (cli.store) ends with os._exit, once the atexit
+    functions ran and the output is flushed, unless another thread is still running:
+    what a normal exit would do after that (tear the modules down, close the catalog)
+    would only checkpoint the catalog's WAL."""
     from casfs.cli.store import Exit
 
     Exit.fast = True
     code = main()
-    if Exit.catalog_left_open and _nothing_at_exit():
+    threading = sys.modules.get("threading")
+    if Exit.catalog_left_open and (threading is None or threading.active_count() == 1):
+        import atexit
+
+        atexit._run_exitfuncs()  # (e.g. logging's flush: as the exit would, first)
         try:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -58,13 +62,6 @@ def run() -> NoReturn:
             pass  # (main's reader went away: as main says, not an error of ours)
         os._exit(code)
     sys.exit(code)
-
-
-def _nothing_at_exit() -> bool:
-    import atexit
-
-    threading = sys.modules.get("threading")
-    return atexit._ncallbacks() == 0 and (threading is None or threading.active_count() == 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
