@@ -1,7 +1,10 @@
-"""`python -m casfs …`: the same as the `casfs` console script."""
+"""The `casfs` program: its console script (`run`) and `python -m casfs`."""
 
-import sys
+import gc
 
-from casfs.cli import main
+gc.disable()  # (for the start-up: casfs.cli.main enables it again, see there)
 
-sys.exit(main())
+from casfs.cli import run  # noqa: E402
+
+if __name__ == "__main__":
+    run()

@@ -18,7 +18,6 @@ transaction. Writers on different connections are serialized by SQLite's write l
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sqlite3
 import threading
@@ -44,6 +43,8 @@ META_CACHE_BYTES = 64 << 20
 
 class FileLock:
     def __init__(self, path: str, exclusive: bool, timeout: float | None) -> None:
+        import fcntl  # (here: the many commands that take no lock need not load it)
+
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         op = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -189,14 +190,22 @@ class Repository:
                 self._conns.append(c)
         return c
 
-    def close(self) -> None:
+    def close(self, keep_catalog: bool = False) -> None:
         """Close every thread's connection (none may be in use: the work is done), and
-        what the blob store holds open."""
-        with self._conns_lock:
-            conns, self._conns = self._conns, []
-        for c in conns:
-            c.close()
-        self._local = threading.local()
+        what the blob store holds open.
+
+        keep_catalog: close only the blob store, for a process that ends at once (the
+        `casfs` program: cli.run). The last connection to close would checkpoint the
+        WAL into catalog.db and delete it (4 fsyncs, and the next process's first commit
+        makes a new WAL: 2 more); left to the process's end, SQLite sees the WAL as after
+        a crash, which it is made for: every commit was synced (synchronous = FULL), and
+        the next process to open the catalog reads it back from the WAL."""
+        if not keep_catalog:
+            with self._conns_lock:
+                conns, self._conns = self._conns, []
+            for c in conns:
+                c.close()
+            self._local = threading.local()
         if self._blobs is not None:
             self._blobs.close()
 

@@ -1,6 +1,8 @@
 """The `casfs` command line: nouns then verbs, one line per error, an exit code per kind.
 
-    parser.py     the grammar, as a table, and the (lazily built) argparse parser
+    grammar.py    the grammar, as a table
+    quick.py      plain command lines parsed from it (nearly every call)
+    parser.py     the (lazily built) argparse parser: every other line, help, errors
     output.py     tables, JSON, key-values, progress, error and warning lines
     store.py      opening the store (after recovery), the totals line, export checks
     images.py, volumes.py, snapshots.py, maintenance.py, mounts.py: one module per noun
@@ -9,7 +11,7 @@ Exit codes come from CasfsError.exit_code: 0 success, 2 bad usage, 3 not found,
 4 conflict or busy, 5 corruption, 1 anything else, 130 interrupted.
 
 Orchestrators call the CLI once per volume, so its start-up is kept small: the parser
-imports no command's module (parser._Module), a command imports what it needs inside
+imports no command's module (grammar._Module), a command imports what it needs inside
 its function, and only `casfs mount`/`umount` load trio and pyfuse3
 (tests/unit/test_cli_start.py and test_layers.py check what commands load;
 benchmarks/cli_start.py times them).
@@ -26,7 +28,10 @@ from casfs.cli.output import error
 from casfs.errors import CasfsError
 
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Sequence
+    from types import SimpleNamespace
+    from typing import NoReturn
 
 
 def _traceback() -> None:
@@ -35,15 +40,49 @@ def _traceback() -> None:
     traceback.print_exc()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from casfs.cli.parser import parse
+def run() -> NoReturn:
+    """The `casfs` program (casfs.__main__): main(), then the exit. A command that left
+    its store's catalog open for it (cli.store) ends with os._exit, once the atexit
+    functions ran and the output is flushed, unless another thread is still running:
+    what a normal exit would do after that (tear the modules down, close the catalog)
+    would only checkpoint the catalog's WAL."""
+    from casfs.cli.store import Exit
 
-    args = parse(argv)
+    Exit.fast = True
+    code = main()
+    threading = sys.modules.get("threading")
+    if Exit.catalog_left_open and (threading is None or threading.active_count() == 1):
+        import atexit
+
+        atexit._run_exitfuncs()  # (e.g. logging's flush: as the exit would, first)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BrokenPipeError:
+            pass  # (main's reader went away: as main says, not an error of ours)
+        os._exit(code)
+    sys.exit(code)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from casfs.cli import quick
+
+    plain = quick.parse(sys.argv[1:] if argv is None else argv)
+    if plain is not None:
+        args: SimpleNamespace | argparse.Namespace = plain
+    else:  # (argparse takes the line, with its help and errors)
+        from casfs.cli.parser import parse
+
+        args = parse(argv)
     # What is loaded by now lives as long as the process: the collector need not walk it
     # again at each full collection while the command imports its own modules (7% of a
     # clone's instructions). Documented for this (gc.freeze: "before a fork"), it is as
     # good for a short process; the garbage frozen with it is a parser's few kilobytes.
+    # The program (casfs.__main__) starts with the collector off, for the same reason
+    # (its 20 collections while loading were 3 M of a clone's 122 M instructions): on
+    # again for the command, which may run for hours.
     gc.freeze()
+    gc.enable()
     verbose = bool(args.verbose)
     try:
         return int(args.func(args))

@@ -8,6 +8,7 @@ operation in progress and then let it go on (SIGCONT).
     import:after-stage     every blob is staged in STORE/tmp, none published
     import:after-publish   the blob files are published, their catalog rows not committed
     create:after-claim     a blank volume's row is recorded (phase creating)
+    create:after-commit    a clone's one transaction committed, the catalog not closed
     snapshot:after-phase   phase snapshotting is recorded, the overlay not yet folded
     delete:after-phase     phase deleting is recorded, nothing released yet
     fold:before-publish    a block volume's fold stored its blobs, its snapshot not committed

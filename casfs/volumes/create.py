@@ -113,6 +113,7 @@ def create_volume(
             owner_pid=None,
             grace_s=grace_s,
         )
+    fault_point("create:after-commit")
     return get_volume(repo, name), True
 
 

@@ -14,6 +14,15 @@ from pathlib import Path
 from typing import Any
 
 CLI = [sys.executable, "-m", "casfs"]
+# `python -m casfs` (argv: sys.argv) run inside a probing interpreter, which then looks
+# at what it loaded: the os._exit that ends the program (casfs.cli.run) raises SystemExit
+# there instead; `code` is its exit code.
+RUN_IN_PROBE = (
+    "import os, runpy\n"
+    "def _exit(code):\n    raise SystemExit(code)\n"
+    "os._exit = _exit\n"
+    "try:\n    runpy.run_module('casfs', run_name='__main__')\nexcept SystemExit as e:\n    code = e.code\n"
+)
 TIMEOUT = 120.0  # a casfs command
 CALL_TIMEOUT = 60.0  # any other tool
 

@@ -31,11 +31,11 @@ from typing import ForwardRef
 
 import pytest
 
-from casfs.cli.parser import GRAMMAR, LazyCommand
+from casfs.cli.grammar import GRAMMAR, LazyCommand
 from casfs.images import import_image
 from casfs.repo import Repository
 from casfs.volumes import Source, create_snapshot, create_volume
-from tests.helpers.cli import env, ok
+from tests.helpers.cli import RUN_IN_PROBE, env, ok
 from tests.helpers.mount import cleanup
 
 HEAVY = ("trio", "pyfuse3", "zstandard")
@@ -62,17 +62,15 @@ NOT_FOR_A_CLONE_START = (
     "pathlib",
     "shutil",
     "logging",
+    "argparse",  # (a plain command line: casfs.cli.quick)
+    "gettext",
 )
 # ...and a clone of an image no other part of casfs.volumes (imported name by name).
 NOT_FOR_AN_IMAGE_CLONE = ("casfs.volumes.rollback", "casfs.volumes.snapshots", "casfs.volumes.settle")
 
 
 # `casfs -s STORE ARGS...` run as a module, in the probing interpreter.
-RUN_CASFS = (
-    "import runpy\nsys.argv = ['casfs', '-s', *sys.argv[1:]]\n"
-    "try:\n    runpy.run_module('casfs', run_name='__main__')\nexcept SystemExit as e:\n"
-    "    assert not e.code, e.code"
-)
+RUN_CASFS = "sys.argv = ['casfs', '-s', *sys.argv[1:]]\n" + RUN_IN_PROBE + "assert not code, code"
 
 
 def loaded(code: str, *argv: str, probe: tuple[str, ...]) -> list[str]:
@@ -84,6 +82,13 @@ def loaded(code: str, *argv: str, probe: tuple[str, ...]) -> list[str]:
     lines = [line for line in done.stdout.splitlines() if line.startswith("loaded: ")]
     assert done.returncode == 0 and lines, (done.stdout, done.stderr)
     return list(ast.literal_eval(lines[-1].removeprefix("loaded: ")))
+
+
+def test_the_program_collects_garbage_again_once_started(store: Path) -> None:
+    """(casfs.__main__ turns the collector off for the start-up only: a command may
+    run for hours.)"""
+    code = RUN_CASFS + "\nimport gc\nif not gc.isenabled():\n    sys.modules['collector off'] = sys"
+    assert loaded(code, str(store), "volume", "ls", probe=("collector off",)) == []
 
 
 def test_every_command_in_the_grammar_names_a_function() -> None:
@@ -242,9 +247,7 @@ def _served(store: Path, *argv: str, probe: tuple[str, ...] = (), **extra: str) 
     ) + frame(b"G", WANT.pack(bytes(root), BlobKind.MAP_ROOT))
     absent = (*NOT_FOR_A_SERVER, *probe)
     script = (
-        f"import sys, runpy\nsys.argv = ['casfs', *sys.argv[1:]]\n"
-        "try:\n    runpy.run_module('casfs', run_name='__main__')\nexcept SystemExit as e:\n"
-        "    assert not e.code, e.code\n"
+        "import sys\nsys.argv = ['casfs', *sys.argv[1:]]\n" + RUN_IN_PROBE + "assert not code, code\n"
         f"print('loaded:', sorted(m for m in {absent!r} if m in sys.modules), file=sys.stderr)\n"
     )
     done = subprocess.run(

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import ok
+from tests.helpers.cli import RUN_IN_PROBE, ok
 
 ROOT = Path(__file__).resolve().parents[2] / "casfs"
 
@@ -171,10 +171,9 @@ def test_commands_that_do_not_mount_import_neither_trio_nor_pyfuse3(store: Path,
     each call tens of milliseconds.)"""
     setup = [["volume", "create", "v", "--blank-dir"], ["snapshot", "create", "v"]]
     probe = (
-        "import sys, runpy; sys.argv = ['casfs', '-s', sys.argv[1], *sys.argv[2:]]\n"
-        "try:\n    runpy.run_module('casfs', run_name='__main__')\n"
-        "except SystemExit as e:\n    code = e.code\n"
-        "print('loaded:', sorted(m for m in ('trio', 'pyfuse3') if m in sys.modules))\n"
+        "import sys; sys.argv = ['casfs', '-s', sys.argv[1], *sys.argv[2:]]\n"
+        + RUN_IN_PROBE
+        + "print('loaded:', sorted(m for m in ('trio', 'pyfuse3') if m in sys.modules))\n"
     )
     for step in setup:
         ok(store, *step)

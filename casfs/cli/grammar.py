@@ -1,0 +1,523 @@
+"""The grammar: one table row per command (noun, verb, function, help, arguments).
+
+The grammar is a contract (DESIGN.md, "The command line"): scripts and orchestrators
+depend on it. Two parsers read it: parser.py makes the argparse parser (help, errors,
+every form argparse takes), and quick.py parses the plain command lines that make up
+nearly every call without importing argparse. Neither imports a command's module: a
+row names its function through a `_Module`, so only the module of the command that
+runs is imported.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
+    Command = Callable[[argparse.Namespace], int]
+
+
+class _Module:
+    """A command module by name: `volumes.cmd_create` is a command that imports
+    casfs.cli.volumes when it runs. (The grammar names every command; importing each
+    one's module, and what those import, would cost every command's start-up.)"""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, func: str) -> Command:
+        if func.startswith("__"):  # (copy, pickle and friends probe for these: not commands)
+            raise AttributeError(func)
+        return LazyCommand(self.name, func)
+
+
+class LazyCommand:
+    """`module.func(args)`, the module imported at the call."""
+
+    __slots__ = ("func", "module")
+
+    def __init__(self, module: str, func: str) -> None:
+        self.module, self.func = module, func
+
+    def resolve(self) -> Command:
+        import importlib
+
+        command: Command = getattr(importlib.import_module(self.module), self.func)
+        return command
+
+    def __call__(self, args: argparse.Namespace) -> int:
+        return self.resolve()(args)
+
+
+bundle = _Module("casfs.cli.bundle")
+fetch = _Module("casfs.cli.fetch")
+images = _Module("casfs.cli.images")
+maintenance = _Module("casfs.cli.maintenance")
+mounts = _Module("casfs.cli.mounts")
+replica = _Module("casfs.cli.replica")
+snapshots = _Module("casfs.cli.snapshots")
+volumes = _Module("casfs.cli.volumes")
+
+
+class Arg:
+    """One `add_argument` call."""
+
+    __slots__ = ("flags", "options")
+
+    def __init__(self, *flags: str, **options: Any) -> None:
+        self.flags, self.options = flags, options
+
+
+class OneOf:
+    """Mutually exclusive arguments, one of them required."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, *args: Arg) -> None:
+        self.args = args
+
+
+class Row:
+    """A command: `casfs NOUN VERB`, or `casfs NOUN` when verb is None."""
+
+    __slots__ = ("args", "description", "func", "help", "noun", "verb")
+
+    def __init__(
+        self,
+        noun: str,
+        verb: str | None,
+        func: Command,
+        help: str,
+        args: Sequence[Arg | OneOf] = (),
+        description: str | None = None,
+    ) -> None:
+        self.noun, self.verb, self.func, self.help = noun, verb, func, help
+        self.args, self.description = args, description
+
+
+# The help of the nouns that take verbs.
+NOUNS = {
+    "image": "immutable, verified content: raw disk images and directory trees",
+    "volume": "named, mountable, copy-on-write volumes",
+    "snapshot": "immutable, numbered states of a volume",
+    "queue": "the store's bounded work queue (imports, snapshot folds, fsck, gc)",
+    "config": "store settings, kept in the catalog",
+}
+
+NAME = Arg("name", metavar="NAME")
+JSON_LIST = Arg("--json", action="store_true", help="print one JSON list")
+JSON_OBJECT = Arg("--json", action="store_true", help="print one JSON object")
+DEST = Arg("dest", metavar="DEST", help="must not exist (or be an empty directory)")
+EXPORT_FORMAT = Arg("--format", choices=("auto", "raw", "dir", "tar"), default="auto")
+
+GRAMMAR = (
+    Row(
+        "init",
+        None,
+        maintenance.cmd_init,
+        "create a store at --store (an existing store is left as it is)",
+        [
+            Arg("--blobs", metavar="s3://BUCKET[/PREFIX]", help="keep blobs in a bucket (AWS_* settings)"),
+            Arg("--blob-cache", metavar="SIZE", help="with --blobs: cache of fetched blobs (4G)"),
+        ],
+        "Create a store. With --blobs, its catalog is local and its blobs are in the bucket,\n"
+        "reached with AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or ~/.aws).",
+    ),
+    Row(
+        "image",
+        "fetch",
+        fetch.cmd_fetch,
+        "read all of an image once, verified (fills the local cache of a store on S3)",
+        [NAME],
+    ),
+    Row(
+        "image",
+        "import",
+        images.cmd_import,
+        "import a raw disk image, a directory, a tar archive or an OCI image",
+        [
+            NAME,
+            Arg(
+                "source",
+                metavar="SOURCE",
+                help="a raw file, a directory, a tar (.tar, .tar.gz, .tar.zst), or an OCI image: "
+                "oci:LAYOUT_DIR[:TAG] or docker-archive:FILE[:TAG]",
+            ),
+            Arg(
+                "--expect",
+                metavar="ALGO:HEX",
+                help="sha256:HEX or blake3:HEX the source must match (an OCI image: its manifest's "
+                "sha256, or the index its tag names; a docker-archive: its image id)",
+            ),
+            Arg(
+                "--platform",
+                metavar="OS/ARCH[/VARIANT]",
+                help="the manifest to pick from an OCI image index (default: linux/amd64)",
+            ),
+            Arg(
+                "--format",
+                choices=("auto", "raw", "tar", "dir"),
+                default="auto",
+                help="how to read SOURCE (default: detected)",
+            ),
+            Arg(
+                "--chunk-size",
+                metavar="SIZE",
+                default="64K",
+                help="chunk size, a power of two from 4K to 4M (default: 64K)",
+            ),
+            Arg("--allow-devices", action="store_true", help="keep device nodes found in a tar archive"),
+        ],
+        "Import SOURCE as image NAME. Nothing is stored unless all of it was read and, with\n"
+        "--expect, its digest matched. Repeating an identical import succeeds and does nothing.\n"
+        "An OCI image has every blob checked against its digest and each layer's content\n"
+        "against its diff_id, and its layers applied in order (whiteouts, opaque directories).",
+    ),
+    Row("image", "ls", images.cmd_ls, "list images with their logical, stored and unique bytes", [JSON_LIST]),
+    Row("image", "info", images.cmd_info, "show one image", [NAME, JSON_OBJECT]),
+    Row(
+        "image",
+        "rm",
+        images.cmd_rm,
+        "delete an image (refused while a volume was made from it)",
+        [NAME, Arg("--if-exists", action="store_true", help="succeed when there is no such image")],
+        "Delete an image. Its blobs are freed by the next `casfs gc`, unless shared.",
+    ),
+    Row(
+        "image",
+        "pull",
+        replica.cmd_image_pull,
+        "bring an image of another store here",
+        [
+            Arg("source", metavar="SOURCE", help="a store's path, or ssh://[USER@]HOST[:PORT]/STORE"),
+            Arg("image", metavar="IMAGE"),
+            Arg("--as", dest="as_name", metavar="NAME", help="the local image's name (default: IMAGE)"),
+            Arg(
+                "--remote-casfs",
+                metavar="CMD",
+                help="the casfs command on an ssh source (default: $CASFS_REMOTE, else casfs)",
+            ),
+            JSON_OBJECT,
+        ],
+        "Fetch image IMAGE of SOURCE (its root, size and digests), moving only the blobs this\n"
+        "store lacks. When both stores keep their blobs in one bucket (two prefixes), the\n"
+        "blobs are adopted where they are: only catalog records move (docs/s3.md).",
+    ),
+    Row(
+        "image",
+        "export",
+        images.cmd_export,
+        "write an image out: a raw file, a directory or a tar",
+        [
+            NAME,
+            DEST,
+            Arg(
+                "--format",
+                choices=("auto", "raw", "dir", "tar"),
+                default="auto",
+                help="default: raw for block images; tar when DEST ends in .tar…, else dir",
+            ),
+        ],
+    ),
+    Row(
+        "volume",
+        "create",
+        volumes.cmd_create,
+        "create a volume from an image, a snapshot or blank space",
+        [
+            NAME,
+            OneOf(
+                Arg(
+                    "--from",
+                    dest="source",
+                    metavar="IMAGE|VOL@N",
+                    help="an image, or snapshot N of volume VOL",
+                ),
+                Arg("--blank-dir", action="store_true", help="an empty directory volume"),
+                Arg("--blank-block", metavar="SIZE", help="a block volume of SIZE zero bytes (e.g. 10G)"),
+            ),
+            Arg("--ro", action="store_true", help="read-only"),
+            Arg(
+                "--grace",
+                metavar="DURATION",
+                help="ephemeral: `casfs gc` removes the volume once it has not been mounted for this long "
+                "(e.g. 30s, 10m, 2h, 7d)",
+            ),
+        ],
+        "Create volume NAME. A clone of an image or a snapshot costs the same whatever its size.\n"
+        "Repeating an identical create succeeds; a different spec for an existing name exits 4.",
+    ),
+    Row(
+        "volume",
+        "ls",
+        volumes.cmd_ls,
+        "list volumes with their logical, stored and unique bytes",
+        [JSON_LIST],
+    ),
+    Row("volume", "info", volumes.cmd_info, "show one volume", [NAME, JSON_OBJECT]),
+    Row(
+        "volume",
+        "rm",
+        volumes.cmd_rm,
+        "delete a volume and its snapshots",
+        [
+            NAME,
+            Arg("--if-exists", action="store_true", help="succeed when there is no such volume"),
+            Arg(
+                "--if-replicated",
+                metavar="K",
+                help="only if K known peers hold, asked now, a snapshot at least as new as the newest here",
+            ),
+        ],
+        "Delete a volume and its snapshots (refused while mounted, or while another volume\n"
+        "was made from one of its snapshots). Blobs are freed by the next `casfs gc`.\n"
+        "With --if-replicated K, each peer `casfs pull` recorded is asked through its SOURCE\n"
+        "(ssh runs $CASFS_SSH and $CASFS_REMOTE there); fewer than K holding a snapshot as\n"
+        "new as this store's newest (the same one, where they hold its number) exits 4.",
+    ),
+    Row(
+        "volume",
+        "resize",
+        volumes.cmd_resize,
+        "set a block volume's size (not while mounted read/write)",
+        [
+            NAME,
+            Arg("size", metavar="SIZE", help="the new size, e.g. 20G"),
+            Arg("--allow-shrink", action="store_true", help="allow dropping the end of the disk"),
+        ],
+        "Grow a block volume (the new space reads as zeros) or, with --allow-shrink, cut it.\n"
+        "A write never resizes a block volume: this is the only way.",
+    ),
+    Row(
+        "volume",
+        "export",
+        volumes.cmd_export,
+        "write a volume's base out: a raw file, a directory or a tar",
+        [NAME, DEST, EXPORT_FORMAT],
+        "Write out the volume's base: its state at the last snapshot or unmount (changes\n"
+        "not yet folded by a mounted read/write daemon are not included).",
+    ),
+    Row(
+        "volume",
+        "bundle",
+        bundle.cmd_bundle,
+        "write an OCI runtime bundle (config.json) for a volume made from an OCI image",
+        [
+            NAME,
+            Arg("dir", metavar="DIR", help="the bundle directory (made if absent)"),
+            Arg(
+                "--rootfs",
+                metavar="PATH",
+                help="where the volume is mounted already (default: mount it at DIR/rootfs)",
+            ),
+        ],
+        "Mount volume NAME at DIR/rootfs (unless --rootfs says where it is mounted) and write\n"
+        "DIR/config.json: the image's entrypoint + cmd, env, working dir and user, root.path the\n"
+        "mount. Then `runc run -b DIR ID`; `casfs umount DIR/rootfs` once the container is gone.",
+    ),
+    Row(
+        "snapshot",
+        "create",
+        snapshots.cmd_create,
+        "snapshot a volume at rest; prints the snapshot's number",
+        [Arg("volume", metavar="VOL"), Arg("--label", metavar="L", help="a free-form label")],
+    ),
+    Row(
+        "snapshot",
+        "ls",
+        snapshots.cmd_ls,
+        "list a volume's snapshots",
+        [Arg("volume", metavar="VOL"), JSON_LIST],
+    ),
+    Row(
+        "snapshot",
+        "rm",
+        snapshots.cmd_rm,
+        "delete snapshot N of volume VOL (refused while a volume uses it)",
+        [
+            Arg("ref", metavar="VOL@N"),
+            Arg("--if-exists", action="store_true", help="succeed when there is no such snapshot"),
+        ],
+    ),
+    Row(
+        "snapshot",
+        "export",
+        snapshots.cmd_export,
+        "write a snapshot out: a raw file, a directory or a tar",
+        [Arg("ref", metavar="VOL@N"), DEST, EXPORT_FORMAT],
+    ),
+    Row(
+        "snapshot",
+        "send",
+        replica.cmd_send,
+        "write a snapshot as a stream to stdout (for `casfs snapshot receive`)",
+        [
+            Arg("ref", metavar="VOL@N"),
+            Arg("--since", metavar="VOL@M", help="only what snapshot M of the same volume lacks"),
+        ],
+        "Write snapshot N of VOL to stdout as a self-describing stream: every blob with its id,\n"
+        "a trailer with counts and a hash. With --since, only blobs not in VOL@M: the receiver\n"
+        "must hold VOL@M. E.g. `casfs snapshot send vm1@7 | ssh host casfs snapshot receive`.",
+    ),
+    Row(
+        "snapshot",
+        "receive",
+        replica.cmd_receive,
+        "read a snapshot stream from stdin and add the snapshot here",
+        [
+            Arg(
+                "--as", dest="as_name", metavar="NAME", help="the local volume's name (default: the sender's)"
+            ),
+            JSON_OBJECT,
+        ],
+        "Read a stream of `casfs snapshot send` from stdin. Every blob is verified on arrival\n"
+        "(exit 5 if one is damaged); the snapshot appears in one transaction once the whole\n"
+        "stream checked out, with the sender's number and root. Receiving a snapshot held\n"
+        "already does nothing (exit 0); one that diverges from the local line exits 4.",
+    ),
+    Row(
+        "rollback",
+        None,
+        volumes.cmd_rollback,
+        "make snapshot N the current state of volume VOL",
+        [Arg("volume", metavar="VOL"), Arg("n", metavar="N")],
+        "Make snapshot N the volume's state again (the volume must not be mounted read/write).\n"
+        "Later snapshots are kept.",
+    ),
+    Row(
+        "pull",
+        None,
+        replica.cmd_pull,
+        "bring a volume's local replica up to a snapshot of another store",
+        [
+            Arg("source", metavar="SOURCE", help="a store's path, or ssh://[USER@]HOST[:PORT]/STORE"),
+            Arg("volume", metavar="VOL"),
+            Arg("--snapshot", metavar="N", help="this snapshot (default: the source's newest)"),
+            Arg("--as", dest="as_name", metavar="NAME", help="the local volume's name (default: VOL)"),
+            Arg(
+                "--remote-casfs",
+                metavar="CMD",
+                help="the casfs command on an ssh source (default: $CASFS_REMOTE, else casfs)",
+            ),
+            JSON_OBJECT,
+        ],
+        "Fetch snapshot N (default: the newest) of VOL from SOURCE, moving only the blobs this\n"
+        "store lacks, and add it here with the same number and root. Interrupted, a rerun\n"
+        "fetches only what is still missing. Refused (exit 4) when the two stores' lines have\n"
+        "diverged; --as NAME keeps the other line as a new volume. ssh runs $CASFS_SSH\n"
+        "(default: ssh); its connection and a server on the source stay up for the next pull\n"
+        "for $CASFS_SSH_PERSIST seconds (default 60; 0: not). When both stores keep their\n"
+        "blobs in one bucket (two prefixes), the blobs are adopted where they are: only\n"
+        "catalog records move (docs/s3.md).",
+    ),
+    Row(
+        "serve-replica",
+        None,
+        replica.cmd_serve,
+        "(used by pull) answer a pull's requests on stdin and stdout",
+        [
+            Arg("path", metavar="STORE"),
+            Arg("--listen", metavar="NAME", help="serve on a socket in the background (repeated pulls)"),
+            Arg("--idle", metavar="SECONDS", type=float, default=60.0, help="with --listen: exit when idle"),
+            Arg(
+                "--stdio",
+                action="store_true",
+                help="with --listen: then serve this session on stdin and stdout too",
+            ),
+        ],
+    ),
+    Row(
+        "mount",
+        None,
+        mounts.cmd_mount,
+        "mount the store, or one volume, with FUSE",
+        [
+            Arg("mountpoint", metavar="MOUNTPOINT"),
+            Arg("--volume", metavar="NAME", help="mount this volume alone"),
+            Arg("--ro", action="store_true", help="mount read-only"),
+            Arg("--allow-other", action="store_true", help="let other users access the mount"),
+            Arg("--foreground", action="store_true", help="stay in the foreground"),
+        ],
+        "Mount the whole store (images/, volumes/, snapshots/) at MOUNTPOINT, or with --volume\n"
+        "one volume: its root directory, or a regular file for a block volume.",
+    ),
+    Row(
+        "umount", None, mounts.cmd_umount, "unmount a casfs mount", [Arg("mountpoint", metavar="MOUNTPOINT")]
+    ),
+    Row(
+        "fsck",
+        None,
+        maintenance.cmd_fsck,
+        "recount references and re-hash blobs; exit 5 if problems remain",
+        [
+            Arg("--repair", action="store_true", help="fix counts, remove orphans and dead rows"),
+            Arg(
+                "--sample",
+                metavar="FRACTION",
+                default="1.0",
+                help="re-hash this fraction of data blobs (default 1.0: all); metadata is always read",
+            ),
+            Arg("--json", action="store_true", help="print the report as one JSON object"),
+        ],
+        "Walk every root, recount every reference and re-hash blobs. Exits 0 when clean (or\n"
+        "everything found was repaired), 5 when problems remain.",
+    ),
+    Row(
+        "gc",
+        None,
+        maintenance.cmd_gc,
+        "free blobs nothing references any more",
+        [
+            Arg("--json", action="store_true", help="print the report as one JSON object"),
+            Arg(
+                "--repack-below",
+                metavar="FRACTION",
+                type=float,
+                default=0.5,
+                help="store on S3: rewrite packs whose live bytes are under FRACTION (default 0.5)",
+            ),
+        ],
+        "Remove ephemeral volumes unused for longer than their grace period, then free every\n"
+        "blob nothing references any more.",
+    ),
+    Row(
+        "queue",
+        "ls",
+        maintenance.cmd_queue_ls,
+        "list running and waiting jobs of every process on the store",
+        [JSON_OBJECT],
+    ),
+    Row(
+        "config",
+        "ls",
+        maintenance.cmd_config_ls,
+        "list settings with their values and where each comes from",
+        [JSON_LIST],
+    ),
+    Row(
+        "config",
+        "get",
+        maintenance.cmd_config_get,
+        "print a setting's value (the environment overrides the store)",
+        [Arg("key", metavar="KEY", help="e.g. queue.limit"), JSON_OBJECT],
+    ),
+    Row(
+        "config",
+        "set",
+        maintenance.cmd_config_set,
+        "store a setting, e.g. `casfs config set queue.limit 4`",
+        [Arg("key", metavar="KEY"), Arg("value", metavar="VALUE")],
+    ),
+    Row(
+        "config",
+        "unset",
+        maintenance.cmd_config_unset,
+        "forget a stored setting (back to its default)",
+        [Arg("key", metavar="KEY")],
+    ),
+)
