@@ -374,13 +374,18 @@ class Operations(pyfuse3.Operations):
         h = self._handles[fh]
         pieces = h.view.read_plan(h.ino, off, size)
         have, missing = self.chunks.split(pieces)
+        # Before any wait: a sequential reader's window is topped up while this waits.
+        self.chunks.readahead((id(h.view), h.ino), off, size, functools.partial(h.view.read_plan, h.ino))
         if missing:
             try:
-                have.update(await self.chunks.fetch_async(missing))
+                loading, rest = self.chunks.loading(missing)
+                if rest:
+                    have.update(await self.chunks.fetch_async(rest))
+                if loading:
+                    have.update(await self.chunks.loaded(loading))
             except Corruption as e:
                 log.error("reading %s: %s", h.view.describe(h.ino), e)
                 raise
-        self.chunks.readahead((id(h.view), h.ino), off, size, functools.partial(h.view.read_plan, h.ino))
         if h.atime and h.view.rw is not None:
             h.view.rw.accessed(h.ino)
         # (pyfuse3 replies with any buffer; it writes this one before the next read runs)
