@@ -24,7 +24,7 @@ import stat
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import pyfuse3
 import trio
@@ -34,8 +34,9 @@ from casfs.errors import CasfsError, Corruption
 from casfs.fuse import control as ctl
 from casfs.fuse import rwsession
 from casfs.fuse.inodes import ROOT, InodeTable
+from casfs.fuse.replybuf import ReplyBuffer
 from casfs.ids import InodeNo
-from casfs.vfs.api import ROOT_INO, Fetched, RwView, Stat, View, assemble
+from casfs.vfs.api import ROOT_INO, Fetched, RwView, Stat, View, assemble_into
 from casfs.vfs.chunks import ChunkCache
 from casfs.vfs.storeview import Subject, entries, resolve
 
@@ -121,6 +122,7 @@ class Operations(pyfuse3.Operations):
         self._statfs: tuple[float, pyfuse3.StatvfsData] | None = None
         # Block files written through direct handles: the kernel's pages of them may be old.
         self._stale: dict[tuple[View, InodeNo], bool] = {}
+        self._reply = ReplyBuffer()
 
     # -- attributes --------------------------------------------------------------
 
@@ -372,16 +374,22 @@ class Operations(pyfuse3.Operations):
         h = self._handles[fh]
         pieces = h.view.read_plan(h.ino, off, size)
         have, missing = self.chunks.split(pieces)
+        # Before any wait: a sequential reader's window is topped up while this waits.
+        self.chunks.readahead((id(h.view), h.ino), off, size, functools.partial(h.view.read_plan, h.ino))
         if missing:
             try:
-                have.update(await self.chunks.fetch_async(missing))
+                loading, rest = self.chunks.loading(missing)
+                if rest:
+                    have.update(await self.chunks.fetch_async(rest))
+                if loading:
+                    have.update(await self.chunks.loaded(loading))
             except Corruption as e:
                 log.error("reading %s: %s", h.view.describe(h.ino), e)
                 raise
-        self.chunks.readahead((id(h.view), h.ino), off, size, functools.partial(h.view.read_plan, h.ino))
         if h.atime and h.view.rw is not None:
             h.view.rw.accessed(h.ino)
-        return assemble(pieces, have.__getitem__)
+        # (pyfuse3 replies with any buffer; it writes this one before the next read runs)
+        return cast(bytes, self._reply.fill(size, functools.partial(assemble_into, pieces, have.__getitem__)))
 
     @handler
     async def write(self, fh: FileHandleT, off: int, buf: bytes) -> int:

@@ -69,27 +69,51 @@ class Piece:
     read: Callable[[], bytes] | None = None
 
 
-def assemble(pieces: list[Piece], fetch: Callable[[BlobId], bytes]) -> bytes:
-    """The bytes `pieces` describe, copied once (a read of 128 KiB through a bytearray
-    cost three copies, and a page fault per page for each in a fresh allocation)."""
-    parts: list[bytes | memoryview] = []
+# Zeros to copy from (holes, and the tail of a short chunk) without allocating them for
+# each read: calloc'd, its pages stay the kernel's shared zero page.
+_ZEROS = memoryview(bytes(1 << 20))
+
+
+def _zeros(n: int) -> Iterator[memoryview]:
+    while n > 0:
+        part = _ZEROS[: min(n, len(_ZEROS))]
+        n -= len(part)
+        yield part
+
+
+def _parts(pieces: list[Piece], fetch: Callable[[BlobId], bytes]) -> Iterator[memoryview]:
+    """The bytes `pieces` describe, in order, as views (nothing copied yet)."""
     for p in pieces:
+        n = p.end - p.start
         if p.data is not None:
             src: bytes | bytearray = p.data
         elif p.read is not None:
             src = p.read()
         elif p.blob == ZERO_ID:
-            parts.append(bytes(p.end - p.start))
+            yield from _zeros(n)
             continue
         else:
             src = fetch(p.blob)
         part = memoryview(src)[p.start : p.end]
-        parts.append(part)
-        if len(part) < p.end - p.start:
-            parts.append(bytes(p.end - p.start - len(part)))
-    if len(parts) == 1 and isinstance(parts[0], bytes):
-        return parts[0]
-    return b"".join(parts)
+        yield part
+        if len(part) < n:
+            yield from _zeros(n - len(part))
+
+
+def assemble(pieces: list[Piece], fetch: Callable[[BlobId], bytes]) -> bytes:
+    """The bytes `pieces` describe, copied once (a read of 128 KiB through a bytearray
+    cost three copies, and a page fault per page for each in a fresh allocation)."""
+    return b"".join(_parts(pieces, fetch))
+
+
+def assemble_into(pieces: list[Piece], fetch: Callable[[BlobId], bytes], out: memoryview) -> int:
+    """assemble() into `out` (at least as long as the pieces); the length written."""
+    pos = 0
+    for part in _parts(pieces, fetch):
+        end = pos + len(part)
+        out[pos:end] = part
+        pos = end
+    return pos
 
 
 class View(Protocol):

@@ -5,6 +5,7 @@ the chunk cache under the read path (no mount)."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -161,6 +162,36 @@ async def test_read_ahead_follows_a_sequential_reader() -> None:
         for n in (40, 5, 60):
             cache.readahead("g", n * cs, cs, plan)
         assert asked == []
+    finally:
+        cache.close()
+
+
+async def test_a_reader_waits_for_read_ahead_and_gets_its_checks() -> None:
+    """Chunks read-ahead is loading are awaited where they are, all together, and come
+    back verified: a blob read-ahead found corrupt raises Corruption to the reader that
+    waits for it, and is counted; a chunk nobody loads is left to fetch."""
+    blobs = Blobs(9)
+    ids = list(blobs.by_id)
+    gate = threading.Event()
+
+    def get(bid: BlobId) -> bytes:
+        gate.wait(10)
+        return blobs.get(bid)
+
+    blobs.bad.add(ids[7])
+    cache = ChunkCache(get, workers=2)
+    try:
+        cache.prefetch(ids[:8])
+        loading, rest = cache.loading(ids[:6] + ids[8:])
+        assert [bid for bid, _ in loading] == ids[:6] and rest == ids[8:]
+        bad, _ = cache.loading([ids[7]])
+        gate.set()
+        with trio.fail_after(10):
+            assert await cache.loaded(loading) == {bid: blobs.by_id[bid] for bid in ids[:6]}
+            with pytest.raises(Corruption):
+                await cache.loaded(bad)
+        assert cache.corrupt_reads == 1 and list(cache.last_corrupt) == [ids[7]]
+        assert cache.loading(ids[8:]) == ([], ids[8:])
     finally:
         cache.close()
 

@@ -369,6 +369,32 @@ def test_a_corrupt_blob_fails_that_read_only(populated: Populated, tmp_path: Pat
     assert victim in repo.blobs.damaged()  # remembered: the next import of it heals it
 
 
+@pytest.mark.no_fsck("a blob is corrupted on purpose: fsck reports it, and cannot repair it")
+def test_a_corrupt_blob_found_by_read_ahead_fails_its_read(populated: Populated, tmp_path: Path) -> None:
+    """A sequential reader has the chunks ahead of it loaded in the background (the
+    daemon's read-ahead) and waits for them there: a corrupt one is still refused (EIO),
+    counted, and the bytes before it read right, chunk after chunk."""
+    repo, _, raw = populated
+    info = images.get_image(repo, "disk")
+    n = 42  # (far enough for read-ahead to have started; every fourth chunk is a hole)
+    victim = Content(repo.get, BlobId(bytes.fromhex(info.root or "")), DISK_SIZE, CHUNK).chunk(ChunkNo(n))
+    assert victim != ZERO_ID
+    blob_files.corrupt(repo, victim)
+    with mounted(repo.path, tmp_path / "mnt") as m:
+        fd = os.open(m.path / "images" / "disk", os.O_RDONLY | os.O_DIRECT)  # (one request a read)
+        try:
+            buf = mmap.mmap(-1, CHUNK)
+            for i in range(n):
+                assert os.preadv(fd, [buf], i * CHUNK) == CHUNK and buf[:] == raw[i * CHUNK : (i + 1) * CHUNK]
+            with pytest.raises(OSError) as e:
+                os.preadv(fd, [buf], n * CHUNK)
+            assert e.value.errno == errno.EIO
+        finally:
+            os.close(fd)
+        assert int(xattr_value(m.path, "user.casfs.corrupt_reads")) >= 1
+        assert victim.hex() in xattr_value(m.path, "user.casfs.corrupt_ids")
+
+
 @pytest.mark.no_fsck("a tree blob is corrupted on purpose: fsck reports it, and cannot repair it")
 def test_a_corrupt_tree_blob_is_counted_too(populated: Populated, tmp_path: Path) -> None:
     """Issue 7, defect 7: metadata (trees, maps) failing its check counts in
