@@ -206,7 +206,7 @@ class TreeBuilder:
             subdirs = sum(isinstance(c, Dir) for c in d.entries.values())
             attrs = d.attrs.with_(ino=d.ino, nlink=2 + subdirs, size=0)
             t = tree.Tree(attrs, self.chunk_size, [_entry(name, c) for name, c in d.entries.items()])
-            d.tree_id = self.batch.put(t.encode(), BlobKind.TREE)
+            d.tree_id = self.batch.put(t.encode(), BlobKind.TREE, t.children())
         assert self.root.tree_id is not None
         return Built(self.root.tree_id, size, next_ino)
 
