@@ -19,11 +19,13 @@ from the finished namespace).
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import stat
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 from casfs.errors import UsageError
@@ -47,6 +49,25 @@ Stored = tuple[BlobId, int, int]  # (content id, size, bytes read) of one file
 
 
 def import_dir(batch: Batch, path: Path, chunk_size: int, progress: Progress | None = None) -> Built:
+    with _collector_paused():
+        return _import_dir(batch, path, chunk_size, progress)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off: the builder makes tens of thousands of objects
+    that live to the end and next to no cyclic garbage, and the collections (some
+    walking them all) took 0.4 s of a /usr/share import, a tenth of its GIL-held time."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _import_dir(batch: Batch, path: Path, chunk_size: int, progress: Progress | None) -> Built:
     top = os.fsencode(os.path.realpath(path))  # the top may be reached through a symlink; nothing below
     st = os.lstat(top)
     if not stat.S_ISDIR(st.st_mode):
