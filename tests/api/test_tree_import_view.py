@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import gc
 import os
 import stat
 from pathlib import Path
@@ -79,6 +81,33 @@ def test_a_file_failing_in_a_worker_fails_the_import(
     monkeypatch.setattr(dirtree, "_open", failing)
     with repo.batch() as b, pytest.raises(OSError, match="unreadable"):
         dirtree.import_dir(b, src, CHUNK)
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_collector_is_back_as_it_was_after_an_import(
+    repo: Repository, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: bool
+) -> None:
+    src = tmp_path / "src"
+    many_files(src)
+    seen: list[bool] = []
+    real = dirtree._read_small
+
+    def watched(path: bytes, size: int) -> bytes:
+        seen.append(gc.isenabled())
+        if fails:
+            raise OSError(errno.EIO, "unreadable")
+        return real(path, size)
+
+    monkeypatch.setattr(dirtree, "_read_small", watched)
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            with repo.batch() as b, contextlib.suppress(OSError):
+                dirtree.import_dir(b, src, CHUNK)
+            assert gc.isenabled() == enabled
+        finally:
+            gc.enable()
+    assert seen and not any(seen)
 
 
 def odd_sizes(top: Path) -> None:
