@@ -22,9 +22,8 @@ import errno
 import gc
 import os
 import stat
-from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,8 +41,10 @@ _WORKERS = 4
 # stays about a group per worker).
 _GROUP_FILES = 64
 _GROUP_BYTES = 1 << 20
-# Groups handed to the workers and not yet placed: bounds what the walk runs ahead.
-_INFLIGHT = 8
+# Groups handed to the workers and not yet placed: bounds what the walk runs ahead (a
+# waiting group holds its paths, not their contents). Many, so that the walk does not
+# stop at one slow group while the other workers run dry.
+_INFLIGHT = 64
 
 Stored = tuple[BlobId, int, int]  # (content id, size, bytes read) of one file
 
@@ -77,14 +78,16 @@ def _import_dir(batch: Batch, path: Path, chunk_size: int, progress: Progress | 
     links: dict[tuple[int, int], Node] = {}
     stack: list[tuple[Parts, bytes]] = [((), top)]
     group = _Group()
-    pending: deque[tuple[Future[list[Stored]], list[Node]]] = deque()
+    pending: dict[Future[list[Stored]], list[Node]] = {}
 
     def hand_over(pool: ThreadPoolExecutor) -> None:
         nonlocal group
-        pending.append((pool.submit(_store_group, b, group.files, chunk_size), group.nodes))
+        pending[pool.submit(_store_group, b, group.files, chunk_size)] = group.nodes
         group = _Group()
-        while len(pending) >= _INFLIGHT or (pending and pending[0][0].done()):
-            _place(*pending.popleft(), progress)
+        if len(pending) >= _INFLIGHT:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                _place(future, pending.pop(future), progress)
 
     with ThreadPoolExecutor(_WORKERS, thread_name_prefix="casfs-import") as pool:
         try:
@@ -114,10 +117,10 @@ def _import_dir(batch: Batch, path: Path, chunk_size: int, progress: Progress | 
                         links[key] = node
             if group.files:
                 hand_over(pool)
-            while pending:
-                _place(*pending.popleft(), progress)
+            for future in wait(pending).done:
+                _place(future, pending[future], progress)
         except BaseException:
-            for future, _ in pending:
+            for future in pending:
                 future.cancel()
             raise
     return b.finish()
