@@ -32,6 +32,9 @@ Parts = tuple[bytes, ...]
 Piece = bytes | int
 
 IMPLIED_DIR = tree.Attrs(mode=stat.S_IFDIR | 0o755)
+# A file's chunks stored at once: one catalog look-up and one staging call for the run,
+# as dirtree's groups of small files have (a /usr/share copy: 7,600 chunks in 1,350 files over a chunk).
+_RUN = 16
 
 
 class PathConflict(UsageError):
@@ -83,7 +86,7 @@ class TreeBuilder:
 
     def add_file(self, parts: Parts, attrs: tree.Attrs, pieces: Iterable[Piece]) -> Node:
         """Store a file's content from `pieces` (each at most chunk_size long; holes as
-        ints) and place it. Only one chunk is held in memory at a time."""
+        ints) and place it. At most _RUN chunks are held in memory at a time."""
         self._parent(parts)  # refuse before reading content, not after
         content, size = self.put_content(pieces)
         node = Node(_normal(attrs).with_(size=size), content)
@@ -158,18 +161,25 @@ class TreeBuilder:
         return cur
 
     def put_content(self, pieces: Iterable[Piece]) -> tuple[BlobId, int]:
-        """Store content chunk by chunk; returns (content id, size)."""
+        """Store content chunk by chunk, _RUN chunks at once; returns (content id, size)."""
         ids: list[BlobId] = []
+        run: list[bytes] = []
         size = 0
         for piece in pieces:
             if size % self.chunk_size or (not isinstance(piece, int) and len(piece) > self.chunk_size):
                 raise ValueError("pieces must be whole chunks, but for a file's last")
             if isinstance(piece, int):
+                ids += self.batch.put_many(run)
+                run = []
                 ids.append(ZERO_ID)
                 size += piece
             else:
-                ids.append(self.batch.put(piece))
+                run.append(piece)
                 size += len(piece)
+                if len(run) == _RUN:
+                    ids += self.batch.put_many(run)
+                    run = []
+        ids += self.batch.put_many(run)
         return chunkmap.build_content(self.batch.put_kind, ids, size, self.chunk_size), size
 
     def put_small(self, contents: Sequence[bytes]) -> list[BlobId]:
