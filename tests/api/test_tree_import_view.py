@@ -41,6 +41,17 @@ def many_files(top: Path) -> None:
         os.link(sub / "f001", sub / "f001.link")
 
 
+def open_under(top: Path) -> list[str]:
+    """This process's open files under `top`."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(f"{top}/"):
+                found.append(target)
+    return found
+
+
 def import_root(repo: Repository, src: Path) -> BlobId:
     with repo.batch() as b:
         built = dirtree.import_dir(b, src, CHUNK)
@@ -81,6 +92,7 @@ def test_a_file_failing_in_a_worker_fails_the_import(
     monkeypatch.setattr(dirtree, "_open", failing)
     with repo.batch() as b, pytest.raises(OSError, match="unreadable"):
         dirtree.import_dir(b, src, CHUNK)
+    assert open_under(src) == []  # the group's files opened before it are closed
 
 
 @pytest.mark.parametrize("fails", [False, True])
@@ -90,15 +102,15 @@ def test_the_collector_is_back_as_it_was_after_an_import(
     src = tmp_path / "src"
     many_files(src)
     seen: list[bool] = []
-    real = dirtree._read_small
+    real = dirtree._open
 
-    def watched(path: bytes, size: int) -> bytes:
+    def watched(path: bytes, flags: int) -> int:
         seen.append(gc.isenabled())
-        if fails:
+        if fails and path.endswith(b"f017"):
             raise OSError(errno.EIO, "unreadable")
-        return real(path, size)
+        return real(path, flags)
 
-    monkeypatch.setattr(dirtree, "_read_small", watched)
+    monkeypatch.setattr(dirtree, "_open", watched)
     for enabled in (True, False):
         (gc.enable if enabled else gc.disable)()
         try:
