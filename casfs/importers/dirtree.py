@@ -35,8 +35,10 @@ from casfs.snapshots.tree import Attrs, XAttrs
 from casfs.store.ids import BlobId
 
 Progress = Callable[[int], None]
-# Groups read at once: enough to keep the disk's queue busy.
-_WORKERS = 4
+# Groups stored at once. Each group asks for its files' reads together, which keeps the
+# disk's queue busy; more workers only contend for the GIL (4 against 2: the same wall
+# time, 1 s more CPU, in interleaved CLI imports of /usr/share).
+_WORKERS = 2
 # A group: up to this many files, or until their sizes reach _GROUP_BYTES (so memory
 # stays about a group per worker).
 _GROUP_FILES = 64
