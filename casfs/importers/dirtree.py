@@ -6,14 +6,14 @@ kept; names are bytes, whatever they hold. Files and directories are read with
 O_NOATIME where allowed, so importing does not change the atimes it records.
 
 The walk (lstat, xattrs, listings) runs on the calling thread; files' contents are
-read, hashed, compressed and staged by a few worker threads, several files at once: a
-cold tree is mostly waiting for the disk, one small file after another (a profile of
-/usr/share on one thread: 36% of its time in pread), and blake3 and zstd release the
-GIL. Files go to the workers in groups: a group of small files costs one hand-off, one
-catalog look-up and one staging call, where one per file cost more than the reading (a
-perf profile of /usr/share file by file: a quarter of the CPU in switching threads).
-The tree is the same whatever order the workers finish in (treebuilder numbers inodes
-from the finished namespace).
+read, hashed, compressed and staged by worker threads (blake3 and zstd release the
+GIL), in groups: a group of small files costs one hand-off, one catalog look-up and
+one staging call, where one of each per file cost more than the reading (perf of a
+/usr/share import file by file: a quarter of the CPU in switching threads, and with
+both cores free twice the CPU of a loaded machine). A group's small files are opened
+and their reads asked for together, so the disk gets many at once. The tree is the
+same whatever order the workers finish in (treebuilder numbers inodes from the
+finished namespace).
 """
 
 from __future__ import annotations
