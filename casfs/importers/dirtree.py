@@ -182,7 +182,8 @@ def _attrs(path: bytes, st: os.stat_result) -> Attrs:
         rdev=st.st_rdev if dev else 0,
         atime_ns=st.st_atime_ns,
         mtime_ns=st.st_mtime_ns,
-        xattrs=_xattrs(path),
+        ctime_ns=st.st_mtime_ns,  # (treebuilder's rule: taken as they are, not copied)
+        xattrs=tuple(sorted(_xattrs(path))),
     )
 
 

@@ -275,7 +275,10 @@ def _entry(name: bytes, c: Dir | Node) -> tree.Entry:
 
 
 def _normal(attrs: tree.Attrs) -> tree.Attrs:
-    return attrs.with_(ctime_ns=attrs.mtime_ns, xattrs=tuple(sorted(attrs.xattrs)))
+    xattrs = tuple(sorted(attrs.xattrs))
+    if attrs.ctime_ns == attrs.mtime_ns and xattrs == attrs.xattrs:
+        return attrs  # (as dirtree makes them: one copy fewer per entry)
+    return attrs.with_(ctime_ns=attrs.mtime_ns, xattrs=xattrs)
 
 
 def _show(parts: Parts) -> str:
