@@ -16,7 +16,7 @@ same tree imported twice, or re-imported after an export, gives the same blobs.
 from __future__ import annotations
 
 import stat
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from casfs.errors import UsageError
@@ -32,6 +32,9 @@ Parts = tuple[bytes, ...]
 Piece = bytes | int
 
 IMPLIED_DIR = tree.Attrs(mode=stat.S_IFDIR | 0o755)
+# A file's chunks stored at once: one catalog look-up and one staging call for the run,
+# as dirtree's groups of small files have (a /usr/share copy: 7,600 chunks in 1,350 files over a chunk).
+_RUN = 16
 
 
 class PathConflict(UsageError):
@@ -83,7 +86,7 @@ class TreeBuilder:
 
     def add_file(self, parts: Parts, attrs: tree.Attrs, pieces: Iterable[Piece]) -> Node:
         """Store a file's content from `pieces` (each at most chunk_size long; holes as
-        ints) and place it. Only one chunk is held in memory at a time."""
+        ints) and place it. At most _RUN chunks are held in memory at a time."""
         self._parent(parts)  # refuse before reading content, not after
         content, size = self.put_content(pieces)
         node = Node(_normal(attrs).with_(size=size), content)
@@ -158,19 +161,33 @@ class TreeBuilder:
         return cur
 
     def put_content(self, pieces: Iterable[Piece]) -> tuple[BlobId, int]:
-        """Store content chunk by chunk; returns (content id, size)."""
+        """Store content chunk by chunk, _RUN chunks at once; returns (content id, size)."""
         ids: list[BlobId] = []
+        run: list[bytes] = []
         size = 0
         for piece in pieces:
             if size % self.chunk_size or (not isinstance(piece, int) and len(piece) > self.chunk_size):
                 raise ValueError("pieces must be whole chunks, but for a file's last")
             if isinstance(piece, int):
+                ids += self.batch.put_many(run)
+                run = []
                 ids.append(ZERO_ID)
                 size += piece
             else:
-                ids.append(self.batch.put(piece))
+                run.append(piece)
                 size += len(piece)
+                if len(run) == _RUN:
+                    ids += self.batch.put_many(run)
+                    run = []
+        ids += self.batch.put_many(run)
         return chunkmap.build_content(self.batch.put_kind, ids, size, self.chunk_size), size
+
+    def put_small(self, contents: Sequence[bytes]) -> list[BlobId]:
+        """put_content() of several files of a chunk or less, whole, at once (one catalog
+        look-up and one staging call for them all); their content ids."""
+        if any(len(c) > self.chunk_size for c in contents):
+            raise ValueError("put_small takes files of a chunk or less")
+        return self.batch.put_many(contents)
 
     def _parent(self, parts: Parts) -> Dir:
         """The directory that holds `parts`, creating implied directories on the way."""
@@ -199,7 +216,7 @@ class TreeBuilder:
             subdirs = sum(isinstance(c, Dir) for c in d.entries.values())
             attrs = d.attrs.with_(ino=d.ino, nlink=2 + subdirs, size=0)
             t = tree.Tree(attrs, self.chunk_size, [_entry(name, c) for name, c in d.entries.items()])
-            d.tree_id = self.batch.put(t.encode(), BlobKind.TREE)
+            d.tree_id = self.batch.put(t.encode(), BlobKind.TREE, t.children())
         assert self.root.tree_id is not None
         return Built(self.root.tree_id, size, next_ino)
 
@@ -258,7 +275,10 @@ def _entry(name: bytes, c: Dir | Node) -> tree.Entry:
 
 
 def _normal(attrs: tree.Attrs) -> tree.Attrs:
-    return attrs.with_(ctime_ns=attrs.mtime_ns, xattrs=tuple(sorted(attrs.xattrs)))
+    xattrs = tuple(sorted(attrs.xattrs))
+    if attrs.ctime_ns == attrs.mtime_ns and xattrs == attrs.xattrs:
+        return attrs  # (as dirtree makes them: one copy fewer per entry)
+    return attrs.with_(ctime_ns=attrs.mtime_ns, xattrs=xattrs)
 
 
 def _show(parts: Parts) -> str:

@@ -162,6 +162,14 @@ class Tree:
             parts += [_U16.pack(len(e.name)), e.name, _pack_attrs(e.attrs), _U16.pack(len(e.data)), e.data]
         return b"".join(parts)
 
+    def children(self) -> Iterator[tuple[BlobId, BlobKind]]:
+        """(child id, child kind) for every blob the tree names, holes left out."""
+        for e in self.entries:
+            if e.is_dir:
+                yield BlobId(e.data), BlobKind.TREE
+            elif e.is_file and e.data and e.data != ZERO_ID:
+                yield BlobId(e.data), content_kind(e.attrs.size, self.chunk_size)
+
     @staticmethod
     def decode(plain: bytes) -> Tree:
         with _parsing():
@@ -279,12 +287,7 @@ def dir_entry(name: bytes, mode: int, ino: InodeNo, subtree: BlobId) -> Entry:
 
 
 def children(plain: bytes) -> Iterator[tuple[BlobId, BlobKind]]:
-    t = Tree.decode(plain)
-    for e in t.entries:
-        if e.is_dir:
-            yield BlobId(e.data), BlobKind.TREE
-        elif e.is_file and e.data and e.data != ZERO_ID:
-            yield BlobId(e.data), content_kind(e.attrs.size, t.chunk_size)
+    return Tree.decode(plain).children()
 
 
 def _pack_attrs(a: Attrs) -> bytes:

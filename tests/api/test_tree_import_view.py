@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import gc
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from casfs.ids import FIRST_FREE_INO, ROOT_INO, InodeNo
 from casfs.importers import dirtree
 from casfs.importers.treebuilder import TreeBuilder
 from casfs.repo import Repository
-from casfs.snapshots.tree import Attrs
+from casfs.snapshots.tree import Attrs, Tree
 from casfs.store.ids import BlobId
 from casfs.vfs.api import Stat, assemble
 from casfs.vfs.treeview import TreeView
@@ -40,6 +41,17 @@ def many_files(top: Path) -> None:
         os.link(sub / "f001", sub / "f001.link")
 
 
+def open_under(top: Path) -> list[str]:
+    """This process's open files under `top`."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(f"{top}/"):
+                found.append(target)
+    return found
+
+
 def import_root(repo: Repository, src: Path) -> BlobId:
     with repo.batch() as b:
         built = dirtree.import_dir(b, src, CHUNK)
@@ -61,23 +73,91 @@ def test_files_stored_by_workers_make_the_same_tree_as_one_thread(
     assert compare(src, out) == []
 
 
+@pytest.mark.parametrize("name", [b"d05/f017", b"d05/f000", b"big/huge"])
 def test_a_file_failing_in_a_worker_fails_the_import(
-    repo: Repository, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    repo: Repository, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: bytes
+) -> None:
+    """A small file read in a group, an empty one, one read chunk by chunk."""
+    src = tmp_path / "src"
+    many_files(src)
+    (src / "big").mkdir()
+    (src / "big" / "huge").write_bytes(os.urandom(3 * CHUNK + 5))
+    real = dirtree._open
+
+    def failing(path: bytes, flags: int) -> int:
+        if path.endswith(name):
+            raise OSError(errno.EIO, "unreadable")
+        return real(path, flags)
+
+    monkeypatch.setattr(dirtree, "_open", failing)
+    with repo.batch() as b, pytest.raises(OSError, match="unreadable"):
+        dirtree.import_dir(b, src, CHUNK)
+    assert open_under(src) == []  # the group's files opened before it are closed
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_collector_is_back_as_it_was_after_an_import(
+    repo: Repository, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: bool
 ) -> None:
     src = tmp_path / "src"
     many_files(src)
-    real = dirtree._pieces
+    seen: list[bool] = []
+    real = dirtree._open
 
-    def failing(
-        path: bytes, size: int, chunk_size: int, progress: dirtree.Progress | None
-    ) -> Iterator[bytes | int]:
-        if path.endswith(b"d05/f017"):
+    def watched(path: bytes, flags: int) -> int:
+        seen.append(gc.isenabled())
+        if fails and path.endswith(b"f017"):
             raise OSError(errno.EIO, "unreadable")
-        return real(path, size, chunk_size, progress)
+        return real(path, flags)
 
-    monkeypatch.setattr(dirtree, "_pieces", failing)
-    with repo.batch() as b, pytest.raises(OSError, match="unreadable"):
-        dirtree.import_dir(b, src, CHUNK)
+    monkeypatch.setattr(dirtree, "_open", watched)
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            with repo.batch() as b, contextlib.suppress(OSError):
+                dirtree.import_dir(b, src, CHUNK)
+            assert gc.isenabled() == enabled
+        finally:
+            gc.enable()
+    assert seen and not any(seen)
+
+
+def odd_sizes(top: Path) -> None:
+    """Files around the chunk size, empty, all zeros, with holes, repeated: stored
+    together in a group or one by one, they must get the same ids."""
+    top.mkdir()
+    sizes = [0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK, 5 * CHUNK + 7]
+    for i, n in enumerate(sizes):
+        (top / f"r{i}").write_bytes(os.urandom(n))
+        (top / f"z{i}").write_bytes(bytes(n))
+        (top / f"r{i}.again").write_bytes((top / f"r{i}").read_bytes())
+        with open(top / f"h{i}", "wb") as f:  # a hole, then a byte at the end
+            f.truncate(n)
+            if n:
+                f.seek(n - 1)
+                f.write(b"x")
+
+
+@pytest.mark.parametrize(("files", "size"), [(1, 1), (3, 1 << 20), (64, 10)])
+def test_grouping_files_does_not_change_the_tree(
+    repo: Repository, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: int, size: int
+) -> None:
+    src = tmp_path / "src"
+    odd_sizes(src)
+    grouped = import_root(repo, src)
+    monkeypatch.setattr(dirtree, "_GROUP_FILES", files)
+    monkeypatch.setattr(dirtree, "_GROUP_BYTES", size)
+    assert import_root(repo, src) == grouped
+    out = tmp_path / "out"
+    export_dir(repo.get, grouped, CHUNK, out)
+    assert compare(src, out) == []
+    # Each file's id is the one it gets stored alone, chunk by chunk.
+    with repo.batch() as batch:
+        b = TreeBuilder(batch, CHUNK)
+        for e in Tree.decode(repo.get(grouped)).entries:
+            path = os.fsencode(src) + b"/" + e.name
+            alone = b.put_content(dirtree._pieces(path, e.attrs.size, CHUNK, None))
+            assert (e.data, e.attrs.size) == alone, e.name
 
 
 # -- TreeView.getxattr ---------------------------------------------------------------
