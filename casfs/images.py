@@ -180,10 +180,13 @@ def import_image(
     allow_devices: bool = False,
     progress: Progress | None = None,
     platform: str | None = None,
+    on_stored: Callable[[int], None] | None = None,
 ) -> tuple[ImageInfo, bool]:
     """Import `source` as image `name`. Returns (info, created): created is False when
     an identical import already exists (a repeat is not an error). A source string
-    `oci:…` or `docker-archive:…` is an OCI image (`platform` picks from an index)."""
+    `oci:…` or `docker-archive:…` is an OCI image (`platform` picks from an index).
+    `on_stored(n)`: once committed, the bytes this import stored that the store did not
+    hold (what the image alone holds, without reading its trees back as a usage does)."""
     check_name(name, "image")
     if fmt not in FORMATS:
         raise UsageError(f"invalid format {fmt!r}: one of {', '.join(FORMATS)}")
@@ -206,7 +209,9 @@ def import_image(
                 parse_platform(platform)
             if expected is not None and expected[0] != "sha256":
                 raise UsageError("--expect names an OCI image by its sha256 digest")
-            return _oci_job(repo, name, source, expect, chunk_size, allow_devices, progress, platform)
+            return _oci_job(
+                repo, name, source, expect, chunk_size, allow_devices, progress, platform, on_stored
+            )
     if platform is not None:
         raise UsageError("--platform applies to an oci: or docker-archive: source")
     source = Path(source)
@@ -223,7 +228,7 @@ def import_image(
         sort_keys=True,
     )
     work = functools.partial(
-        _do_import, repo, name, source, fmt, expected, chunk_size, allow_devices, progress
+        _do_import, repo, name, source, fmt, expected, chunk_size, allow_devices, progress, on_stored
     )
     return _run_import(repo, name, kind, spec, str(source), chunk_size, work)
 
@@ -268,6 +273,7 @@ def _oci_job(
     allow_devices: bool,
     progress: Progress | None,
     platform: str | None,
+    on_stored: Callable[[int], None] | None,
 ) -> tuple[ImageInfo, bool]:
     import json
 
@@ -278,7 +284,7 @@ def _oci_job(
     spec = json.dumps({**request, "platform": platform, "allow_devices": allow_devices}, sort_keys=True)
 
     def work() -> None:
-        _do_import_oci(repo, name, ref, expect, chunk_size, allow_devices, progress, platform)
+        _do_import_oci(repo, name, ref, expect, chunk_size, allow_devices, progress, platform, on_stored)
 
     return _run_import(repo, name, VolumeKind.DIR, spec, str(ref), chunk_size, work)
 
@@ -292,6 +298,7 @@ def _do_import_oci(
     allow_devices: bool,
     progress: Progress | None,
     platform: str | None,
+    on_stored: Callable[[int], None] | None,
 ) -> None:
     """Verify and apply the image's layers (casfs.importers.oci.importer), then commit
     the tree and what the image remembers in one transaction."""
@@ -318,6 +325,8 @@ def _do_import_oci(
 
         roots = Counter([built.root, *(root for _, _, root in done.chains)])
         batch.commit(roots, then=finish)
+    if on_stored is not None:
+        on_stored(batch.stored_bytes)
 
 
 def _unclaim(repo: Repository, name: str) -> None:
@@ -359,6 +368,7 @@ def _do_import(
     chunk_size: int,
     allow_devices: bool,
     progress: Progress | None,
+    on_stored: Callable[[int], None] | None,
 ) -> None:
     from casfs.store.verify import HashingReader
 
@@ -398,6 +408,8 @@ def _do_import(
         batch.staging.publish()
         fault_point("import:after-publish")
         batch.commit({root: 1}, then=finish)
+    if on_stored is not None:
+        on_stored(batch.stored_bytes)
 
 
 def _set_phase(repo: Repository, name: str, old: ImagePhase, new: ImagePhase) -> None:

@@ -36,10 +36,10 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     from casfs.images import import_image
     from casfs.importers.oci.reference import is_reference
-    from casfs.refcount.usage import image_usage
 
     chunk_size = parse_size(args.chunk_size)
     source: Path | str = args.source if is_reference(args.source) else Path(args.source)
+    stored: list[int] = []
     with open_store(args) as repo:
         progress = None
         if sys.stderr.isatty():
@@ -56,6 +56,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                 allow_devices=args.allow_devices,
                 progress=progress,
                 platform=args.platform,
+                on_stored=stored.append,
             )
         finally:
             if progress is not None:
@@ -63,7 +64,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         if not created:
             print(f"image {info.name} already imported")
             return 0
-        new = image_usage(repo, info.name).unique
+        (new,) = stored
         shared = ""
         if info.oci is not None and info.oci["layers_reused"]:
             reused, layers = info.oci["layers_reused"], len(info.oci["layers"])

@@ -366,3 +366,20 @@ def test_volume_info_shows_data_written_since_the_last_fold(store: Path) -> None
     out(store, "snapshot", "create", "k")
     assert js(store, "volume", "info", "k")["local"] == 0
     assert "not yet blobs" not in out(store, "volume", "info", "k")
+
+
+def test_import_says_what_it_stored_that_the_store_did_not_hold(store: Path, tmp_path: Path) -> None:
+    """The import's "stored N new" (counted by the import itself) is the image's unique
+    bytes right after it, also when part of the tree was already held."""
+    from casfs.units import format_size
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    (a / "shared").write_bytes(os.urandom(300_000))
+    shutil.copytree(a, b)
+    (b / "own").write_bytes(os.urandom(100_000))
+    for name, tree in (("a", a), ("b", b)):
+        said = out(store, "image", "import", name, str(tree))
+        unique = js(store, "image", "info", name)["unique"]
+        assert f"stored {format_size(unique)} new" in said, said
+    assert 100_000 < js(store, "image", "info", "b")["unique"] < 200_000
