@@ -3,7 +3,7 @@
 
     python benchmarks/block_ops.py [--trees main=/work/main,new=.] [--size 1G]
                                    [--runtime 5] [--reps 3] [--tests ...] [--warm]
-                                   [--workdir DIR] [--json]
+                                   [--chunk-sizes 64K,16K] [--workdir DIR] [--json]
 
 block_bench.py's random 4 KiB tests (O_DIRECT, qd1 and qd16) on a fresh clone of a
 generated image, for each tree in turn (interleaved, the order alternating between
@@ -13,7 +13,8 @@ whole disk (the store in the page cache: the request machinery without the disk)
 Besides IOPS, the daemon's CPU time per request (user and system, from /proc/PID/stat):
 on a machine shared with other work, IOPS follow the load, CPU per request much less.
 The question it answers: did a change make each request cheaper? (block_bench.py
-answers how casfs compares with qemu's daemon.)
+answers how casfs compares with qemu's daemon.) With several --chunk-sizes, the image
+is imported once at each, and every tree runs on a clone of each (rows "tree@size").
 """
 
 from __future__ import annotations
@@ -69,8 +70,14 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--tests", default=",".join(RANDOM), help="comma-separated, of: " + ", ".join(TESTS))
     p.add_argument("--warm", action="store_true", help="reads with the store in the page cache")
+    p.add_argument("--chunk-sizes", default="64K", help="the image's chunk sizes, comma-separated")
     args = p.parse_args()
-    trees = dict(item.split("=", 1) for item in args.trees.split(","))
+    sizes = args.chunk_sizes.split(",")
+    trees = {
+        (name if len(sizes) == 1 else f"{name}@{cs}"): (path, f"base{cs}")
+        for name, path in (item.split("=", 1) for item in args.trees.split(","))
+        for cs in sizes
+    }
     tests = args.tests.split(",")
     size = parse_size(args.size)
     samples: dict[str, dict[str, list[dict[str, float]]]] = {}
@@ -78,15 +85,18 @@ def main() -> int:
     with scratch(args.workdir, "casfs-blockops-", mounts=("casfs.mnt",)) as work:
         generate(work / "base.raw", size, seed=1, runs="zrt")
         first = Casfs(work / "store", work / "casfs.mnt")
-        first.env["PYTHONPATH"] = next(iter(trees.values()))
+        first.env["PYTHONPATH"] = next(iter(trees.values()))[0]
         first.cli("init")
-        first.cli("image", "import", "base", work / "base.raw", "--format", "raw")
+        for cs in sizes:
+            first.cli(
+                "image", "import", f"base{cs}", work / "base.raw", "--format", "raw", "--chunk-size", cs
+            )
         for rep in range(args.reps):
             order = list(trees) if rep % 2 == 0 else list(reversed(trees))
             for name in order:
-                cas = Casfs(work / "store", work / "casfs.mnt", volume=f"{name}{rep}")
-                cas.env["PYTHONPATH"] = trees[name]
-                cas.cli("volume", "create", cas.volume or "", "--from", "base")
+                cas = Casfs(work / "store", work / "casfs.mnt", volume=f"{name}{rep}".replace("@", "-"))
+                cas.env["PYTHONPATH"], image = trees[name]
+                cas.cli("volume", "create", cas.volume or "", "--from", image)
                 cas.mnt.touch()
                 cas.mount()
                 try:
@@ -116,7 +126,17 @@ def main() -> int:
         f"median of {args.reps} interleaved runs; CPU = the daemon's user+system time per request; "
         f"load {os.getloadavg()[0]:.1f} at the end"
     )
-    emit({"trees": trees, "results": report, "samples": samples}, args.json, heading, "\n".join(lines))
+    emit(
+        {
+            "trees": {n: t[0] for n, t in trees.items()},
+            "chunk_sizes": sizes,
+            "results": report,
+            "samples": samples,
+        },
+        args.json,
+        heading,
+        "\n".join(lines),
+    )
     return 0
 
 

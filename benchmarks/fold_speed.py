@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """How fast does a block volume's background fold store what was written, without a mount?
 
-    python benchmarks/fold_speed.py [--size 1G] [--kind r] [--reps 1] [--workdir DIR] [--json]
+    python benchmarks/fold_speed.py [--size 1G] [--kind r] [--reps 1] [--chunk-size 64K]
+                                    [--workdir DIR] [--json]
 
 In-process, so its figures are casfs's store path alone (no FUSE, no fio): a fresh
 store, a volume cloned from an image of --size zeros, --size written through the view
@@ -42,14 +43,14 @@ def payload(kind: str, i: int, rnd: random.Random, text: bytes) -> bytes:
     return text[i % 7 :][:MIB].ljust(MIB, b".")
 
 
-def run(work: Path, size: int, kinds: str) -> dict[str, Any]:
+def run(work: Path, size: int, kinds: str, chunk_size: int) -> dict[str, Any]:
     shutil.rmtree(work / "store", ignore_errors=True)
     repo = Repository.init(work / "store")
     try:
         image = work / "zero.img"
         with open(image, "wb") as f:
             f.truncate(size)
-        images.import_image(repo, "disk", image)
+        images.import_image(repo, "disk", image, chunk_size=chunk_size)
         volumes.create_volume(repo, "v", volumes.Source(image="disk"))
         view = open_volume(repo, "v")
         assert isinstance(view, BlockVolume)
@@ -89,16 +90,21 @@ def main() -> int:
     ap.add_argument("--size", default="1G", help="bytes written and folded (whole MiB)")
     ap.add_argument("--kind", default="r", help="per MiB, cycled: r random, z zeros, t text")
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--chunk-size", default="64K", help="the volume's chunk size (its image's)")
     args = ap.parse_args()
     size = parse_size(args.size) // MIB * MIB
+    chunk_size = parse_size(args.chunk_size)
     with scratch(args.workdir, "casfs-fold-", mounts=()) as work:
-        results = [run(work, size, args.kind) for _ in range(args.reps)]
+        results = [run(work, size, args.kind, chunk_size) for _ in range(args.reps)]
     if args.json:
-        print(json.dumps({"size": size, "kind": args.kind, "runs": results}, indent=2))
+        print(
+            json.dumps({"size": size, "kind": args.kind, "chunk_size": chunk_size, "runs": results}, indent=2)
+        )
         return 0
     for r in results:
         print(
-            f"fold of {size // MIB} MiB ({args.kind}): {r['mb_per_s']:.0f} MB/s ({r['seconds']:.2f} s), "
+            f"fold of {size // MIB} MiB ({args.kind}, {args.chunk_size} chunks): "
+            f"{r['mb_per_s']:.0f} MB/s ({r['seconds']:.2f} s), "
             f"CPU {r['user_s']:.2f} user + {r['sys_s']:.2f} sys, stored {r['stored'] / 1e6:.0f} MB, "
             f"load {r['load']:.1f}"
         )
