@@ -75,13 +75,14 @@ def _incompressible(c: zstandard.ZstdCompressor, view: memoryview) -> bool:
     return all(len(c.compress(view[at : at + _PROBE])) > _PROBE - _PROBE // _GAIN for at in (0, mid))
 
 
-def decode(stored: bytes, what: str = "blob") -> bytes:
-    """Plaintext of an encoded blob; raises Corruption on any malformation."""
+def decode(stored: bytes | bytearray, what: str = "blob") -> bytes:
+    """Plaintext of an encoded blob; raises Corruption on any malformation. (A
+    bytearray, as a read into a buffer gives, costs no copy more than bytes.)"""
     if not stored:
         raise Corruption(f"{what}: empty file")
     codec = stored[0]
     if codec == RAW:
-        return stored[1:]
+        return bytes(memoryview(stored)[1:])
     if codec == ZSTD:
         import zstandard  # (a dictionary look-up once loaded)
 

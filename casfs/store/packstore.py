@@ -19,6 +19,9 @@ Why old blob files stay where they are (not moved into packs by the format 8 -> 
 step): reading them costs nothing new, moving them would rewrite the whole store at
 an upgrade (time, and twice its space until done), and they leave as gc frees them.
 
+Reading without waiting (get_if_cached, for the event loop): a blob out of the page
+cache has the pack window around it brought in by a background thread (store.around).
+
 Writing: packs are written with O_DIRECT through a reused aligned buffer where the file
 system takes it (store.packwrite: the copy into the page cache and its writeback cost
 more CPU than hashing and compressing the blobs).
@@ -48,6 +51,7 @@ from pathlib import Path
 
 from casfs.errors import MissingBlob
 from casfs.store import BlobStore, Domain
+from casfs.store.around import ReadAround
 from casfs.store.damaged import DamagedMarks
 from casfs.store.fdcache import FdCache
 from casfs.store.ids import BlobId
@@ -76,6 +80,7 @@ class PackBlobStore(DamagedMarks, BlobStore):
         self.pack_target = pack_target
         self.index = PackIndex(self.pack_dir / "index.sqlite")
         self.fds = FdCache(OPEN_PACKS)
+        self.around = ReadAround(self.fds)
         # A store made before packs: its blob files, read (and deleted) where they are.
         self.legacy = FileBlobStore(root) if (root / "blobs").is_dir() else None
 
@@ -85,6 +90,7 @@ class PackBlobStore(DamagedMarks, BlobStore):
         self.index.create()
 
     def close(self) -> None:
+        self.around.close()
         self.fds.close()
         self.index.close()
 
@@ -131,19 +137,22 @@ class PackBlobStore(DamagedMarks, BlobStore):
         name, offset, length = where
         if length > max_stored:
             return None
-        f = self.fds.acquire(self.pack_path(name), open_missing=False)
+        path = self.pack_path(name)
+        f = self.fds.acquire(path, open_missing=False)
         if f is None:
             return None
         try:
             buf = bytearray(length)
             try:
-                if os.preadv(f.fd, [buf], offset, _RWF_NOWAIT) != length:
-                    return None  # partly cached
+                got = os.preadv(f.fd, [buf], offset, _RWF_NOWAIT)
             except BlockingIOError:
-                return None
+                got = -1
         finally:
             self.fds.release(f)
-        return checked(self, bid, bytes(buf), domain)
+        if got != length:  # (none or part of it in the page cache)
+            self.around.note_cold(path, offset)
+            return None
+        return checked(self, bid, buf, domain)
 
     def has(self, bid: BlobId) -> bool:
         return self.index.has(bid) or (self.legacy is not None and self.legacy.has(bid))

@@ -6,17 +6,20 @@ Threading: `cached()` and `readahead()` run on the trio thread and never block;
 less read where it is asked than handed to a worker and back (two thread wake-ups and
 the GIL passed back and forth at each of the read's syscalls: about 160 us of CPU on 2
 cores around a read and check of a 64 KiB chunk that itself costs about 100), so
-`fetch_async()` reads a small miss (one or two chunks) on the trio thread, by a plain
-blocking read, as long as such reads stay fast: from a local store (`local`) always,
-even with other requests waiting (their wait for the disk costs them less than the
-hand-off: a clone read at random after a drop of caches went from 1,866-1,909 IOPS at
-queue depth 16 to 2,605-2,747 at half the CPU per request in a quiet hour, and kept
-its IOPS at 20% less CPU at load 3; block_ops, main and this interleaved); from
-a remote one (a network round trip per miss) only when no other request waits
-(`idle`: no fetch in a worker and nothing queued by the kernel). Where it may not
-block, a miss whose blob is wholly in the page cache is still read here (`get_nowait`,
-an RWF_NOWAIT read). The rest go to the cache's own worker threads (`_Workers`: a
-queue and a wake-up of the waiting task, cheaper than trio.to_thread's). Two fetches
+`fetch_async()` reads a small miss (one or two chunks) on the trio thread. First
+without waiting (`get_nowait`, an RWF_NOWAIT read: a blob wholly in the page cache is
+read, and for a local store a blob that is not has its disk read started, and the pack
+around it asked for: store.around); then, what that did not read, by a plain blocking
+read, as long as such reads stay fast: from a local store (`local`) always, even with
+other requests waiting (their wait for the disk costs them less than the hand-off: a
+clone read at random after a drop of caches went from 1,866-1,909 IOPS at queue depth
+16 to 2,605-2,747 at half the CPU per request in a quiet hour, and kept its IOPS at
+20% less CPU at load 3; block_ops, main and this interleaved; handing only the reads
+that would wait to workers did not pay either, 2026-11-27); from a remote one (a
+network round trip per miss) only when no other request waits (`idle`: no fetch in a
+worker and nothing queued by the kernel). The rest go to the cache's own worker
+threads (`_Workers`: a queue and a wake-up of the waiting task, cheaper than
+trio.to_thread's). Two fetches
 of one blob share a single read (an in-flight map of futures), and read-ahead loads run
 in a small pool of their own, so a prefetched chunk is waited for, not read twice.
 
@@ -64,8 +67,9 @@ _MAX_INFLIGHT = 256
 _PREFETCH_WORKERS = 4
 _PREFETCH_RUN = 4
 # Misses served on the trio thread: at most this many chunks per request (a bigger read
-# goes to a worker), and after this many cold misses in a row (the store is not in the
-# page cache: each try is a wasted open) the next _INLINE_BACKOFF requests do not try.
+# goes to a worker), and after this many cold misses in a row from a remote store (not
+# in the page cache: each try is wasted) the next _INLINE_BACKOFF requests do not try.
+# (A local store's failed try is not wasted: it starts the read the blocking one waits for.)
 _INLINE_MAX = 2
 _INLINE_GIVE_UP = 8
 _INLINE_BACKOFF = 256
@@ -197,11 +201,11 @@ class ChunkCache:
                     waits.append((bid, fut))
         out: dict[BlobId, bytes] = {}
         if todo and len(todo) <= _INLINE_MAX:
-            if self._may_block():
+            if self._try_inline():
+                todo = [bid for bid in todo if not self._fetch_inline(bid, out)]
+            if todo and self._may_block():
                 self._read_here(todo, out)
                 todo = []
-            elif self._try_inline():
-                todo = [bid for bid in todo if not self._fetch_inline(bid, out)]
         if todo:
             self._waiting += 1
             try:
@@ -283,7 +287,7 @@ class ChunkCache:
                 raise
             if data is None:
                 self._cold_run += 1
-                if self._cold_run >= _INLINE_GIVE_UP:
+                if self._cold_run >= _INLINE_GIVE_UP and not self.local:
                     self._cold_run, self._skip_inline = 0, _INLINE_BACKOFF
                 return False
             self._cold_run = 0

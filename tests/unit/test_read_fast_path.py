@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 
 import pytest
 import trio
@@ -130,7 +131,7 @@ async def test_a_miss_is_read_here_when_nothing_waits() -> None:
     try:
         assert await cache.fetch_async([ids[0]]) == {ids[0]: blobs.by_id[ids[0]]}
         assert blobs.threads == [threading.current_thread().name] and cache.blocking == 1
-        assert blobs.nowait_calls == 0  # (a blocking read here reads a cached file as fast)
+        assert blobs.nowait_calls == 1  # (tried first: a cold try starts the disk read)
         queued = True  # a request waits: the miss goes to a worker
         assert await cache.fetch_async([ids[1]]) == {ids[1]: blobs.by_id[ids[1]]}
         assert blobs.threads[-1] != threading.current_thread().name and cache.blocking == 1
@@ -139,21 +140,80 @@ async def test_a_miss_is_read_here_when_nothing_waits() -> None:
 
 
 async def test_a_small_miss_from_a_local_store_is_read_here_even_when_others_wait() -> None:
-    """From a local store, a miss of one or two chunks is read on the trio thread even
+    """From a local store, a small miss is first read without waiting (get_nowait: the
+    page cache), then, if that would wait for the disk, by a blocking read here, even
     with requests queued (a disk wait costs them less than a hand-off); a bigger miss
     still goes to workers (read in parallel)."""
-    blobs = Blobs(6)
+    blobs = Blobs(8)
     ids = list(blobs.by_id)
     cache = ChunkCache(blobs.get, workers=0, get_nowait=blobs.get_nowait, idle=lambda: False, local=True)
     here = threading.current_thread().name
     try:
-        assert await cache.fetch_async([ids[0]]) == {ids[0]: blobs.by_id[ids[0]]}
-        assert await cache.fetch_async(ids[1:3]) == {bid: blobs.by_id[bid] for bid in ids[1:3]}
-        assert blobs.threads == [here] * 3 and cache.blocking == 3 and blobs.nowait_calls == 0
+        blobs.warm.add(ids[0])
+        assert await cache.fetch_async(ids[:2]) == {bid: blobs.by_id[bid] for bid in ids[:2]}
+        assert blobs.threads == [here] and cache.inline == 1 and cache.blocking == 1
+        assert await cache.fetch_async([ids[2]]) == {ids[2]: blobs.by_id[ids[2]]}
+        assert blobs.threads == [here] * 2 and cache.blocking == 2 and blobs.nowait_calls == 3
         assert await cache.fetch_async(ids[3:6]) == {bid: blobs.by_id[bid] for bid in ids[3:6]}
-        assert here not in blobs.threads[3:] and cache.blocking == 3
+        assert here not in blobs.threads[2:] and cache.blocking == 2
+        # Cold tries do not back off for a local store: a failed try starts the disk read
+        # (and the store's read-around), and the blocking read then waits for it.
+        n = blobs.nowait_calls
+        for bid in ids[6:] * chunks._INLINE_GIVE_UP:
+            cache._lru.discard(bid)
+            await cache.fetch_async([bid])
+        assert blobs.nowait_calls == n + 2 * chunks._INLINE_GIVE_UP
     finally:
         cache.close()
+
+
+@pytest.mark.no_fsck("a blob is corrupted to check the page-cache path verifies")
+async def test_a_corrupt_chunk_read_without_waiting_is_refused_and_counted(repo: Repository) -> None:
+    """The page-cache path of a real store (RWF_NOWAIT into a buffer, decoded from it)
+    verifies as the blocking read does: the chunk is refused, counted, marked damaged,
+    and not cached; its sound neighbour is served."""
+    good, bad = os.urandom(64 << 10), b"y" * 70_000
+    with repo.batch() as batch:
+        gid, bid = batch.put(good), batch.put(bad)
+        batch.commit()
+    blob_files.corrupt(repo, bid)
+    assert repo.get_if_cached(gid) in (None, good)
+    cache = ChunkCache(repo.get, workers=0, get_nowait=repo.get_if_cached, idle=lambda: True, local=True)
+    try:
+        with pytest.raises(Corruption):
+            await cache.fetch_async([bid])
+        assert cache.corrupt_reads == 1 and list(cache.last_corrupt) == [bid]
+        assert cache.cached(bid) is None and bid in repo.blobs.damaged()
+        assert await cache.fetch_async([gid]) == {gid: good}
+        assert cache.cached(gid) == good
+    finally:
+        cache.close()
+
+
+@pytest.mark.no_fsck("a blob is corrupted to check what read-around brings in is verified")
+def test_a_cold_read_brings_in_the_pack_around_it(repo: Repository) -> None:
+    """A read that finds its blob out of the page cache asks for the window of the pack
+    around it: once that is in, the neighbours are read without waiting, and verified."""
+    plains = [os.urandom(64 << 10) for _ in range(6)]
+    with repo.batch() as batch:
+        ids = [batch.put(p) for p in plains]
+        batch.commit()
+    store = blob_files.local_store(repo)
+    assert {blob_files.location(repo, bid)[0] for bid in ids} == {blob_files.location(repo, ids[0])[0]}
+    assert repo.get(ids[0]) == plains[0]  # (its pack open)
+    for bid in ids:
+        _evict(repo, bid)
+    if repo.get_if_cached(ids[0]) is not None:
+        pytest.skip("this file system keeps the page after POSIX_FADV_DONTNEED")
+    store.around.wait_idle()
+    assert store.around.asked == 1
+    deadline = time.monotonic() + 30  # (the kernel reads the window asynchronously)
+    while None in (got := [repo.get_if_cached(bid) for bid in ids[1:]]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert got == plains[1:]
+    blob_files.corrupt(repo, ids[5])
+    with pytest.raises(Corruption):
+        repo.get_if_cached(ids[5])
 
 
 async def test_a_slow_blocking_read_pauses_them(monkeypatch: pytest.MonkeyPatch) -> None:
