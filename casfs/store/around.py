@@ -5,18 +5,20 @@ this process, and nothing it returns comes from here unverified: a later read of
 blob in that range is checked as every read is).
 
 Why: a pack holds an import's or a fold's chunks in the order of the disk or file they
-came from, so the pack bytes around a chunk are the disk's bytes around it, which a
-guest reads next more often than not. A cold read costs this VM's kernel about 15 us
-plus 0.45 us per KiB of system CPU on the reading thread (page allocation, the copy,
-the request), and a random reader pays it per chunk on the trio thread; read around,
-the same bytes cost the background thread one request per window and no copy. This is
+came from, so the pack bytes around a chunk are the disk's bytes around it (where a
+guest's file system keeps the rest of a file, or its neighbours). A cold read costs
+this VM's kernel about 15 us plus 0.45 us per KiB of system CPU on the reading thread
+(page allocation, the copy, the request), and a random reader pays it per chunk on
+the trio thread; read around, the same bytes cost the background thread one request
+per window and no copy. This is
 what the kernel does for a page fault in a mapped file (its read-around), and what it
-does not do for pread. Random 4 KiB reads of a clone after a drop of caches: see
-benchmarks/README.md.
+does not do for pread. (Random 4 KiB reads of a clone after a drop of caches:
+docs/developer-notes.md, "Reading".)
 
 Bounds: windows are aligned, and one asked for recently is not asked for again; at
 most _QUEUE wait for the thread, and a window that finds the queue full is skipped
-(the reader never waits for read-around).
+(the reader never waits for read-around). A window costs the thread about 150 us of
+system CPU per MiB (no copy), against 45 us per cold 64 KiB read on the trio thread.
 """
 
 from __future__ import annotations
@@ -55,9 +57,8 @@ class ReadAround:
         window around it (without waiting)."""
         key = (path, offset // self.window)
         with self._lock:
-            if key in self._recent:
-                self._recent.move_to_end(key)
-                return
+            if key in self._recent:  # (first in, first out: a window evicted since is
+                return  # asked for again once 4096 others have been)
             self._recent[key] = None
             if len(self._recent) > _RECENT:
                 self._recent.popitem(last=False)

@@ -19,9 +19,9 @@ that would wait to workers did not pay either, 2026-11-27); from a remote one (a
 network round trip per miss) only when no other request waits (`idle`: no fetch in a
 worker and nothing queued by the kernel). The rest go to the cache's own worker
 threads (`_Workers`: a queue and a wake-up of the waiting task, cheaper than
-trio.to_thread's). Two fetches
-of one blob share a single read (an in-flight map of futures), and read-ahead loads run
-in a small pool of their own, so a prefetched chunk is waited for, not read twice.
+trio.to_thread's). Two fetches of one blob share a single read (an in-flight map of
+futures), and read-ahead loads run in a small pool of their own, so a prefetched chunk
+is waited for, not read twice.
 
 A blob that fails verification raises Corruption to the reader that asked for it and
 is counted (`corrupt_reads`, `last_corrupt`): the mount shows the count as an xattr.
