@@ -137,7 +137,11 @@ def test_compact_removes_pack_files_no_row_names(tmp_path: Path) -> None:
     (store.pack_dir / "0123456789abcdef-0.pack").write_bytes(b"casfspk1" + bytes(5000))
     st = store.staging()  # a live batch's pack, renamed in, rows not yet committed
     st_add(st, b"in flight" * 100)
-    st._seal_full(st._open)  # type: ignore[arg-type]
+    # Sealed as _seal_last does, no longer open: else discard() closes its fds a second
+    # time, racing the sync thread's close (EBADF, or another file's fd, under load).
+    full, st._open = st._open, None
+    assert full is not None
+    st._seal_full(full)
     in_flight = store.pack_path(st._sealed[0].name)
     os.rename(st._path(st._sealed[0], "pack"), in_flight)
     st._sealed[0].renamed = True
