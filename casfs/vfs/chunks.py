@@ -190,15 +190,7 @@ class ChunkCache:
         are awaited where they are (no worker thread just to wait); a small miss is read
         here when that stalls nothing (see the module's docstring); the rest are read in
         worker threads, _PREFETCH_RUN chunks each (a 1 MiB request reads 16 in parallel)."""
-        waits: list[tuple[BlobId, Future[bytes]]] = []
-        todo: list[BlobId] = []
-        with self._lock:
-            for bid in bids:
-                fut = self._inflight.get(bid)
-                if fut is None:
-                    todo.append(bid)
-                else:
-                    waits.append((bid, fut))
+        waits, todo = self.loading(list(bids))
         out: dict[BlobId, bytes] = {}
         if todo and len(todo) <= _INLINE_MAX:
             if self._try_inline():
@@ -212,14 +204,8 @@ class ChunkCache:
                 await self._fetch_in_workers(todo, out)
             finally:
                 self._waiting -= 1
-        for bid, fut in waits:
-            if not fut.done():
-                await _wait_future(fut)
-            try:
-                out[bid] = fut.result()
-            except Corruption:
-                self.count_corrupt(bid)
-                raise
+        if waits:
+            out.update(await self.loaded(waits))
         return out
 
     async def _fetch_in_workers(self, todo: list[BlobId], out: dict[BlobId, bytes]) -> None:
@@ -456,18 +442,6 @@ class _Workers:
         for t in self._threads:
             t.join()
         self._threads.clear()
-
-
-async def _wait_future(fut: Future[bytes]) -> None:
-    done = trio.Event()
-    token = trio.lowlevel.current_trio_token()
-
-    def wake(_: Future[bytes]) -> None:
-        with contextlib.suppress(trio.RunFinishedError):
-            token.run_sync_soon(done.set)
-
-    fut.add_done_callback(wake)
-    await done.wait()
 
 
 async def _wait_all(futs: list[Future[bytes]]) -> None:
