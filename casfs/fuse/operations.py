@@ -378,11 +378,7 @@ class Operations(pyfuse3.Operations):
         self.chunks.readahead((id(h.view), h.ino), off, size, functools.partial(h.view.read_plan, h.ino))
         if missing:
             try:
-                loading, rest = self.chunks.loading(missing)
-                if rest:
-                    have.update(await self.chunks.fetch_async(rest))
-                if loading:
-                    have.update(await self.chunks.loaded(loading))
+                have.update(await self.chunks.fetch_async(missing))
             except Corruption as e:
                 log.error("reading %s: %s", h.view.describe(h.ino), e)
                 raise
