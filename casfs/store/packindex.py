@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from casfs.store.ids import BlobId
+from casfs.store.located import Located
 from casfs.store.packfile import Entry
 
 BUSY_TIMEOUT_S = 60.0
@@ -64,6 +65,7 @@ class PackIndex:
         self._write_lock = threading.Lock()
         self._created = False
         self._names: dict[int, str] = {}  # pack id -> name (one str per pack: not per blob)
+        self.located: Located[BlobId, Location] = Located()  # recent locate() answers
 
     def create(self) -> None:
         self._put(self._take())
@@ -72,6 +74,7 @@ class PackIndex:
         """Close every connection (none in use); later calls open new ones."""
         with self._lock:
             conns, self._all, self._idle = self._all, [], []
+        self.located.clear()
         for c in conns:
             c.close()
 
@@ -147,6 +150,11 @@ class PackIndex:
     # -- reads ---------------------------------------------------------------------
 
     def locate(self, bid: BlobId) -> Location | None:
+        """Where the blob's stored bytes are, or None; maybe from memory (store.located:
+        a place the bytes were published at, which the reader verifies as always)."""
+        where = self.located.get(bid)
+        if where is not None:
+            return where
         row = self._row("SELECT pack, offset, length FROM blobs WHERE id = ?", (bid,))
         if row is None:
             return None
@@ -156,7 +164,14 @@ class PackIndex:
             if found is None:
                 return None  # (dropped since: a repack)
             name = self._names[row[0]] = found[0]
-        return name, row[1], row[2]
+        where = name, row[1], row[2]
+        self.located.put(bid, where)
+        return where
+
+    def forget(self, bid: BlobId) -> None:
+        """Look `bid` up in the index next time (its remembered pack is gone, or holds
+        a copy that failed its check)."""
+        self.located.forget((bid,))
 
     def has(self, bid: BlobId) -> bool:
         return self._row("SELECT 1 FROM blobs WHERE id = ?", (bid,)) is not None
@@ -211,17 +226,20 @@ class PackIndex:
                     [(bid, pack, offset, length) for bid, offset, length in entries],
                 )
             emptied = (_drop_if_empty(conn, pack) for pack in sorted(before))
-            return [name for name in emptied if name is not None]
+            gone = [name for name in emptied if name is not None]
+        self.located.forget(ids)  # (after the commit: a lookup meanwhile may see the old row)
+        return gone
 
     def delete(self, bid: BlobId) -> str | None:
         """Drop `bid`'s row; the name of its pack if that now holds no blob (its row
         then goes too, durably: the caller removes the file)."""
         with self._write(durable=False) as conn:
             row = conn.execute("DELETE FROM blobs WHERE id = ? RETURNING pack", (bid,)).fetchone()
-            if row is None:
-                return None
-            left = conn.execute("SELECT 1 FROM blobs WHERE pack = ? LIMIT 1", (row[0],)).fetchone()
-        if left is not None:
+            left = None
+            if row is not None:
+                left = conn.execute("SELECT 1 FROM blobs WHERE pack = ? LIMIT 1", (row[0],)).fetchone()
+        self.forget(bid)
+        if row is None or left is not None:
             return None
         with self._write(durable=True) as conn:  # (every delete before it durable too)
             return _drop_if_empty(conn, row[0])

@@ -49,7 +49,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from casfs.errors import MissingBlob
+from casfs.errors import Corruption, MissingBlob
 from casfs.store import BlobStore, Domain
 from casfs.store.around import ReadAround
 from casfs.store.damaged import DamagedMarks
@@ -109,9 +109,10 @@ class PackBlobStore(DamagedMarks, BlobStore):
                 break
             try:
                 stored = self._read(where)
-            except FileNotFoundError:
-                continue  # the pack went since (compaction moved the blob): look again
-            return checked(self, bid, stored, domain)
+            except FileNotFoundError:  # the pack went since (compaction moved the blob):
+                self.index.forget(bid)  # look again
+                continue
+            return self._checked(bid, stored, domain)
         if self.legacy is not None:
             return self.legacy.get(bid, domain)
         raise MissingBlob(f"blob {bid.hex()} is missing")
@@ -152,7 +153,16 @@ class PackBlobStore(DamagedMarks, BlobStore):
         if got != length:  # (none or part of it in the page cache)
             self.around.note_cold(path, offset)
             return None
-        return checked(self, bid, buf, domain)
+        return self._checked(bid, buf, domain)
+
+    def _checked(self, bid: BlobId, stored: bytes | bytearray, domain: Domain | None) -> bytes:
+        """checked(); a blob that fails it is looked up in the index again next time (a
+        copy stored again, healed, is elsewhere)."""
+        try:
+            return checked(self, bid, stored, domain)
+        except Corruption:
+            self.index.forget(bid)
+            raise
 
     def has(self, bid: BlobId) -> bool:
         return self.index.has(bid) or (self.legacy is not None and self.legacy.has(bid))

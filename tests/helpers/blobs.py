@@ -65,6 +65,9 @@ def overwrite(repo: Repository | BlobStore, bid: BlobId, stored: bytes) -> None:
         conn.commit()
     finally:
         conn.close()
+    # (The store never moves a row to other bytes: its remembered place of the blob,
+    # which still holds the good copy, would be read. store.located)
+    store.index.forget(bid)
 
 
 def corrupt(repo: Repository | BlobStore, bid: BlobId) -> None:
