@@ -30,7 +30,11 @@ from typing import Any
 import pytest
 
 from casfs import images, volumes
+from casfs.ids import ChunkNo
 from casfs.repo import Repository
+from casfs.snapshots.chunkmap import Content
+from casfs.store.ids import BlobId
+from tests.helpers import blobs as blob_files
 from tests.helpers.cli import must, out, run
 from tests.helpers.fsck import fsck_clean
 from tests.helpers.mount import Mount, cleanup, mounted, start_daemon, wait_gone
@@ -512,3 +516,49 @@ def test_setfattr_snapshot_holds_unsynced_writes_and_rollback(
         if how == "store":
             same_bytes(m.path / "snapshots" / "b" / "2", tmp_path / "b.raw")
     assert [s.n for s in volumes.list_snapshots(repo, "b")] == [1, 2]  # unchanged: none taken
+
+
+def test_a_corrupt_chunk_fails_each_random_read_of_it_until_healed(
+    repo: Repository, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """4 KiB O_DIRECT reads of a clone, as a VM reads its disk at random, with no chunk
+    cache (each read decodes and checks its chunk): a chunk that goes bad after reads of
+    it (its place in the store remembered by the daemon, store.located) fails every read
+    of it with EIO and is counted; the rest read right; a copy stored again (healed, by
+    another process) is read from then on."""
+    size = 2 * MIB
+    raw = tmp_path / "disk.raw"
+    make_disk(raw, size, seed=3)
+    data = raw.read_bytes()
+    images.import_image(repo, "disk", raw)
+    volumes.create_volume(repo, "v", volumes.Source(image="disk"))
+    root = BlobId(bytes.fromhex(images.get_image(repo, "disk").root or ""))
+    n = 7  # (a random chunk: make_disk)
+    victim = Content(repo.get, root, size, CHUNK).chunk(ChunkNo(n))
+    monkeypatch.setenv("CASFS_CHUNK_CACHE_MB", "0")
+    target = tmp_path / "v.img"
+    target.touch()
+    with mounted(repo.path, target, volume="v"):
+        fd = os.open(target, os.O_RDONLY | os.O_DIRECT)
+        try:
+            buf = mmap.mmap(-1, 4 * KIB)
+
+            def read(offset: int) -> bytes:
+                assert os.preadv(fd, [buf], offset) == len(buf)
+                return bytes(buf)
+
+            blocks = [n * CHUNK + i * 4 * KIB for i in (0, 5, 15)]
+            for offset in blocks * 2:
+                assert read(offset) == data[offset : offset + 4 * KIB]
+            blob_files.corrupt(repo, victim)
+            for offset in blocks:
+                with pytest.raises(OSError) as e:
+                    read(offset)
+                assert e.value.errno == errno.EIO
+            assert read((n + 1) * CHUNK) == data[(n + 1) * CHUNK : (n + 2) * CHUNK][: 4 * KIB]
+            assert int(must("getfattr", "--only-values", "-n", "user.casfs.corrupt_reads", target)) >= 3
+            repo.blobs.put(data[n * CHUNK : (n + 1) * CHUNK])  # (the damaged mark makes it a new copy)
+            for offset in blocks:
+                assert read(offset) == data[offset : offset + 4 * KIB]
+        finally:
+            os.close(fd)
