@@ -16,7 +16,7 @@ from casfs.errors import Corruption
 from casfs.store import BlobStore, Domain, codec
 from casfs.store.ids import BlobId, blob_id, meta_id
 
-_HASHES: dict[Domain | None, tuple[Callable[[bytes], BlobId], ...]] = {
+_HASHES: dict[Domain | None, tuple[Callable[[bytes], BlobId], Callable[[bytes], BlobId]]] = {
     "data": (blob_id, meta_id),
     "meta": (meta_id, blob_id),
     None: (blob_id, meta_id),
@@ -26,12 +26,14 @@ _HASHES: dict[Domain | None, tuple[Callable[[bytes], BlobId], ...]] = {
 def verified(bid: BlobId, stored: bytes | bytearray, domain: Domain | None) -> bytes:
     """The plaintext of `stored`, the encoded form of blob `bid`; Corruption if it does
     not decode or does not hash to `bid` (in `domain` first; None: data first)."""
-    name = bid.hex()
-    plain = codec.decode(stored, f"blob {name}")
-    hashes = _HASHES[domain]
-    if any(h(plain) == bid for h in hashes):
+    try:
+        plain = codec.decode(stored)
+    except Corruption as e:  # (named here, not for every read: the hex costs as much as the check)
+        raise Corruption(f"blob {bid.hex()}{str(e).removeprefix('blob')}") from None
+    first, other = _HASHES[domain]
+    if first(plain) == bid or other(plain) == bid:
         return plain
-    raise Corruption(f"blob {name} is corrupt: its content hashes to {hashes[0](plain).hex()}")
+    raise Corruption(f"blob {bid.hex()} is corrupt: its content hashes to {first(plain).hex()}")
 
 
 def checked(store: BlobStore, bid: BlobId, stored: bytes | bytearray, domain: Domain | None) -> bytes:

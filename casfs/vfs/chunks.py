@@ -190,7 +190,10 @@ class ChunkCache:
         are awaited where they are (no worker thread just to wait); a small miss is read
         here when that stalls nothing (see the module's docstring); the rest are read in
         worker threads, _PREFETCH_RUN chunks each (a 1 MiB request reads 16 in parallel)."""
-        waits, todo = self.loading(list(bids))
+        todo = list(bids)
+        # Nothing in flight (a random reader's case): no pass under the lock. (Read
+        # without it: a load started just now is at worst read here a second time.)
+        waits, todo = self.loading(todo) if self._inflight else ([], todo)
         out: dict[BlobId, bytes] = {}
         if todo and len(todo) <= _INLINE_MAX:
             if self._try_inline():
