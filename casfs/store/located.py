@@ -14,7 +14,8 @@ entries are dropped after at most 2 * TTL_S, so that fd is not kept in use (nor 
 space held) for good. A blob that fails its check is forgotten (PackBlobStore): a copy
 stored again elsewhere (healed) is found by the next read.
 
-Bounds: two generations of at most MAX_ENTRIES each (about 150 bytes an entry); the
+Bounds: two generations of at most MAX_ENTRIES each (the index's: 145 bytes an entry,
+4.8 MiB in all at most; a 1 GiB disk has 16,384 chunks of 64 KiB); the
 older is dropped when the newer is full or TTL_S old. An entry found in the older
 generation is not moved up (so its age is bounded). Thread-safe without a lock: each
 step is one dict operation, and a race can only leave an entry out or leave one that
@@ -30,7 +31,7 @@ from typing import Generic, TypeVar
 K = TypeVar("K")
 V = TypeVar("V")
 
-MAX_ENTRIES = 1 << 15  # per generation: a 2 GiB disk's 64 KiB chunks in both
+MAX_ENTRIES = 1 << 14  # per generation
 TTL_S = 30.0
 
 

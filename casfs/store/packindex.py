@@ -54,6 +54,8 @@ CREATE INDEX IF NOT EXISTS blobs_pack ON blobs (pack);
 """
 
 Location = tuple[str, int, int]  # pack name, offset, stored length
+_BITS = 40  # a remembered location: pack id, offset, length in one int, 40 bits each
+_MASK = (1 << _BITS) - 1
 
 
 class PackIndex:
@@ -65,7 +67,8 @@ class PackIndex:
         self._write_lock = threading.Lock()
         self._created = False
         self._names: dict[int, str] = {}  # pack id -> name (one str per pack: not per blob)
-        self.located: Located[BlobId, Location] = Located()  # recent locate() answers
+        # Recent locate() answers, each as one int (_pack_row: 145 bytes an entry, not 235).
+        self.located: Located[BlobId, int] = Located()
 
     def create(self) -> None:
         self._put(self._take())
@@ -152,9 +155,9 @@ class PackIndex:
     def locate(self, bid: BlobId) -> Location | None:
         """Where the blob's stored bytes are, or None; maybe from memory (store.located:
         a place the bytes were published at, which the reader verifies as always)."""
-        where = self.located.get(bid)
-        if where is not None:
-            return where
+        packed = self.located.get(bid)
+        if packed is not None:
+            return self._names[packed >> 2 * _BITS], (packed >> _BITS) & _MASK, packed & _MASK
         row = self._row("SELECT pack, offset, length FROM blobs WHERE id = ?", (bid,))
         if row is None:
             return None
@@ -164,9 +167,9 @@ class PackIndex:
             if found is None:
                 return None  # (dropped since: a repack)
             name = self._names[row[0]] = found[0]
-        where = name, row[1], row[2]
-        self.located.put(bid, where)
-        return where
+        if row[1] <= _MASK and row[2] <= _MASK:
+            self.located.put(bid, row[0] << 2 * _BITS | row[1] << _BITS | row[2])
+        return name, row[1], row[2]
 
     def forget(self, bid: BlobId) -> None:
         """Look `bid` up in the index next time (its remembered pack is gone, or holds
