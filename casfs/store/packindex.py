@@ -67,7 +67,8 @@ class PackIndex:
         self._write_lock = threading.Lock()
         self._created = False
         self._names: dict[int, str] = {}  # pack id -> name (one str per pack: not per blob)
-        # Recent locate() answers, each as one int (_pack_row: 145 bytes an entry, not 235).
+        # Recent locate() answers, each as one int of pack id, offset and length (_BITS
+        # each): 145 bytes an entry where a tuple of them took 235.
         self.located: Located[BlobId, int] = Located()
 
     def create(self) -> None:

@@ -240,7 +240,7 @@ _local = threading.local()
 def _scratch(n: int) -> memoryview:
     """n bytes of a buffer of this thread's own, reused by its next call: for stored
     bytes that are decoded (into new bytes) before then. (A fresh 64 KiB bytearray per
-    read was allocated and zeroed for nothing: about 2 us a miss.)"""
+    read was allocated and zeroed for nothing: about 1 us of a 37 us cached read.)"""
     buf: bytearray | None = getattr(_local, "buf", None)
     if buf is None or len(buf) < n:
         buf = _local.buf = bytearray(max(n, _SCRATCH_MIN))
