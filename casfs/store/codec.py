@@ -75,7 +75,7 @@ def _incompressible(c: zstandard.ZstdCompressor, view: memoryview) -> bool:
     return all(len(c.compress(view[at : at + _PROBE])) > _PROBE - _PROBE // _GAIN for at in (0, mid))
 
 
-def decode(stored: bytes | bytearray, what: str = "blob") -> bytes:
+def decode(stored: bytes | bytearray | memoryview, what: str = "blob") -> bytes:
     """Plaintext of an encoded blob; raises Corruption on any malformation. (A
     bytearray, as a read into a buffer gives, costs no copy more than bytes.)"""
     if not stored:

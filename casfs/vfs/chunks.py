@@ -21,7 +21,9 @@ worker and nothing queued by the kernel). The rest go to the cache's own worker
 threads (`_Workers`: a queue and a wake-up of the waiting task, cheaper than
 trio.to_thread's). Two fetches of one blob share a single read (an in-flight map of
 futures), and read-ahead loads run in a small pool of their own, so a prefetched chunk
-is waited for, not read twice.
+is waited for, not read twice. Read-ahead loads, and misses read in workers, go to the
+store as runs of chunks (`get_many`: a pack store reads the chunks a disk or file has
+side by side with one index query and one pread, then checks each on its own).
 
 A blob that fails verification raises Corruption to the reader that asked for it and
 is counted (`corrupt_reads`, `last_corrupt`): the mount shows the count as an xattr.
@@ -35,7 +37,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -43,7 +45,7 @@ from typing import TypeVar
 import outcome
 import trio
 
-from casfs.errors import Corruption
+from casfs.errors import Corruption, MissingBlob
 from casfs.ids import ChunkNo
 from casfs.store.cache import LRU
 from casfs.store.ids import ZERO_ID, BlobId
@@ -66,6 +68,9 @@ _MAX_STREAMS = 1024
 _MAX_INFLIGHT = 256
 _PREFETCH_WORKERS = 4
 _PREFETCH_RUN = 4
+# Chunks per read-ahead job, read as one run (the store's get_many: one index query, and
+# one pread for chunks side by side in a pack): 1 MiB of 64 KiB chunks.
+_READAHEAD_RUN = 16
 # Misses served on the trio thread: at most this many chunks per request (a bigger read
 # goes to a worker), and after this many cold misses in a row from a remote store (not
 # in the page cache: each try is wasted) the next _INLINE_BACKOFF requests do not try.
@@ -85,6 +90,8 @@ _BLOCKING_PAUSE_S = 10.0
 _MISS_WORKERS = 8
 
 Get = Callable[[BlobId], bytes]
+# The store's read of a run (BlobStore.get_many): each blob's plaintext or error, as ready.
+GetMany = Callable[[Sequence[BlobId]], Iterator[tuple[BlobId, bytes | Exception]]]
 GetNowait = Callable[[BlobId], bytes | None]
 Plan = Callable[[int, int], list[Piece]]
 # True when no request waits to be read (the daemon polls its FUSE device).
@@ -113,8 +120,10 @@ class ChunkCache:
         idle: Idle | None = None,
         local: bool = False,
         miss_workers: int = _MISS_WORKERS,
+        get_many: GetMany | None = None,
     ) -> None:
         self._get = get
+        self._get_many = get_many
         self._get_nowait = get_nowait
         # Set by the daemon once its FUSE session exists; None: never a blocking read here.
         self.idle = idle
@@ -183,7 +192,34 @@ class ChunkCache:
         return have, missing
 
     def fetch_many(self, bids: Iterable[BlobId]) -> dict[BlobId, bytes]:
-        return {bid: self.fetch(bid) for bid in bids}
+        """fetch() of each chunk; those no other thread is loading are read as one run
+        (one read of the store for chunks side by side: _load_many)."""
+        out: dict[BlobId, bytes] = {}
+        waits: list[tuple[BlobId, Future[bytes]]] = []
+        mine: list[tuple[BlobId, Future[bytes]]] = []
+        bids = list(bids)
+        for bid in bids:
+            data = self._lru.get(bid)
+            if data is not None:
+                out[bid] = data
+        with self._lock:
+            for bid in bids:
+                if bid in out:
+                    continue
+                fut = self._inflight.get(bid)
+                if fut is None:
+                    fut = self._inflight[bid] = Future()
+                    mine.append((bid, fut))
+                waits.append((bid, fut))
+        if mine:
+            self._load_many(mine)
+        for bid, fut in waits:
+            try:
+                out[bid] = fut.result()
+            except Corruption:
+                self.count_corrupt(bid)
+                raise
+        return out
 
     async def fetch_async(self, bids: Iterable[BlobId]) -> dict[BlobId, bytes]:
         """fetch_many() for the trio thread: chunks that read-ahead is already loading
@@ -389,13 +425,43 @@ class ChunkCache:
                 fut: Future[bytes] = Future()
                 self._inflight[bid] = fut
                 todo.append((bid, fut))
-        for i in range(0, len(todo), _PREFETCH_RUN):
-            self._pool.submit(self._load_run, todo[i : i + _PREFETCH_RUN])
+        for i in range(0, len(todo), _READAHEAD_RUN):
+            self._pool.submit(self._load_run, todo[i : i + _READAHEAD_RUN])
 
     def _load_run(self, run: list[tuple[BlobId, Future[bytes]]]) -> None:
-        for bid, fut in run:
-            self._load(bid, fut)
+        self._load_many(run)
         self.prefetched += len(run)
+
+    def _load_many(self, run: list[tuple[BlobId, Future[bytes]]]) -> None:
+        """_load() of each chunk, as one run when the store reads runs (get_many): each
+        future gets its own blob's plaintext or error as soon as that is known (a
+        corrupt blob fails only its own readers); an error of the run itself (the
+        store's index) goes to every future it left without an outcome."""
+        if self._get_many is None or len(run) == 1:
+            for bid, fut in run:
+                self._load(bid, fut)
+            return
+        left = dict(run)
+        try:
+            for bid, got in self._get_many(list(left)):
+                if bid not in left:
+                    continue
+                fut = left.pop(bid)
+                if isinstance(got, Exception):
+                    fut.set_exception(got)
+                else:
+                    self._lru.put(bid, got, len(got))
+                    fut.set_result(got)
+        except Exception as e:  # (the run's own: every chunk it did not report fails with it)
+            for fut in left.values():
+                fut.set_exception(e)
+            left.clear()
+        finally:
+            for bid, fut in left.items():  # (interrupted, or a store that skipped one)
+                fut.set_exception(MissingBlob(f"blob {bid.hex()} was not read"))
+            with self._lock:
+                for bid, _ in run:
+                    self._inflight.pop(bid, None)
 
 
 class _Workers:
