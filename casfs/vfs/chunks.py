@@ -38,7 +38,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -50,6 +50,7 @@ from casfs.ids import ChunkNo
 from casfs.store.cache import LRU
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import Piece
+from casfs.vfs.loading import Load
 
 # The daemon's own cache is small: the kernel's page cache keeps the blob files (and,
 # for immutable content, the files read through the mount), and a hit there costs one
@@ -138,7 +139,7 @@ class ChunkCache:
         self._misses = _Workers(miss_workers, "casfs-read")
         self._lru: LRU[BlobId, bytes] = LRU(max_bytes)
         self._lock = threading.Lock()
-        self._inflight: dict[BlobId, Future[bytes]] = {}
+        self._inflight: dict[BlobId, Load] = {}
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="casfs-readahead") if workers else None
         self._streams: OrderedDict[Hashable, _Stream] = OrderedDict()
         self.readahead_bytes = readahead_bytes
@@ -167,7 +168,7 @@ class ChunkCache:
             fut = self._inflight.get(bid)
             mine = fut is None
             if fut is None:
-                fut = self._inflight[bid] = Future()
+                fut = self._inflight[bid] = Load()
         if mine:
             self._load(bid, fut)
         try:
@@ -195,8 +196,8 @@ class ChunkCache:
         """fetch() of each chunk; those no other thread is loading are read as one run
         (one read of the store for chunks side by side: _load_many)."""
         out: dict[BlobId, bytes] = {}
-        waits: list[tuple[BlobId, Future[bytes]]] = []
-        mine: list[tuple[BlobId, Future[bytes]]] = []
+        waits: list[tuple[BlobId, Load]] = []
+        mine: list[tuple[BlobId, Load]] = []
         bids = list(bids)
         for bid in bids:
             data = self._lru.get(bid)
@@ -208,7 +209,7 @@ class ChunkCache:
                     continue
                 fut = self._inflight.get(bid)
                 if fut is None:
-                    fut = self._inflight[bid] = Future()
+                    fut = self._inflight[bid] = Load()
                     mine.append((bid, fut))
                 waits.append((bid, fut))
         if mine:
@@ -330,7 +331,7 @@ class ChunkCache:
             self.count_corrupt(bid)
             raise
 
-    def _load(self, bid: BlobId, fut: Future[bytes]) -> None:
+    def _load(self, bid: BlobId, fut: Load) -> None:
         try:
             data = self._get(bid)
         except BaseException as e:
@@ -378,7 +379,7 @@ class ChunkCache:
         st.ahead = st.next_offset + window
         self.prefetch(p.blob for p in plan(start, st.ahead - start) if p.data is None and p.blob != ZERO_ID)
 
-    def loading(self, bids: list[BlobId]) -> tuple[list[tuple[BlobId, Future[bytes]]], list[BlobId]]:
+    def loading(self, bids: list[BlobId]) -> tuple[list[tuple[BlobId, Load]], list[BlobId]]:
         """Of chunks missing from the cache: those already being loaded (by read-ahead,
         or for another reader), and the rest. Trio thread; never blocks."""
         with self._lock:
@@ -388,7 +389,7 @@ class ChunkCache:
         found = {bid for bid, _ in loading}
         return loading, [bid for bid in bids if bid not in found]
 
-    async def loaded(self, loading: list[tuple[BlobId, Future[bytes]]]) -> dict[BlobId, bytes]:
+    async def loaded(self, loading: list[tuple[BlobId, Load]]) -> dict[BlobId, bytes]:
         """The chunks loading() found in flight, awaited together: one wake-up of the
         waiting task for all of them, where one per chunk cost a sequential reader that
         caught up with read-ahead 16 rounds of the trio thread's scheduler for each 1 MiB
@@ -414,7 +415,7 @@ class ChunkCache:
         if self._pool is None:
             return
         wanted = list(bids)  # (planned before the lock: a plan may read a map page)
-        todo: list[tuple[BlobId, Future[bytes]]] = []
+        todo: list[tuple[BlobId, Load]] = []
         with self._lock:
             room = _MAX_INFLIGHT - len(self._inflight)
             for bid in wanted:
@@ -422,17 +423,17 @@ class ChunkCache:
                     break
                 if bid in self._inflight or self._lru.peek(bid) is not None:
                     continue
-                fut: Future[bytes] = Future()
+                fut: Load = Load()
                 self._inflight[bid] = fut
                 todo.append((bid, fut))
         for i in range(0, len(todo), _READAHEAD_RUN):
             self._pool.submit(self._load_run, todo[i : i + _READAHEAD_RUN])
 
-    def _load_run(self, run: list[tuple[BlobId, Future[bytes]]]) -> None:
+    def _load_run(self, run: list[tuple[BlobId, Load]]) -> None:
         self._load_many(run)
         self.prefetched += len(run)
 
-    def _load_many(self, run: list[tuple[BlobId, Future[bytes]]]) -> None:
+    def _load_many(self, run: list[tuple[BlobId, Load]]) -> None:
         """_load() of each chunk, as one run when the store reads runs (get_many): each
         future gets its own blob's plaintext or error as soon as that is known (a
         corrupt blob fails only its own readers); an error of the run itself (the
@@ -510,7 +511,7 @@ class _Workers:
         self._threads.clear()
 
 
-async def _wait_all(futs: list[Future[bytes]]) -> None:
+async def _wait_all(futs: list[Load]) -> None:
     """Until every future is done, woken once (by the last)."""
     if not futs:
         return
@@ -519,7 +520,7 @@ async def _wait_all(futs: list[Future[bytes]]) -> None:
     left = [len(futs)]
     lock = threading.Lock()
 
-    def one(_: Future[bytes]) -> None:
+    def one(_: Load) -> None:
         with lock:
             left[0] -= 1
             if left[0]:
