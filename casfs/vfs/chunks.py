@@ -214,13 +214,20 @@ class ChunkCache:
                 waits.append((bid, fut))
         if mine:
             self._load_many(mine)
-        for bid, fut in waits:
+        out.update(self._results(waits))
+        return out
+
+    def _results(self, loads: list[tuple[BlobId, Load]]) -> dict[BlobId, bytes]:
+        """The loads' chunks, waiting for each; Corruption (counted) for one that failed
+        its check."""
+        got: dict[BlobId, bytes] = {}
+        for bid, fut in loads:
             try:
-                out[bid] = fut.result()
+                got[bid] = fut.result()
             except Corruption:
                 self.count_corrupt(bid)
                 raise
-        return out
+        return got
 
     async def fetch_async(self, bids: Iterable[BlobId]) -> dict[BlobId, bytes]:
         """fetch_many() for the trio thread: chunks that read-ahead is already loading
@@ -395,14 +402,7 @@ class ChunkCache:
         caught up with read-ahead 16 rounds of the trio thread's scheduler for each 1 MiB
         request. Raises Corruption (counted) for a blob that failed its check."""
         await _wait_all([fut for _, fut in loading if not fut.done()])
-        got: dict[BlobId, bytes] = {}
-        for bid, fut in loading:
-            try:
-                got[bid] = fut.result()
-            except Corruption:
-                self.count_corrupt(bid)
-                raise
-        return got
+        return self._results(loading)  # (all done: no wait)
 
     def forget_stream(self, key: Hashable) -> None:
         self._streams.pop(key, None)
