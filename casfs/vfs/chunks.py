@@ -69,9 +69,6 @@ _MAX_STREAMS = 1024
 _MAX_INFLIGHT = 256
 _PREFETCH_WORKERS = 4
 _PREFETCH_RUN = 4
-# Chunks per read-ahead job, read as one run (the store's get_many: one index query, and
-# one pread for chunks side by side in a pack): 1 MiB of 64 KiB chunks.
-_READAHEAD_RUN = 16
 # Misses served on the trio thread: at most this many chunks per request (a bigger read
 # goes to a worker), and after this many cold misses in a row from a remote store (not
 # in the page cache: each try is wasted) the next _INLINE_BACKOFF requests do not try.
@@ -141,6 +138,7 @@ class ChunkCache:
         self._lock = threading.Lock()
         self._inflight: dict[BlobId, Load] = {}
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="casfs-readahead") if workers else None
+        self._pool_size = workers
         self._streams: OrderedDict[Hashable, _Stream] = OrderedDict()
         self.readahead_bytes = readahead_bytes
         self.corrupt_reads = 0
@@ -409,7 +407,7 @@ class ChunkCache:
 
     def prefetch(self, bids: Iterable[BlobId]) -> None:
         """Start loading chunks in the background (skipping those cached or loading).
-        Chunks go to the pool in runs of _PREFETCH_RUN: fewer hand-offs between threads
+        Chunks go to the pool in runs, one per worker: fewer hand-offs between threads
         means less contention for the GIL, which the trio thread needs to serve. (One
         pass under the lock: a sequential reader's window asks for 64 chunks at a time.)"""
         if self._pool is None:
@@ -426,8 +424,12 @@ class ChunkCache:
                 fut: Load = Load()
                 self._inflight[bid] = fut
                 todo.append((bid, fut))
-        for i in range(0, len(todo), _READAHEAD_RUN):
-            self._pool.submit(self._load_run, todo[i : i + _READAHEAD_RUN])
+        # One run per worker (of at least _PREFETCH_RUN): the store reads a run with one
+        # index query, and chunks side by side in a pack with one pread (get_many). A
+        # window's half of 4 MiB: runs of 16 chunks of 64 KiB, 32 of 32 KiB, 4 of 256 KiB.
+        step = max(_PREFETCH_RUN, -(-len(todo) // self._pool_size))
+        for i in range(0, len(todo), step):
+            self._pool.submit(self._load_run, todo[i : i + step])
 
     def _load_run(self, run: list[tuple[BlobId, Load]]) -> None:
         self._load_many(run)
