@@ -447,14 +447,15 @@ class ChunkCache:
         left = dict(run)
         try:
             for bid, got in self._get_many(list(left)):
-                if bid not in left:
+                load = left.get(bid)
+                if load is None:
                     continue
-                fut = left.pop(bid)
                 if isinstance(got, Exception):
-                    fut.set_exception(got)
+                    load.set_exception(got)
                 else:
                     self._lru.put(bid, got, len(got))
-                    fut.set_result(got)
+                    load.set_result(got)
+                del left[bid]  # (after its outcome: one that failed to get it gets the error)
         except Exception as e:  # (the run's own: every chunk it did not report fails with it)
             for fut in left.values():
                 fut.set_exception(e)

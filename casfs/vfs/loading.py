@@ -11,9 +11,11 @@ loads) share one Condition, notified at every outcome.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
+log = logging.getLogger(__name__)
 _done = threading.Condition()
 
 
@@ -44,7 +46,7 @@ class Load:
             callbacks, self._callbacks = self._callbacks, None
             _done.notify_all()
         for fn in callbacks or ():
-            fn(self)
+            _call(fn, self)
 
     def add_done_callback(self, fn: Callable[[Load], object]) -> None:
         """fn(self) once the outcome is set (at once, here, if it is)."""
@@ -54,7 +56,7 @@ class Load:
                     self._callbacks = []
                 self._callbacks.append(fn)
                 return
-        fn(self)
+        _call(fn, self)
 
     def result(self, timeout: float | None = None) -> bytes:
         """The chunk, waiting for it; raises the load's error. TimeoutError after
@@ -66,3 +68,12 @@ class Load:
         if self._error is not None:
             raise self._error
         return self._value
+
+
+def _call(fn: Callable[[Load], object], load: Load) -> None:
+    """A callback, its error logged, not raised (as Future's): the loader goes on to set
+    the other chunks' outcomes."""
+    try:
+        fn(load)
+    except Exception:
+        log.exception("a chunk load's callback failed")

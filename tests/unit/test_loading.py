@@ -38,3 +38,17 @@ def test_a_failed_load_raises_its_error_to_every_reader() -> None:
             load.result()
     with pytest.raises(AssertionError):
         load.set_result(b"late")
+
+
+def test_a_failing_callback_is_logged_and_the_others_run(caplog: pytest.LogCaptureFixture) -> None:
+    load = Load()
+    seen: list[bytes] = []
+
+    def bad(_: Load) -> None:
+        raise RuntimeError("callback bug")
+
+    load.add_done_callback(bad)
+    load.add_done_callback(lambda f: seen.append(f.result()))
+    load.set_result(b"chunk")
+    assert seen == [b"chunk"] and load.result() == b"chunk"
+    assert "callback failed" in caplog.text
