@@ -30,7 +30,7 @@ from casfs.errors import Busy, Conflict, Corruption, NotFound, UsageError
 from casfs.refcount.ledger import Batch
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator, Sequence
     from pathlib import Path
 
     from casfs.store import BlobStore
@@ -230,6 +230,10 @@ class Repository:
     def get(self, bid: BlobId) -> bytes:
         """Verified plaintext of a blob."""
         return self.blobs.get(bid)
+
+    def get_many(self, bids: Sequence[BlobId]) -> Iterator[tuple[BlobId, bytes | Exception]]:
+        """Verified plaintexts of a run of blobs, each as it is ready (BlobStore.get_many)."""
+        return self.blobs.get_many(bids)
 
     def get_if_cached(self, bid: BlobId, max_stored: int = 1 << 18) -> bytes | None:
         """Verified plaintext if the blob can be read without waiting for the disk."""

@@ -188,7 +188,9 @@ async def serve(cfg: Config) -> int:
             cache_bytes = DEFAULT_CACHE_BYTES if cfg.cache_bytes is None else cfg.cache_bytes
             # The blobs are local files unless STORE/blobs.json names a bucket (Repository.open).
             local = not (cfg.store / "blobs.json").exists()
-            chunks = ChunkCache(repo.get, cache_bytes, get_nowait=repo.get_if_cached, local=local)
+            chunks = ChunkCache(
+                repo.get, cache_bytes, get_nowait=repo.get_if_cached, local=local, get_many=repo.get_many
+            )
             stack.callback(chunks.close)
             repo.on_corrupt = chunks.count_corrupt  # trees and maps count as data chunks do
             mounted = _Mounted()

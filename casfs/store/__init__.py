@@ -76,7 +76,7 @@ class Staging(Protocol):
 class BlobStore(Protocol):
     """The blobs of one store. Methods may be called from any thread.
 
-    Implementations subclass this to inherit put() and get_if_cached()."""
+    Implementations subclass this to inherit put(), get_many() and get_if_cached()."""
 
     def create(self) -> None:
         """Prepare a new, empty store (directories, buckets). Idempotent."""
@@ -95,6 +95,23 @@ class BlobStore(Protocol):
         bytes do not decode or do not hash to `bid`: the blob is then also recorded
         damaged (mark_damaged). Never returns wrong bytes."""
         ...
+
+    def get_many(
+        self, bids: Sequence[BlobId], domain: Domain | None = None
+    ) -> Iterator[tuple[BlobId, bytes | Exception]]:
+        """get() of each id (once each), every blob's outcome yielded as soon as it is
+        known, in no set order: its plaintext, or the exception get() would raise for it
+        alone (MissingBlob, Corruption, OSError): one bad blob fails only its own
+        readers. For read-ahead, which asks for runs of chunks stored side by side (a
+        pack store reads them with one index query and one pread). This default calls
+        get() for each."""
+        for bid in dict.fromkeys(bids):
+            try:
+                plain = self.get(bid, domain)
+            except Exception as e:
+                yield bid, e
+            else:
+                yield bid, plain
 
     def get_if_cached(self, bid: BlobId, max_stored: int, domain: Domain | None = None) -> bytes | None:
         """get(), when it needs no wait for a disk or a network and the stored blob

@@ -11,7 +11,8 @@ BlobId = NewType("BlobId", bytes)
 ID_SIZE = 32
 # Names "no blob": a hole in a chunk map, an empty file. Never stored.
 ZERO_ID = BlobId(bytes(ID_SIZE))
-# blake3 releases the GIL for inputs this large; below it threading costs more than it saves.
+# blake3 hashes inputs this large on several threads (rayon); below it that costs more than
+# it saves. (It releases the GIL from 2 KiB up either way: blake3-py's GIL_MINSIZE.)
 _THREADED_HASH_MIN = 1 << 20
 
 

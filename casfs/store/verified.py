@@ -23,7 +23,10 @@ _HASHES: dict[Domain | None, tuple[Callable[[bytes], BlobId], Callable[[bytes], 
 }
 
 
-def verified(bid: BlobId, stored: bytes | bytearray | memoryview, domain: Domain | None) -> bytes:
+Stored = bytes | bytearray | memoryview  # (a memoryview: a blob's slice of a run's read)
+
+
+def verified(bid: BlobId, stored: Stored, domain: Domain | None) -> bytes:
     """The plaintext of `stored`, the encoded form of blob `bid`; Corruption if it does
     not decode or does not hash to `bid` (in `domain` first; None: data first)."""
     try:
@@ -36,9 +39,7 @@ def verified(bid: BlobId, stored: bytes | bytearray | memoryview, domain: Domain
     raise Corruption(f"blob {bid.hex()} is corrupt: its content hashes to {first(plain).hex()}")
 
 
-def checked(
-    store: BlobStore, bid: BlobId, stored: bytes | bytearray | memoryview, domain: Domain | None
-) -> bytes:
+def checked(store: BlobStore, bid: BlobId, stored: Stored, domain: Domain | None) -> bytes:
     """verified(); a blob that fails it is first recorded damaged in `store` (get's promise)."""
     try:
         return verified(bid, stored, domain)

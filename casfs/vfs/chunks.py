@@ -21,7 +21,9 @@ worker and nothing queued by the kernel). The rest go to the cache's own worker
 threads (`_Workers`: a queue and a wake-up of the waiting task, cheaper than
 trio.to_thread's). Two fetches of one blob share a single read (an in-flight map of
 futures), and read-ahead loads run in a small pool of their own, so a prefetched chunk
-is waited for, not read twice.
+is waited for, not read twice. Read-ahead loads, and misses read in workers, go to the
+store as runs of chunks (`get_many`: a pack store reads the chunks a disk or file has
+side by side with one index query and one pread, then checks each on its own).
 
 A blob that fails verification raises Corruption to the reader that asked for it and
 is counted (`corrupt_reads`, `last_corrupt`): the mount shows the count as an xattr.
@@ -35,19 +37,20 @@ import queue
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
 import outcome
 import trio
 
-from casfs.errors import Corruption
+from casfs.errors import Corruption, MissingBlob
 from casfs.ids import ChunkNo
 from casfs.store.cache import LRU
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import Piece
+from casfs.vfs.loading import Load
 
 # The daemon's own cache is small: the kernel's page cache keeps the blob files (and,
 # for immutable content, the files read through the mount), and a hit there costs one
@@ -85,6 +88,8 @@ _BLOCKING_PAUSE_S = 10.0
 _MISS_WORKERS = 8
 
 Get = Callable[[BlobId], bytes]
+# The store's read of a run (BlobStore.get_many): each blob's plaintext or error, as ready.
+GetMany = Callable[[Sequence[BlobId]], Iterator[tuple[BlobId, bytes | Exception]]]
 GetNowait = Callable[[BlobId], bytes | None]
 Plan = Callable[[int, int], list[Piece]]
 # True when no request waits to be read (the daemon polls its FUSE device).
@@ -113,8 +118,10 @@ class ChunkCache:
         idle: Idle | None = None,
         local: bool = False,
         miss_workers: int = _MISS_WORKERS,
+        get_many: GetMany | None = None,
     ) -> None:
         self._get = get
+        self._get_many = get_many
         self._get_nowait = get_nowait
         # Set by the daemon once its FUSE session exists; None: never a blocking read here.
         self.idle = idle
@@ -129,8 +136,9 @@ class ChunkCache:
         self._misses = _Workers(miss_workers, "casfs-read")
         self._lru: LRU[BlobId, bytes] = LRU(max_bytes)
         self._lock = threading.Lock()
-        self._inflight: dict[BlobId, Future[bytes]] = {}
+        self._inflight: dict[BlobId, Load] = {}
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="casfs-readahead") if workers else None
+        self._pool_size = workers
         self._streams: OrderedDict[Hashable, _Stream] = OrderedDict()
         self.readahead_bytes = readahead_bytes
         self.corrupt_reads = 0
@@ -158,7 +166,7 @@ class ChunkCache:
             fut = self._inflight.get(bid)
             mine = fut is None
             if fut is None:
-                fut = self._inflight[bid] = Future()
+                fut = self._inflight[bid] = Load()
         if mine:
             self._load(bid, fut)
         try:
@@ -183,7 +191,41 @@ class ChunkCache:
         return have, missing
 
     def fetch_many(self, bids: Iterable[BlobId]) -> dict[BlobId, bytes]:
-        return {bid: self.fetch(bid) for bid in bids}
+        """fetch() of each chunk; those no other thread is loading are read as one run
+        (one read of the store for chunks side by side: _load_many)."""
+        out: dict[BlobId, bytes] = {}
+        waits: list[tuple[BlobId, Load]] = []
+        mine: list[tuple[BlobId, Load]] = []
+        bids = list(bids)
+        for bid in bids:
+            data = self._lru.get(bid)
+            if data is not None:
+                out[bid] = data
+        with self._lock:
+            for bid in bids:
+                if bid in out:
+                    continue
+                fut = self._inflight.get(bid)
+                if fut is None:
+                    fut = self._inflight[bid] = Load()
+                    mine.append((bid, fut))
+                waits.append((bid, fut))
+        if mine:
+            self._load_many(mine)
+        out.update(self._results(waits))
+        return out
+
+    def _results(self, loads: list[tuple[BlobId, Load]]) -> dict[BlobId, bytes]:
+        """The loads' chunks, waiting for each; Corruption (counted) for one that failed
+        its check."""
+        got: dict[BlobId, bytes] = {}
+        for bid, fut in loads:
+            try:
+                got[bid] = fut.result()
+            except Corruption:
+                self.count_corrupt(bid)
+                raise
+        return got
 
     async def fetch_async(self, bids: Iterable[BlobId]) -> dict[BlobId, bytes]:
         """fetch_many() for the trio thread: chunks that read-ahead is already loading
@@ -297,7 +339,7 @@ class ChunkCache:
             self.count_corrupt(bid)
             raise
 
-    def _load(self, bid: BlobId, fut: Future[bytes]) -> None:
+    def _load(self, bid: BlobId, fut: Load) -> None:
         try:
             data = self._get(bid)
         except BaseException as e:
@@ -345,7 +387,7 @@ class ChunkCache:
         st.ahead = st.next_offset + window
         self.prefetch(p.blob for p in plan(start, st.ahead - start) if p.data is None and p.blob != ZERO_ID)
 
-    def loading(self, bids: list[BlobId]) -> tuple[list[tuple[BlobId, Future[bytes]]], list[BlobId]]:
+    def loading(self, bids: list[BlobId]) -> tuple[list[tuple[BlobId, Load]], list[BlobId]]:
         """Of chunks missing from the cache: those already being loaded (by read-ahead,
         or for another reader), and the rest. Trio thread; never blocks."""
         with self._lock:
@@ -355,33 +397,26 @@ class ChunkCache:
         found = {bid for bid, _ in loading}
         return loading, [bid for bid in bids if bid not in found]
 
-    async def loaded(self, loading: list[tuple[BlobId, Future[bytes]]]) -> dict[BlobId, bytes]:
+    async def loaded(self, loading: list[tuple[BlobId, Load]]) -> dict[BlobId, bytes]:
         """The chunks loading() found in flight, awaited together: one wake-up of the
         waiting task for all of them, where one per chunk cost a sequential reader that
         caught up with read-ahead 16 rounds of the trio thread's scheduler for each 1 MiB
         request. Raises Corruption (counted) for a blob that failed its check."""
         await _wait_all([fut for _, fut in loading if not fut.done()])
-        got: dict[BlobId, bytes] = {}
-        for bid, fut in loading:
-            try:
-                got[bid] = fut.result()
-            except Corruption:
-                self.count_corrupt(bid)
-                raise
-        return got
+        return self._results(loading)  # (all done: no wait)
 
     def forget_stream(self, key: Hashable) -> None:
         self._streams.pop(key, None)
 
     def prefetch(self, bids: Iterable[BlobId]) -> None:
         """Start loading chunks in the background (skipping those cached or loading).
-        Chunks go to the pool in runs of _PREFETCH_RUN: fewer hand-offs between threads
+        Chunks go to the pool in runs, one per worker: fewer hand-offs between threads
         means less contention for the GIL, which the trio thread needs to serve. (One
         pass under the lock: a sequential reader's window asks for 64 chunks at a time.)"""
         if self._pool is None:
             return
         wanted = list(bids)  # (planned before the lock: a plan may read a map page)
-        todo: list[tuple[BlobId, Future[bytes]]] = []
+        todo: list[tuple[BlobId, Load]] = []
         with self._lock:
             room = _MAX_INFLIGHT - len(self._inflight)
             for bid in wanted:
@@ -389,16 +424,51 @@ class ChunkCache:
                     break
                 if bid in self._inflight or self._lru.peek(bid) is not None:
                     continue
-                fut: Future[bytes] = Future()
+                fut: Load = Load()
                 self._inflight[bid] = fut
                 todo.append((bid, fut))
-        for i in range(0, len(todo), _PREFETCH_RUN):
-            self._pool.submit(self._load_run, todo[i : i + _PREFETCH_RUN])
+        # One run per worker (of at least _PREFETCH_RUN): the store reads a run with one
+        # index query, and chunks side by side in a pack with one pread (get_many). A
+        # window's half of 4 MiB: runs of 16 chunks of 64 KiB, 32 of 32 KiB, 4 of 256 KiB.
+        step = max(_PREFETCH_RUN, -(-len(todo) // self._pool_size))
+        for i in range(0, len(todo), step):
+            self._pool.submit(self._load_run, todo[i : i + step])
 
-    def _load_run(self, run: list[tuple[BlobId, Future[bytes]]]) -> None:
-        for bid, fut in run:
-            self._load(bid, fut)
+    def _load_run(self, run: list[tuple[BlobId, Load]]) -> None:
+        self._load_many(run)
         self.prefetched += len(run)
+
+    def _load_many(self, run: list[tuple[BlobId, Load]]) -> None:
+        """_load() of each chunk, as one run when the store reads runs (get_many): each
+        future gets its own blob's plaintext or error as soon as that is known (a
+        corrupt blob fails only its own readers); an error of the run itself (the
+        store's index) goes to every future it left without an outcome."""
+        if self._get_many is None or len(run) == 1:
+            for bid, fut in run:
+                self._load(bid, fut)
+            return
+        left = dict(run)
+        try:
+            for bid, got in self._get_many(list(left)):
+                load = left.get(bid)
+                if load is None:
+                    continue
+                if isinstance(got, Exception):
+                    load.set_exception(got)
+                else:
+                    self._lru.put(bid, got, len(got))
+                    load.set_result(got)
+                del left[bid]  # (after its outcome: one that failed to get it gets the error)
+        except Exception as e:  # (the run's own: every chunk it did not report fails with it)
+            for fut in left.values():
+                fut.set_exception(e)
+            left.clear()
+        finally:
+            for bid, fut in left.items():  # (interrupted, or a store that skipped one)
+                fut.set_exception(MissingBlob(f"blob {bid.hex()} was not read"))
+            with self._lock:
+                for bid, _ in run:
+                    self._inflight.pop(bid, None)
 
 
 class _Workers:
@@ -447,7 +517,7 @@ class _Workers:
         self._threads.clear()
 
 
-async def _wait_all(futs: list[Future[bytes]]) -> None:
+async def _wait_all(futs: list[Load]) -> None:
     """Until every future is done, woken once (by the last)."""
     if not futs:
         return
@@ -456,7 +526,7 @@ async def _wait_all(futs: list[Future[bytes]]) -> None:
     left = [len(futs)]
     lock = threading.Lock()
 
-    def one(_: Future[bytes]) -> None:
+    def one(_: Load) -> None:
         with lock:
             left[0] -= 1
             if left[0]:

@@ -348,6 +348,21 @@ def test_a_damaged_blob_is_an_error_never_wrong_bytes(sub: Subject, damage: str)
     assert sub.store.damaged() == set()
 
 
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "trailing data"])
+def test_a_run_of_blobs_reads_as_each_blob_does(sub: Subject, damage: str) -> None:
+    """get_many: every id once, each with get()'s outcome; a damaged blob among good
+    ones fails alone (and is marked damaged), an absent one is missing."""
+    plains = [f"blob {i} ".encode() * 300 for i in range(6)]
+    ids = [sub.store.put(p) for p in plains]
+    sub.overwrite(ids[2], _damages(plains[2])[damage])
+    absent = blob_id(b"never stored")
+    got = dict(sub.store.get_many([*ids, absent, ids[0]], "data"))
+    assert sorted(got) == sorted([*ids, absent])
+    assert isinstance(got.pop(ids[2]), Corruption) and isinstance(got.pop(absent), MissingBlob)
+    assert got == {bid: p for bid, p in zip(ids, plains, strict=True) if bid != ids[2]}
+    assert ids[2] in sub.store.damaged()
+
+
 def test_a_read_tries_the_asked_domain_first_and_accepts_either(sub: Subject) -> None:
     """The domain is a hint for one hash instead of two: a blob hashing to its id in
     the other domain is still the content written under that id (a format-1 store

@@ -372,8 +372,9 @@ def test_a_corrupt_blob_fails_that_read_only(populated: Populated, tmp_path: Pat
 @pytest.mark.no_fsck("a blob is corrupted on purpose: fsck reports it, and cannot repair it")
 def test_a_corrupt_blob_found_by_read_ahead_fails_its_read(populated: Populated, tmp_path: Path) -> None:
     """A sequential reader has the chunks ahead of it loaded in the background (the
-    daemon's read-ahead) and waits for them there: a corrupt one is still refused (EIO),
-    counted, and the bytes before it read right, chunk after chunk."""
+    daemon's read-ahead, in runs of chunks read together) and waits for them there: a
+    corrupt one is still refused (EIO), counted and marked damaged, and the bytes before
+    it and after it (its neighbours in the run) read right, chunk after chunk."""
     repo, _, raw = populated
     info = images.get_image(repo, "disk")
     n = 42  # (far enough for read-ahead to have started; every fourth chunk is a hole)
@@ -389,10 +390,13 @@ def test_a_corrupt_blob_found_by_read_ahead_fails_its_read(populated: Populated,
             with pytest.raises(OSError) as e:
                 os.preadv(fd, [buf], n * CHUNK)
             assert e.value.errno == errno.EIO
+            for i in range(n + 1, DISK_SIZE // CHUNK):
+                assert os.preadv(fd, [buf], i * CHUNK) == CHUNK and buf[:] == raw[i * CHUNK : (i + 1) * CHUNK]
         finally:
             os.close(fd)
         assert int(xattr_value(m.path, "user.casfs.corrupt_reads")) >= 1
         assert victim.hex() in xattr_value(m.path, "user.casfs.corrupt_ids")
+    assert victim in repo.blobs.damaged()
 
 
 @pytest.mark.no_fsck("a tree blob is corrupted on purpose: fsck reports it, and cannot repair it")
