@@ -10,11 +10,14 @@ dir_bench.py's two write steps, `tar -x` of a root filesystem's tarball and `cp 
 SOURCE`, into a fresh destination of each peer in turn, the order alternating between
 repetitions: bindfs (C, libfuse), pyfuse3_floor.py (the same Python stack with nothing
 of casfs in it) and a blank directory volume per casfs tree (its daemon runs that
-tree's code: PYTHONPATH). For each step: seconds, the daemon's CPU (user+system, from
-/proc/PID/stat) and the FUSE requests the kernel sent it (perf counting the
-fuse_request_send tracepoint of that mount's connection), hence CPU per request: on a
-machine shared with other work, seconds follow the load, CPU per request much less.
-casfs's unmount (flush and snapshot) is not timed here (dir_bench.py times it). Run as
+tree's code: PYTHONPATH). What each wrote is kept until the end: on an ext4 without a
+journal (this machine's) a create scans past the inodes deleted in the last minutes,
+so a peer run right after a deletion would pay for it. For each step: seconds, the
+daemon's CPU (user+system, from /proc/PID/stat) and the FUSE requests the kernel sent
+it (perf counting the fuse_request_send tracepoint of that mount's connection), hence
+CPU per request: on a machine shared with other work, seconds follow the load, CPU per
+request much less. casfs's unmount (flush and snapshot) is not timed here (dir_bench.py
+times it). Run as
 root.
 """
 
@@ -102,7 +105,6 @@ def mounted(peer: str, work: Path, trees: dict[str, str], rep: int) -> Iterator[
             with suppress(RuntimeError):
                 cas.umount()
             unmount(mnt)
-            cas.cli("volume", "rm", cas.volume or "")
         return
     daemon = Bindfs(src, mnt) if peer == "bindfs" else Floor(src, mnt)
     daemon.mount()
@@ -142,7 +144,6 @@ def run(args: Any, work: Path, trees: dict[str, str], peers: list[str]) -> dict[
                 found = count_entries(mnt / "tree")
                 if found != entries:
                     raise RuntimeError(f"{peer}: {found} entries copied, the source has {entries}")
-            shutil.rmtree(work / f"{peer}{rep}", ignore_errors=True)
     results = {
         step: {
             peer: {key: statistics.median(f[key] for f in figs) for key in ("s", "cpu_s", "requests")}
