@@ -169,10 +169,11 @@ class Operations(pyfuse3.Operations):
         """A new entry the kernel now holds: one lookup."""
         return self._attrs(st, self.table.ref(view, st.ino), view, parent)
 
-    async def _mutate(self, view: View, change: Callable[[RwView, Fetched], R]) -> R:
-        """Run one change of a read/write view under its lock (rwsession.mutate)."""
+    def _mutate(self, view: View, change: Callable[[RwView, Fetched], R]) -> Coroutine[Any, Any, R]:
+        """Run one change of a read/write view under its lock (rwsession.mutate; its
+        coroutine, not one more around it: nearly every request of a tar -x is one)."""
         rw = self._writable(view)
-        return await rwsession.mutate(
+        return rwsession.mutate(
             rw, functools.partial(change, rw), self.chunks.fetch_async, self.opts.dirty_limit_bytes
         )
 
@@ -230,18 +231,19 @@ class Operations(pyfuse3.Operations):
         ctx: RequestContext,
     ) -> pyfuse3.EntryAttributes:
         view, ino = self.table.get(inode)
-        changes = {
-            key: getattr(attr, "st_" + key)
-            for key, wanted in (
-                ("mode", fields.update_mode),
-                ("uid", fields.update_uid),
-                ("gid", fields.update_gid),
-                ("size", fields.update_size),
-                ("atime_ns", fields.update_atime),
-                ("mtime_ns", fields.update_mtime),
-            )
-            if wanted
-        }
+        changes: dict[str, Any] = {}
+        if fields.update_mode:
+            changes["mode"] = attr.st_mode
+        if fields.update_uid:
+            changes["uid"] = attr.st_uid
+        if fields.update_gid:
+            changes["gid"] = attr.st_gid
+        if fields.update_size:
+            changes["size"] = attr.st_size
+        if fields.update_atime:
+            changes["atime_ns"] = attr.st_atime_ns
+        if fields.update_mtime:
+            changes["mtime_ns"] = attr.st_mtime_ns
         st = await self._mutate(view, lambda rw, fetched: rw.setattr(ino, **changes, fetched=fetched))
         return self._attrs(st, inode, view)
 
