@@ -35,9 +35,9 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from benchlib import ROOTFS_TREES, Casfs, arguments, emit, is_mounted, scratch, stop_on_sigterm, unmount
+from benchlib import ROOTFS_TREES, Casfs, arguments, emit, scratch, stop_on_sigterm, unmount
 from block_ops import cpu_s
-from dir_bench import Floor, count_entries, make_rootfs
+from dir_bench import Floor, Foreground, count_entries, make_rootfs
 
 STEPS = ("tar -x", "cp -a")
 
@@ -59,30 +59,10 @@ def requests_and_seconds(mnt: Path, cmd: str) -> tuple[float, int | None]:
     return elapsed, int(counted[0]) if counted and counted[0].isdigit() else None
 
 
-class Bindfs:
-    """bindfs in the foreground (its pid is the daemon's), over `source` on `mnt`."""
+class Bindfs(Foreground):
+    """bindfs in the foreground over `source` on `mnt`."""
 
-    def __init__(self, source: Path, mnt: Path) -> None:
-        self.source, self.mnt = source, mnt
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def mount(self) -> None:
-        self.proc = subprocess.Popen(["bindfs", "-f", self.source, self.mnt])
-        deadline = time.monotonic() + 30
-        while not is_mounted(self.mnt):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"bindfs did not mount {self.mnt}")
-            time.sleep(0.05)
-
-    def umount(self) -> None:
-        unmount(self.mnt)
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
+    argv = ("bindfs", "-f")
 
 
 @contextmanager

@@ -48,6 +48,19 @@ DIRTY_LIMIT_BYTES = 64 << 20
 
 _STATFS_TTL_S = 2.0
 
+# What a setattr may change: (SetattrFields flag, the view's name, EntryAttributes field)
+_SETATTR = tuple(
+    (f"update_{flag}", key, f"st_{key}")
+    for flag, key in (
+        ("mode", "mode"),
+        ("uid", "uid"),
+        ("gid", "gid"),
+        ("size", "size"),
+        ("atime", "atime_ns"),
+        ("mtime", "mtime_ns"),
+    )
+)
+
 P = ParamSpec("P")
 R = TypeVar("R")
 Self = TypeVar("Self", bound="Operations")
@@ -231,19 +244,7 @@ class Operations(pyfuse3.Operations):
         ctx: RequestContext,
     ) -> pyfuse3.EntryAttributes:
         view, ino = self.table.get(inode)
-        changes: dict[str, Any] = {}
-        if fields.update_mode:
-            changes["mode"] = attr.st_mode
-        if fields.update_uid:
-            changes["uid"] = attr.st_uid
-        if fields.update_gid:
-            changes["gid"] = attr.st_gid
-        if fields.update_size:
-            changes["size"] = attr.st_size
-        if fields.update_atime:
-            changes["atime_ns"] = attr.st_atime_ns
-        if fields.update_mtime:
-            changes["mtime_ns"] = attr.st_mtime_ns
+        changes = {key: getattr(attr, st) for flag, key, st in _SETATTR if getattr(fields, flag)}
         st = await self._mutate(view, lambda rw, fetched: rw.setattr(ino, **changes, fetched=fetched))
         return self._attrs(st, inode, view)
 
