@@ -7,7 +7,7 @@ pyfuse3 floor, interleaved.
                                  [--workdir DIR] [--json]
 
 dir_bench.py's two write steps, `tar -x` of a root filesystem's tarball and `cp -a
-SOURCE`, into a fresh destination of each peer in turn, the order alternating between
+SOURCE`, into a fresh destination of each peer in turn, the order rotating between
 repetitions: bindfs (C, libfuse), pyfuse3_floor.py (the same Python stack with nothing
 of casfs in it) and a blank directory volume per casfs tree (its daemon runs that
 tree's code: PYTHONPATH). What each wrote is kept until the end: on an ext4 without a
@@ -23,6 +23,7 @@ root.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import statistics
@@ -105,7 +106,7 @@ def run(args: Any, work: Path, trees: dict[str, str], peers: list[str]) -> dict[
     first.cli("init")
     samples: dict[str, dict[str, list[dict[str, float]]]] = {s: {} for s in STEPS}
     for rep in range(args.reps):
-        for peer in peers if rep % 2 == 0 else list(reversed(peers)):
+        for peer in peers[2 * rep % len(peers) :] + peers[: 2 * rep % len(peers)]:
             with mounted(peer, work, trees, rep) as (mnt, pid):
                 (mnt / "rootfs").mkdir()
                 cmds = {
@@ -170,7 +171,11 @@ def main() -> int:
     p.add_argument("--no-peers", action="store_true", help="casfs trees only (no bindfs, no floor)")
     args = p.parse_args()
     trees = dict(item.split("=", 1) for item in args.trees.split(","))
-    peers = [*([] if args.no_peers else ["bindfs", "pyfuse3"]), *trees]
+    # Each casfs tree after another peer, never after itself or another tree (its unmount
+    # deletes its upper files, which taxes the creates of whatever runs next: see above);
+    # the order rotates by two between repetitions.
+    others = [] if args.no_peers else ["bindfs", "pyfuse3"]
+    peers = [p for pair in itertools.zip_longest(others, trees) for p in pair if p is not None]
     stop_on_sigterm()
     with scratch(args.workdir, "casfs-dirops-", mounts=()) as work:
         report = run(args, work, trees, peers)
