@@ -56,19 +56,22 @@ DIR_PEERS = ("native", "bindfs", "pyfuse3", "casfs")
 FLOOR = Path(__file__).resolve().parent / "pyfuse3_floor.py"
 
 
-class Floor:
-    """pyfuse3_floor.py's daemon over `source` on `mnt`, ended by unmount and its pid."""
+class Foreground:
+    """A FUSE daemon run in the foreground (`argv` SOURCE MOUNTPOINT: its pid is the
+    daemon's), ended by unmount."""
+
+    argv: tuple[str, ...] = ()
 
     def __init__(self, source: Path, mnt: Path) -> None:
         self.source, self.mnt = source, mnt
         self.proc: subprocess.Popen[bytes] | None = None
 
     def mount(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, FLOOR, self.source, self.mnt])
+        self.proc = subprocess.Popen([*self.argv, self.source, self.mnt])
         deadline = time.monotonic() + 30
         while not is_mounted(self.mnt):
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"pyfuse3_floor.py did not mount {self.mnt}")
+                raise RuntimeError(f"{self.argv[-1]} did not mount {self.mnt}")
             time.sleep(0.05)
 
     def umount(self) -> None:
@@ -80,6 +83,12 @@ class Floor:
                 self.proc.send_signal(signal.SIGKILL)
                 self.proc.wait()
             self.proc = None
+
+
+class Floor(Foreground):
+    """pyfuse3_floor.py's daemon over `source` on `mnt`."""
+
+    argv = (sys.executable, str(FLOOR))
 
 
 def count_entries(top: Path) -> int:

@@ -48,6 +48,19 @@ DIRTY_LIMIT_BYTES = 64 << 20
 
 _STATFS_TTL_S = 2.0
 
+# What a setattr may change: (SetattrFields flag, the view's name, EntryAttributes field)
+_SETATTR = tuple(
+    (f"update_{flag}", key, f"st_{key}")
+    for flag, key in (
+        ("mode", "mode"),
+        ("uid", "uid"),
+        ("gid", "gid"),
+        ("size", "size"),
+        ("atime", "atime_ns"),
+        ("mtime", "mtime_ns"),
+    )
+)
+
 P = ParamSpec("P")
 R = TypeVar("R")
 Self = TypeVar("Self", bound="Operations")
@@ -169,10 +182,11 @@ class Operations(pyfuse3.Operations):
         """A new entry the kernel now holds: one lookup."""
         return self._attrs(st, self.table.ref(view, st.ino), view, parent)
 
-    async def _mutate(self, view: View, change: Callable[[RwView, Fetched], R]) -> R:
-        """Run one change of a read/write view under its lock (rwsession.mutate)."""
+    def _mutate(self, view: View, change: Callable[[RwView, Fetched], R]) -> Coroutine[Any, Any, R]:
+        """Run one change of a read/write view under its lock (rwsession.mutate; its
+        coroutine, not one more around it: nearly every request of a tar -x is one)."""
         rw = self._writable(view)
-        return await rwsession.mutate(
+        return rwsession.mutate(
             rw, functools.partial(change, rw), self.chunks.fetch_async, self.opts.dirty_limit_bytes
         )
 
@@ -230,18 +244,7 @@ class Operations(pyfuse3.Operations):
         ctx: RequestContext,
     ) -> pyfuse3.EntryAttributes:
         view, ino = self.table.get(inode)
-        changes = {
-            key: getattr(attr, "st_" + key)
-            for key, wanted in (
-                ("mode", fields.update_mode),
-                ("uid", fields.update_uid),
-                ("gid", fields.update_gid),
-                ("size", fields.update_size),
-                ("atime_ns", fields.update_atime),
-                ("mtime_ns", fields.update_mtime),
-            )
-            if wanted
-        }
+        changes = {key: getattr(attr, st) for flag, key, st in _SETATTR if getattr(fields, flag)}
         st = await self._mutate(view, lambda rw, fetched: rw.setattr(ino, **changes, fetched=fetched))
         return self._attrs(st, inode, view)
 

@@ -126,12 +126,13 @@ class DirVolume(Namespace, volume_kind=VolumeKind.DIR):
                     self._no_upper[ino] = e.errno
                 self._spill(node, offset, data)
         end = offset + len(data)
+        now = now_ns()
         if end > node.attrs.size:
             if node.attrs.nlink:
                 self.logical += end - node.attrs.size
-            node.set(size=end)
-        now = now_ns()
-        node.set(mtime_ns=now, ctime_ns=now)
+            node.set(size=end, mtime_ns=now, ctime_ns=now)
+        else:
+            node.set(mtime_ns=now, ctime_ns=now)
         self._touch(ino)
         return len(data)
 
@@ -229,10 +230,13 @@ class DirVolume(Namespace, volume_kind=VolumeKind.DIR):
 
     def _adopt(self, node: Node, f: UpperFile) -> None:
         """The file's content is now wholly its upper file: its chunk rows go at the
-        next flush (a cut from chunk 0) and its base no longer counts."""
+        next flush (a cut from chunk 0) and its base no longer counts. (Chunk rows of a
+        directory volume's file are only an older casfs's, all in chunk_ids since the
+        load, or rows a pending cut drops: a new file has none, and its flush then
+        skips the cut's four statements.)"""
         node.upper = f.key[1]
-        self.chunk_ids.pop(node.ino, None)
-        self.cuts[node.ino] = ChunkNo(0)
+        if self.chunk_ids.pop(node.ino, None) is not None or node.ino in self.cuts:
+            self.cuts[node.ino] = ChunkNo(0)
         node.base_limit = 0
         self._contents.pop(node.ino, None)
         self._touch(node.ino)

@@ -283,3 +283,36 @@ def test_a_killed_mounts_listing_keeps_its_cookies_through_the_upgrade_to_entry_
         repo.close()
     ok(store, "snapshot", "create", "vdir")
     assert_consistent(store)
+
+
+@pytest.mark.parametrize("version", [v for v in STORES if 2 <= v < 8])
+def test_a_new_mount_writes_over_a_directory_volumes_old_form_overlay(tmp_path: Path, version: int) -> None:
+    """A read/write mount of the upgraded store's `vdir`, its old-form overlay not yet
+    folded (the file the killed mount wrote is an overlay_chunks row), appends to that
+    file and fsyncs, and is killed. The file then lives in an upper file: its chunk rows
+    are gone from the catalog (the flush cut them, with the refcounts), the volume reads
+    the old bytes and the new, and fsck is clean."""
+    store, expected = unpack(version, tmp_path / "unpacked")
+    overlay = expected["overlay"]
+    name, file = overlay["volume"], overlay["file"]
+    rows = "SELECT count(*) FROM overlay_chunks WHERE volume = ?"
+    assert query(store, rows, name) == [(1,)]
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    m = start_daemon(store, mnt, volume=name)
+    try:
+        old = (mnt / file).read_bytes()
+        assert hashlib.sha256(old).hexdigest() == overlay["sha256"]
+        with open(mnt / file, "ab") as f:
+            f.write(b"appended after the upgrade\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.kill(m.pid, signal.SIGKILL)
+        assert wait_gone(m.pid, m.proc, 30)
+    finally:
+        cleanup(m.path, m.pid, m.proc)
+    assert query(store, rows, name) == [(0,)]
+    out = tmp_path / "export"
+    ok(store, "volume", "export", name, str(out))
+    assert (out / file).read_bytes() == old + b"appended after the upgrade\n"
+    assert_consistent(store)

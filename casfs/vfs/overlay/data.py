@@ -37,10 +37,7 @@ class Data(RwVolume):
         return self._stat(self.node(ino))
 
     def _stat(self, node: Node) -> Stat:
-        st = node.stat()
-        if node.is_file:
-            st = st.with_(blocks=self._blocks(node))
-        return st
+        return Stat.of(node.attrs, self._blocks(node) if node.is_file else None)
 
     def _blocks(self, node: Node) -> int:
         """512-byte blocks a file occupies, counted by chunk: a chunk holding data counts

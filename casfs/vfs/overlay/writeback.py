@@ -51,10 +51,17 @@ from casfs.vfs.overlay.nodes import NO_LIMIT, Node
 from casfs.vfs.overlay.upper import SyncJob
 
 _DAY_NS = 86400 * 10**9
+# File times come from the kernel's own clock for them (current_time(): the coarse
+# one, a tick of a few ms). Under the writeback cache the kernel stamps a written file's
+# mtime itself unless it already equals its clock's, and a stamp dirties the inode:
+# one more SETATTR (the kernel writing its times back) per file. A finer stamp from
+# here never equals the kernel's, so tar -x and cp -a paid that request for nearly
+# every file they wrote. (Linux filesystems stamp with this clock too.)
+_COARSE = getattr(time, "CLOCK_REALTIME_COARSE", 5)  # (Linux's number; Python 3.11 lacks the name)
 
 
 def now_ns() -> int:
-    return time.time_ns()
+    return time.clock_gettime_ns(_COARSE)
 
 
 class RwVolume(ABC):
