@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from casfs.store.uppers import local_bytes, remove_stale, upper_dir
-from casfs.vfs.overlay.upper import _PAGE_BLOCKS, BLOCK, Upper, UpperError
+from casfs.vfs.overlay.upper import _PAGE_BLOCKS, BLOCK, CLUSTER, Upper, UpperError
 
 SIZE = 3 << 30  # three map pages (128 MiB of disk each) and then some
 
@@ -130,3 +130,46 @@ def test_zeros_over_a_block_whose_bit_a_crash_lost_read_as_zeros(tmp_path: Path)
     assert not again.present(1)
     again.pwrite(BLOCK, bytes(BLOCK))
     assert again.present(1) and again.pread(BLOCK, BLOCK) == bytes(BLOCK)
+
+
+def allocated(up: Upper) -> list[tuple[int, int]]:
+    """The .data file's allocated ranges (SEEK_DATA/SEEK_HOLE)."""
+    fd, pos = up.data_fd(), 0
+    out: list[tuple[int, int]] = []
+    while True:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError:
+            return out
+        pos = os.lseek(fd, start, os.SEEK_HOLE)
+        out.append((start, pos))
+
+
+def test_a_small_write_into_an_empty_cluster_allocates_the_cluster_and_marks_its_blocks_only(
+    tmp_path: Path,
+) -> None:
+    up = Upper.create(tmp_path, "v", SIZE)
+    per = CLUSTER // BLOCK
+    b = 3 * per + 5  # a block in the middle of the fourth cluster
+    data = os.urandom(2 * BLOCK)
+    assert up.pwrite(b * BLOCK, data) == 2
+    assert allocated(up) == [(3 * CLUSTER, 4 * CLUSTER)]
+    assert up.mask(3 * per, per) == 0b11 << 5  # the zeros around it are not present
+    assert up.pread(b * BLOCK, 2 * BLOCK) == data and up.unsynced_bytes == 2 * BLOCK
+    # A later write into the same cluster never overwrites what is present there.
+    more = os.urandom(BLOCK)
+    assert up.pwrite(3 * per * BLOCK, more) == 1
+    assert up.pread(b * BLOCK, 2 * BLOCK) == data and up.pread(3 * per * BLOCK, BLOCK) == more
+    synced(up)
+    again = Upper.open(tmp_path, "v", up.epoch, SIZE)
+    assert again.mask(3 * per, per) == 0b11 << 5 | 1
+
+
+def test_a_write_into_the_last_partial_cluster_stays_within_the_disk(tmp_path: Path) -> None:
+    size = 10 * CLUSTER + 3 * BLOCK  # the last cluster has 3 blocks
+    up = Upper.create(tmp_path, "v", size)
+    assert up.pwrite(size - 2 * BLOCK, os.urandom(BLOCK)) == 1
+    assert os.fstat(up.data_fd()).st_size == size
+    assert allocated(up) == [(10 * CLUSTER, size)]
+    assert up.mask(10 * CLUSTER // BLOCK, 3) == 0b010
+

@@ -48,6 +48,7 @@ _MAP_AT = BLOCK  # the bitmap starts after the header's block
 _NONZERO = re.compile(rb"[^\x00]")
 _PAGE = BLOCK  # the map is kept and written back in pages of this many bytes
 _PAGE_BLOCKS = _PAGE * 8  # blocks a map page covers (128 MiB of disk)
+CLUSTER = 64 << 10  # the upper file is allocated in aligned runs of this many bytes (Upper._with_cluster)
 
 
 class UpperError(OSError):
@@ -81,9 +82,12 @@ class Upper:
     memory follows what was written, not the volume's size. The map file trails it by
     what the last sync wrote."""
 
-    def __init__(self, folder: Path, epoch: int, data_fd: int, map_fd: int, pages: dict[int, bytearray]):
+    def __init__(
+        self, folder: Path, epoch: int, size: int, data_fd: int, map_fd: int, pages: dict[int, bytearray]
+    ):
         self.folder = folder
         self.epoch = epoch
+        self.size = size
         self._data = data_fd
         self._map = map_fd
         self._pages = pages
@@ -108,7 +112,7 @@ class Upper:
         map_fd = os.open(folder / f"{epoch}.map", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         header = _HEADER.pack(_MAGIC, _FORMAT, BLOCK, size).ljust(BLOCK, b"\0")
         os.pwrite(map_fd, header, 0)
-        return cls(folder, epoch, data, map_fd, {})
+        return cls(folder, epoch, size, data, map_fd, {})
 
     @classmethod
     def open(cls, store: Path, volume: str, epoch: int, size: int) -> Upper:
@@ -122,7 +126,7 @@ class Upper:
         header = os.pread(map_fd, _HEADER.size, 0)
         if len(header) < _HEADER.size or _HEADER.unpack(header) != (_MAGIC, _FORMAT, BLOCK, size):
             raise UpperError(f"upper map {folder / f'{epoch}.map'} does not match its volume ({size} bytes)")
-        upper = cls(folder, epoch, data, map_fd, _read_pages(map_fd))
+        upper = cls(folder, epoch, size, data, map_fd, _read_pages(map_fd))
         upper.registered = True
         return upper
 
@@ -212,15 +216,38 @@ class Upper:
             _punch(self._data, offset, size)
             self.punched = True
         else:
-            done = os.pwrite(self._data, data, offset)
-            if done < size:
-                view = memoryview(data)
-                while done < size:
-                    done += os.pwrite(self._data, view[done:], offset + done)
-            self.unsynced_bytes += size
+            at, buffers = self._with_cluster(offset, data)
+            done, total = os.pwritev(self._data, buffers, at), sum(len(b) for b in buffers)
+            if done < total:
+                view = memoryview(b"".join(buffers))
+                while done < total:
+                    done += os.pwrite(self._data, view[done:], at + done)
+            self.unsynced_bytes += size  # (the guest's bytes: what a crash could lose)
         self.writes += 1
         first = offset // BLOCK
         return self._set(first, first + size // BLOCK)
+
+    def _with_cluster(
+        self, offset: int, data: bytes | bytearray | memoryview
+    ) -> tuple[int, list[bytes | bytearray | memoryview]]:
+        """Where to write `data` and what: a write into a CLUSTER of which no block is
+        present yet takes the whole cluster, zeros around it (their bits stay clear: the
+        zeros are never read), so the file is allocated a cluster at a time, as qcow2's
+        is, without its copy of the cluster from below. Random 4 KiB writes into a
+        sparse file otherwise leave it allocated block by block, and ext4 pays for that
+        at every later write and writeback over the range (docs/developer-notes.md,
+        "The block write path")."""
+        start = offset - offset % CLUSTER
+        stop = min(start + CLUSTER, self.size)
+        if offset + len(data) > stop or (offset == start and offset + len(data) == stop):
+            return offset, [data]  # (across clusters, or the whole of one)
+        first = start // BLOCK
+        if self.mask(first, (stop - start) // BLOCK):
+            return offset, [data]
+        return start, [_CLUSTER_ZEROS[: offset - start], data, _CLUSTER_ZEROS[: stop - offset - len(data)]]
+
+    def data_fd(self) -> int:
+        return self._data
 
     def pread(self, offset: int, size: int) -> bytes:
         data = os.pread(self._data, size, offset)
@@ -294,6 +321,7 @@ def _read_pages(map_fd: int) -> dict[int, bytearray]:
 
 _ZEROS = bytes(1 << 20)
 _ZERO_BLOCK = bytes(BLOCK)
+_CLUSTER_ZEROS = memoryview(_ZEROS)[:CLUSTER]
 _libc = ctypes.CDLL(None, use_errno=True)
 _FALLOC_PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
 
