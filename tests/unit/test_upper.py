@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from casfs.store.uppers import local_bytes, remove_stale, upper_dir
+from casfs.vfs.overlay.behind import BEHIND, MIN_BYTES
 from casfs.vfs.overlay.upper import _PAGE_BLOCKS, BLOCK, CLUSTER, Upper, UpperError
 
 SIZE = 3 << 30  # three map pages (128 MiB of disk each) and then some
@@ -173,3 +174,17 @@ def test_a_write_into_the_last_partial_cluster_stays_within_the_disk(tmp_path: P
     assert allocated(up) == [(10 * CLUSTER, size)]
     assert up.mask(10 * CLUSTER // BLOCK, 3) == 0b010
 
+
+def test_a_large_write_is_handed_to_write_behind_and_reads_back(tmp_path: Path) -> None:
+    """Write-behind starts the writeback of a large write (the sync still makes it
+    durable); small writes are left to the sync."""
+    up = Upper.create(tmp_path, "v", SIZE)
+    before = BEHIND.started
+    up.pwrite(0, os.urandom(BLOCK))
+    assert BEHIND.started == before
+    data = os.urandom(MIN_BYTES)
+    up.pwrite(CLUSTER, data)
+    assert BEHIND.started == before + 1
+    BEHIND.wait_idle()
+    synced(up)
+    assert Upper.open(tmp_path, "v", up.epoch, SIZE).pread(CLUSTER, MIN_BYTES) == data

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from casfs.store.uppers import upper_dir
+from casfs.vfs.overlay.behind import BEHIND, MIN_BYTES
 
 BLOCK = 4096
 _HEADER = struct.Struct("<12sIIQ")  # magic, format, block size, volume size
@@ -223,6 +224,8 @@ class Upper:
                 while done < total:
                     done += os.pwrite(self._data, view[done:], at + done)
             self.unsynced_bytes += size  # (the guest's bytes: what a crash could lose)
+            if size >= MIN_BYTES:
+                BEHIND.start(self, offset, size)  # (a stream of large writes: see behind.py)
         self.writes += 1
         first = offset // BLOCK
         return self._set(first, first + size // BLOCK)
