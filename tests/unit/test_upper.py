@@ -166,6 +166,14 @@ def test_a_small_write_into_an_empty_cluster_allocates_the_cluster_and_marks_its
     assert again.mask(3 * per, per) == 0b11 << 5 | 1
 
 
+def test_a_write_across_two_empty_clusters_lands_where_it_was_aimed(tmp_path: Path) -> None:
+    up = Upper.create(tmp_path, "v", SIZE)
+    data = os.urandom(2 * BLOCK)
+    assert up.pwrite(CLUSTER - BLOCK, data) == 2
+    assert up.pread(0, 2 * CLUSTER) == bytes(CLUSTER - BLOCK) + data + bytes(CLUSTER - BLOCK)
+    assert up.mask(0, 2 * CLUSTER // BLOCK) == 0b11 << (CLUSTER // BLOCK - 1)
+
+
 def test_a_write_into_the_last_partial_cluster_stays_within_the_disk(tmp_path: Path) -> None:
     size = 10 * CLUSTER + 3 * BLOCK  # the last cluster has 3 blocks
     up = Upper.create(tmp_path, "v", size)

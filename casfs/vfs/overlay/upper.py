@@ -49,7 +49,8 @@ _MAP_AT = BLOCK  # the bitmap starts after the header's block
 _NONZERO = re.compile(rb"[^\x00]")
 _PAGE = BLOCK  # the map is kept and written back in pages of this many bytes
 _PAGE_BLOCKS = _PAGE * 8  # blocks a map page covers (128 MiB of disk)
-CLUSTER = 64 << 10  # the upper file is allocated in aligned runs of this many bytes (Upper._with_cluster)
+CLUSTER = 64 << 10  # the upper file is allocated in aligned runs of this many bytes (Upper._cluster_empty)
+_CLUSTER_BLOCKS = CLUSTER // BLOCK
 
 
 class UpperError(OSError):
@@ -217,12 +218,13 @@ class Upper:
             _punch(self._data, offset, size)
             self.punched = True
         else:
-            at, buffers = self._with_cluster(offset, data)
-            done, total = os.pwritev(self._data, buffers, at), sum(len(b) for b in buffers)
-            if done < total:
-                view = memoryview(b"".join(buffers))
-                while done < total:
-                    done += os.pwrite(self._data, view[done:], at + done)
+            start = offset - offset % CLUSTER
+            tail = min(start + CLUSTER, self.size) - offset - size  # (< 0: across its end)
+            if tail >= 0 and size < CLUSTER and self._cluster_empty(start):
+                # The cluster's first write takes all of it: see _cluster_empty.
+                _write_all(self._data, [_CLUSTER_ZEROS[: offset - start], data, _CLUSTER_ZEROS[:tail]], start)
+            else:
+                _write_all(self._data, [data], offset)
             self.unsynced_bytes += size  # (the guest's bytes: what a crash could lose)
             if size >= MIN_BYTES:
                 BEHIND.start(self, offset, size)  # (a stream of large writes: see behind.py)
@@ -230,24 +232,17 @@ class Upper:
         first = offset // BLOCK
         return self._set(first, first + size // BLOCK)
 
-    def _with_cluster(
-        self, offset: int, data: bytes | bytearray | memoryview
-    ) -> tuple[int, list[bytes | bytearray | memoryview]]:
-        """Where to write `data` and what: a write into a CLUSTER of which no block is
-        present yet takes the whole cluster, zeros around it (their bits stay clear: the
-        zeros are never read), so the file is allocated a cluster at a time, as qcow2's
-        is, without its copy of the cluster from below. Random 4 KiB writes into a
-        sparse file otherwise leave it allocated block by block, and ext4 pays for that
-        at every later write and writeback over the range (docs/developer-notes.md,
-        "The block write path")."""
-        start = offset - offset % CLUSTER
-        stop = min(start + CLUSTER, self.size)
-        if offset + len(data) > stop or (offset == start and offset + len(data) == stop):
-            return offset, [data]  # (across clusters, or the whole of one)
-        first = start // BLOCK
-        if self.mask(first, (stop - start) // BLOCK):
-            return offset, [data]
-        return start, [_CLUSTER_ZEROS[: offset - start], data, _CLUSTER_ZEROS[: stop - offset - len(data)]]
+    def _cluster_empty(self, start: int) -> bool:
+        """No block of the cluster at `start` is present (a cluster is whole bytes of a
+        map page). A write into such a cluster writes all of it, zeros around the data
+        (their bits stay clear: the zeros are never read), so the file is allocated a
+        cluster at a time, as qcow2's is, without its copy of the cluster from below.
+        Random 4 KiB writes into a sparse file otherwise leave it allocated block by
+        block, and ext4 pays for that at every later write and writeback over the range
+        (docs/developer-notes.md, "The block write path")."""
+        p, at = divmod(start // BLOCK, _PAGE_BLOCKS)
+        page = self._pages.get(p)
+        return page is None or not any(page[at >> 3 : (at + _CLUSTER_BLOCKS) >> 3])
 
     def data_fd(self) -> int:
         return self._data
@@ -335,6 +330,15 @@ def _is_zero(data: bytes | bytearray | memoryview) -> bool:
     if len(data) <= len(_ZEROS):
         return data == _ZEROS[: len(data)]
     return bytes(data).count(0) == len(data)
+
+
+def _write_all(fd: int, buffers: list[bytes | bytearray | memoryview], offset: int) -> None:
+    done = os.pwrite(fd, buffers[0], offset) if len(buffers) == 1 else os.pwritev(fd, buffers, offset)
+    total = sum(len(b) for b in buffers)
+    if done < total:
+        view = memoryview(b"".join(buffers))
+        while done < total:
+            done += os.pwrite(fd, view[done:], offset + done)
 
 
 def _punch(fd: int, offset: int, length: int) -> None:
