@@ -1,7 +1,7 @@
 """A mounted block volume's upper file under failure: a daemon killed in the middle of
 the fold that turns the upper into blobs loses nothing, leaves nothing half visible,
 and leaves no stray files once the volume is settled; a stream of large writes that an
-fsync acknowledged (write-behind, clusters filled around small writes) survives kill -9;
+fsync acknowledged (write-behind) survives kill -9;
 a deleted volume's files go."""
 
 from __future__ import annotations
@@ -72,10 +72,9 @@ def test_a_background_fold_killed_midway_loses_nothing(
 
 
 def test_large_writes_an_fsync_acknowledged_survive_kill_9(repo: Repository, tmp_path: Path) -> None:
-    """Small writes first (each fills its cluster of the upper with zeros around it),
-    then 1 MiB writes over the whole disk (each handed to write-behind), fsync, one
-    more write never synced, kill -9: every acknowledged byte is there, and each block
-    of the last write reads back old or new."""
+    """Small writes first, then 1 MiB writes over the whole disk (each handed to
+    write-behind), fsync, one more write never synced, kill -9: every acknowledged
+    byte is there, and each block of the last write reads back old or new."""
     ok(repo.path, "volume", "create", "b", "--blank-block", "16M")
     disk = tmp_path / "b.raw"
     disk.touch()

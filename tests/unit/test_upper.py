@@ -11,7 +11,7 @@ import pytest
 
 from casfs.store.uppers import local_bytes, remove_stale, upper_dir
 from casfs.vfs.overlay.behind import BEHIND, MIN_BYTES
-from casfs.vfs.overlay.upper import _PAGE_BLOCKS, BLOCK, CLUSTER, Upper, UpperError
+from casfs.vfs.overlay.upper import _PAGE_BLOCKS, BLOCK, Upper, UpperError
 
 SIZE = 3 << 30  # three map pages (128 MiB of disk each) and then some
 
@@ -133,56 +133,6 @@ def test_zeros_over_a_block_whose_bit_a_crash_lost_read_as_zeros(tmp_path: Path)
     assert again.present(1) and again.pread(BLOCK, BLOCK) == bytes(BLOCK)
 
 
-def allocated(up: Upper) -> list[tuple[int, int]]:
-    """The .data file's allocated ranges (SEEK_DATA/SEEK_HOLE)."""
-    fd, pos = up.data_fd(), 0
-    out: list[tuple[int, int]] = []
-    while True:
-        try:
-            start = os.lseek(fd, pos, os.SEEK_DATA)
-        except OSError:
-            return out
-        pos = os.lseek(fd, start, os.SEEK_HOLE)
-        out.append((start, pos))
-
-
-def test_a_small_write_into_an_empty_cluster_allocates_the_cluster_and_marks_its_blocks_only(
-    tmp_path: Path,
-) -> None:
-    up = Upper.create(tmp_path, "v", SIZE)
-    per = CLUSTER // BLOCK
-    b = 3 * per + 5  # a block in the middle of the fourth cluster
-    data = os.urandom(2 * BLOCK)
-    assert up.pwrite(b * BLOCK, data) == 2
-    assert allocated(up) == [(3 * CLUSTER, 4 * CLUSTER)]
-    assert up.mask(3 * per, per) == 0b11 << 5  # the zeros around it are not present
-    assert up.pread(b * BLOCK, 2 * BLOCK) == data and up.unsynced_bytes == 2 * BLOCK
-    # A later write into the same cluster never overwrites what is present there.
-    more = os.urandom(BLOCK)
-    assert up.pwrite(3 * per * BLOCK, more) == 1
-    assert up.pread(b * BLOCK, 2 * BLOCK) == data and up.pread(3 * per * BLOCK, BLOCK) == more
-    synced(up)
-    again = Upper.open(tmp_path, "v", up.epoch, SIZE)
-    assert again.mask(3 * per, per) == 0b11 << 5 | 1
-
-
-def test_a_write_across_two_empty_clusters_lands_where_it_was_aimed(tmp_path: Path) -> None:
-    up = Upper.create(tmp_path, "v", SIZE)
-    data = os.urandom(2 * BLOCK)
-    assert up.pwrite(CLUSTER - BLOCK, data) == 2
-    assert up.pread(0, 2 * CLUSTER) == bytes(CLUSTER - BLOCK) + data + bytes(CLUSTER - BLOCK)
-    assert up.mask(0, 2 * CLUSTER // BLOCK) == 0b11 << (CLUSTER // BLOCK - 1)
-
-
-def test_a_write_into_the_last_partial_cluster_stays_within_the_disk(tmp_path: Path) -> None:
-    size = 10 * CLUSTER + 3 * BLOCK  # the last cluster has 3 blocks
-    up = Upper.create(tmp_path, "v", size)
-    assert up.pwrite(size - 2 * BLOCK, os.urandom(BLOCK)) == 1
-    assert os.fstat(up.data_fd()).st_size == size
-    assert allocated(up) == [(10 * CLUSTER, size)]
-    assert up.mask(10 * CLUSTER // BLOCK, 3) == 0b010
-
-
 def test_a_large_write_is_handed_to_write_behind_and_reads_back(tmp_path: Path) -> None:
     """Write-behind starts the writeback of a large write (the sync still makes it
     durable); small writes are left to the sync."""
@@ -191,8 +141,8 @@ def test_a_large_write_is_handed_to_write_behind_and_reads_back(tmp_path: Path) 
     up.pwrite(0, os.urandom(BLOCK))
     assert BEHIND.started == before
     data = os.urandom(MIN_BYTES)
-    up.pwrite(CLUSTER, data)
+    up.pwrite(64 * BLOCK, data)
     assert BEHIND.started == before + 1
     BEHIND.wait_idle()
     synced(up)
-    assert Upper.open(tmp_path, "v", up.epoch, SIZE).pread(CLUSTER, MIN_BYTES) == data
+    assert Upper.open(tmp_path, "v", up.epoch, SIZE).pread(64 * BLOCK, MIN_BYTES) == data
