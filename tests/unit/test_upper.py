@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from casfs.store.uppers import local_bytes, remove_stale, upper_dir
+from casfs.vfs.overlay.behind import BEHIND, MIN_BYTES
 from casfs.vfs.overlay.upper import _PAGE_BLOCKS, BLOCK, Upper, UpperError
 
 SIZE = 3 << 30  # three map pages (128 MiB of disk each) and then some
@@ -130,3 +131,18 @@ def test_zeros_over_a_block_whose_bit_a_crash_lost_read_as_zeros(tmp_path: Path)
     assert not again.present(1)
     again.pwrite(BLOCK, bytes(BLOCK))
     assert again.present(1) and again.pread(BLOCK, BLOCK) == bytes(BLOCK)
+
+
+def test_a_large_write_is_handed_to_write_behind_and_reads_back(tmp_path: Path) -> None:
+    """Write-behind starts the writeback of a large write (the sync still makes it
+    durable); small writes are left to the sync."""
+    up = Upper.create(tmp_path, "v", SIZE)
+    before = BEHIND.started
+    up.pwrite(0, os.urandom(BLOCK))
+    assert BEHIND.started == before
+    data = os.urandom(MIN_BYTES)
+    up.pwrite(64 * BLOCK, data)
+    assert BEHIND.started == before + 1
+    BEHIND.wait_idle()
+    synced(up)
+    assert Upper.open(tmp_path, "v", up.epoch, SIZE).pread(64 * BLOCK, MIN_BYTES) == data

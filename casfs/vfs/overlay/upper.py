@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from casfs.store.uppers import upper_dir
+from casfs.vfs.overlay.behind import BEHIND, MIN_BYTES
 
 BLOCK = 4096
 _HEADER = struct.Struct("<12sIIQ")  # magic, format, block size, volume size
@@ -218,9 +219,14 @@ class Upper:
                 while done < size:
                     done += os.pwrite(self._data, view[done:], offset + done)
             self.unsynced_bytes += size
+            if size >= MIN_BYTES:
+                BEHIND.start(self, offset, size)  # (a stream of large writes: see behind.py)
         self.writes += 1
         first = offset // BLOCK
         return self._set(first, first + size // BLOCK)
+
+    def data_fd(self) -> int:
+        return self._data
 
     def pread(self, offset: int, size: int) -> bytes:
         data = os.pread(self._data, size, offset)
