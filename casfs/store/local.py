@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 
 def _log() -> logging.Logger:
-    import logging  # (at the first warning, not at import: see _libc)
+    import logging  # (at the first warning, not at import: see libc)
 
     return logging.getLogger(__name__)
 
@@ -45,12 +45,12 @@ _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 8)  # Linux 4.14; Python exposes it on L
 
 
 @functools.cache
-def _libc() -> ctypes.CDLL:
-    # Loaded at the first sync, not at import (ctypes costs a CLI command that stores
-    # nothing). The process's own symbols, not find_library: that forks ldconfig, and a
-    # daemon forking while it holds an fd on its own mount (syncfs_path) hangs that
-    # mount for ever if it is killed then (the child holds /dev/fuse, waiting for the
-    # answer to its FLUSH of the inherited fd).
+def libc() -> ctypes.CDLL:
+    # Loaded at first use (a sync, a hole punched, a write-behind), not at import
+    # (ctypes costs a CLI command that stores nothing). The process's own symbols, not
+    # find_library: that forks ldconfig, and a daemon forking while it holds an fd on
+    # its own mount (syncfs_path) hangs that mount for ever if it is killed then (the
+    # child holds /dev/fuse, waiting for the answer to its FLUSH of the inherited fd).
     import ctypes
 
     return ctypes.CDLL(None, use_errno=True)
@@ -59,7 +59,7 @@ def _libc() -> ctypes.CDLL:
 def syncfs(fd: int) -> None:
     import ctypes
 
-    if _libc().syncfs(fd) != 0:
+    if libc().syncfs(fd) != 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e))
 
@@ -188,7 +188,7 @@ class FileBlobStore(DamagedMarks, BlobStore):
 
 class FileStaging(Staging):
     def __init__(self, store: FileBlobStore) -> None:
-        import uuid  # (here, not at import: see _libc)
+        import uuid  # (here, not at import: see libc)
 
         self.store = store
         self.dir = store.tmp_dir / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"

@@ -25,10 +25,11 @@ import threading
 from queue import Full, Queue
 from typing import Protocol
 
+from casfs.store.local import libc
+
 MIN_BYTES = 256 << 10  # smaller writes: no write-behind
 _QUEUE = 64  # ranges waiting (64 MiB of 1 MiB writes)
 _SYNC_FILE_RANGE_WRITE = 2  # (linux/fs.h)
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class Writable(Protocol):
@@ -73,7 +74,7 @@ class WriteBehind:
             try:
                 # A hint: an error here is the sync's to report (and a closed upper's
                 # descriptor cannot be reused meanwhile: the item holds the upper).
-                _libc.sync_file_range(
+                libc().sync_file_range(
                     upper.data_fd(), ctypes.c_long(offset), ctypes.c_long(size), _SYNC_FILE_RANGE_WRITE
                 )
             finally:

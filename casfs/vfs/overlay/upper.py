@@ -38,6 +38,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
+from casfs.store.local import libc
 from casfs.store.uppers import upper_dir
 from casfs.vfs.overlay.behind import BEHIND, MIN_BYTES
 
@@ -300,7 +301,6 @@ def _read_pages(map_fd: int) -> dict[int, bytearray]:
 
 _ZEROS = bytes(1 << 20)
 _ZERO_BLOCK = bytes(BLOCK)
-_libc = ctypes.CDLL(None, use_errno=True)
 _FALLOC_PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
 
 
@@ -313,7 +313,7 @@ def _is_zero(data: bytes | bytearray | memoryview) -> bool:
 
 
 def _punch(fd: int, offset: int, length: int) -> None:
-    if _libc.fallocate(fd, _FALLOC_PUNCH, ctypes.c_long(offset), ctypes.c_long(length)) != 0:
+    if libc().fallocate(fd, _FALLOC_PUNCH, ctypes.c_long(offset), ctypes.c_long(length)) != 0:
         err = ctypes.get_errno()
         if err != errno.EOPNOTSUPP:
             raise OSError(err, os.strerror(err))
