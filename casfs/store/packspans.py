@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from casfs.store.ids import BlobId
+from casfs.store.packindex import Location
 
 # Blobs of a run at most this far apart in a pack are read with one pread, the bytes
 # between them read and dropped (a deleted blob, or one the run does not need): the
@@ -23,24 +24,24 @@ from casfs.store.ids import BlobId
 SPAN_GAP = 16 << 10
 SPAN_MAX = 1 << 20
 
-Located = tuple[BlobId, int, int]  # id, offset in the pack, stored length
+InPack = tuple[BlobId, int, int]  # id, offset in the pack, stored length
 
 
 def spans(
-    where: Mapping[BlobId, tuple[str, int, int]],
+    where: Mapping[BlobId, Location],
     order: Sequence[BlobId],
     gap: int = SPAN_GAP,
     most: int = SPAN_MAX,
-) -> list[tuple[str, list[Located]]]:
+) -> list[tuple[str, list[InPack]]]:
     """The spans to read for the blobs located in `where` (id -> pack, offset, length):
     (pack, its blobs by offset), each blob in exactly one; a span's blobs at most `gap`
     bytes apart, and it at most `most` bytes long (or one blob, if longer). Spans are
     ordered by where their blobs come first in `order` (the reader's), so the chunks
     wanted first come first."""
-    by_pack: dict[str, list[Located]] = {}
+    by_pack: dict[str, list[InPack]] = {}
     for bid, (name, offset, length) in where.items():
         by_pack.setdefault(name, []).append((bid, offset, length))
-    out: list[tuple[str, list[Located]]] = []
+    out: list[tuple[str, list[InPack]]] = []
     for name, blobs in by_pack.items():
         blobs.sort(key=lambda b: b[1])
         span = [blobs[0]]
