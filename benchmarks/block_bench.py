@@ -48,7 +48,9 @@ Then, in the same repetitions and the same rotation, each on a fresh disk:
                    VmHWM, MiB, and "written for RSS", what was written in that time, MiB
   clone            --clone-runs times per repetition, alternating: `casfs volume create
                    NAME --from IMAGE` (a Python process start included) beside `qemu-img
-                   create -f qcow2 -F raw -b BASE OVERLAY`; wall ms
+                   create -f qcow2 -F raw -b BASE OVERLAY`; wall ms. "clone by xattr":
+                   `setfattr -n user.casfs.clone -v NAME MNT/images/IMAGE` in a whole-store
+                   mount, beside the same qemu-img runs
 
 Before each read test the page cache is dropped and every FUSE daemon restarted, so
 neither the kernel nor a daemon's own cache holds the data. Write buffers are
@@ -281,20 +283,31 @@ def rss_after_writes(disk: Disk, peer: str, size: int, runtime: int) -> dict[str
     return figures
 
 
-def clone_times(base: Path, work: Path, rep: int, runs: int, cache_mb: int | None) -> dict[str, list[float]]:
-    """Wall ms of `runs` clones of the base image each way, alternating: a casfs volume
-    by the CLI, a qcow2 overlay by qemu-img. The clones are left for the scratch's end."""
+def clone_times(base: Path, work: Path, rep: int, runs: int, cache_mb: int | None) -> Samples:
+    """Wall ms of `runs` clones of the base image each way, alternating: a qcow2 overlay
+    by qemu-img, a casfs volume by the CLI ("clone") and by xattr in a whole-store mount
+    ("clone by xattr"). The clones are left for the scratch's end."""
     cas = Casfs(work / "store", work / "casfs.mnt", cache_mb=cache_mb)
-    times: dict[str, list[float]] = {"qsd-qcow2": [], "casfs": []}
-    for i in range(runs):
-        overlay = work / f"clone-{rep}-{i}.qcow2"
-        times["qsd-qcow2"].append(
-            _ms(sh, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, overlay)
-        )
-        overlay.unlink()
-        times["casfs"].append(_ms(cas.cli, "volume", "create", f"cl-{rep}-{i}", "--from", "base"))
-    for peer, ms in times.items():
-        _progress(peer, "clone", statistics.median(ms))
+    qemu: list[float] = []
+    times: Samples = {
+        "clone": {"qsd-qcow2": qemu, "casfs": []},
+        "clone by xattr": {"qsd-qcow2": qemu, "casfs": []},
+    }
+    whole = Casfs(work / "store", work / "store.mnt")
+    whole.mnt.mkdir(exist_ok=True)
+    with whole.mounted() as mnt:
+        for i in range(runs):
+            overlay = work / f"clone-{rep}-{i}.qcow2"
+            qemu.append(_ms(sh, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, overlay))
+            overlay.unlink()
+            times["clone"]["casfs"].append(
+                _ms(cas.cli, "volume", "create", f"cl-{rep}-{i}", "--from", "base")
+            )
+            clone = ("setfattr", "-n", "user.casfs.clone", "-v", f"cx-{rep}-{i}", mnt / "images" / "base")
+            times["clone by xattr"]["casfs"].append(_ms(sh, *clone))
+    for test, by in times.items():
+        for peer, ms in by.items():
+            _progress(peer, test, statistics.median(ms))
     return times
 
 
@@ -361,8 +374,9 @@ def run(
                     add(peer, snapshot_after(disk, peer, label, n))
             with fresh_disk(peer, work, base, f"rss{rep}", cache_mb) as disk:
                 add(peer, rss_after_writes(disk, peer, size, rss_runtime))
-        for peer, times in clone_times(base, work, rep, clone_runs, cache_mb).items():
-            samples.setdefault("clone", {}).setdefault(peer, []).extend(times)
+        for test, by in clone_times(base, work, rep, clone_runs, cache_mb).items():
+            for peer, times in by.items():
+                samples.setdefault(test, {}).setdefault(peer, []).extend(times)
     medians = {t: {p: statistics.median(v) for p, v in by.items()} for t, by in samples.items()}
     for label, n in snapshot_sizes.items():
         fold_ms = medians[f"folded, {label} written"]["casfs"]
@@ -388,7 +402,7 @@ def report_table(report: dict[str, Any]) -> str:
     order = [*TESTS, "snapshot", "daemon peak RSS", "RSS after rand writes", "written for RSS"]
     for label in report["snapshot_sizes"]:
         order += [f"snapshot, {label} written", f"folded, {label} written", f"fold rate, {label} written"]
-    order.append("clone")
+    order += ["clone", "clone by xattr"]
     rows = [Row(test, _unit(test), results[test]) for test in order if test in results]
     return table(rows, PEERS, bases=("qsd-qcow2", "qsd-raw"))
 
@@ -422,7 +436,7 @@ def main() -> int:
             print(f"block_bench: snapshot after {label} skipped: the disk is {args.size}", file=sys.stderr)
         else:
             snapshot_sizes[label] = n
-    mounts = ("casfs.mnt", "qsd-raw.mnt", "qsd-qcow2.mnt")
+    mounts = ("casfs.mnt", "store.mnt", "qsd-raw.mnt", "qsd-qcow2.mnt")
     stop_on_sigterm()
     with scratch(args.workdir, "casfs-blockbench-", mounts=mounts) as work:
         report = run(

@@ -33,16 +33,23 @@ def wait_folded(repo: Repository, volume: str, n: SnapshotNo, timeout: float = F
     that follows. Before reading it, wait for that fold (its daemon alive), or fold it
     here (its daemon died: the volume is at rest, its frozen epoch durable)."""
     deadline = time.monotonic() + timeout
-    while overlay_rows.pending_snapshot(repo.conn, volume, n):
-        row = rows.volume_row(repo.conn, volume)
-        if row is None:
-            return
-        if row.phase == VolumePhase.READY:
-            settle(repo, volume)
-            return
+    while pending(repo, volume, n):
         if time.monotonic() > deadline:
-            raise Busy(f"snapshot {volume}@{n} is still being folded by process {row.owner_pid}")
+            row = rows.volume_row(repo.conn, volume)
+            pid = row.owner_pid if row is not None else None
+            raise Busy(f"snapshot {volume}@{n} is still being folded by process {pid}")
         time.sleep(0.05)
+    gone = rows.volume_row(repo.conn, volume) is None
+    if not gone and overlay_rows.pending_snapshot(repo.conn, volume, n):
+        settle(repo, volume)  # at rest: no daemon will fold it
+
+
+def pending(repo: Repository, volume: str, n: SnapshotNo) -> bool:
+    """Snapshot n is not stored as blobs yet, and a daemon holds its volume to fold it."""
+    if not overlay_rows.pending_snapshot(repo.conn, volume, n):
+        return False
+    row = rows.volume_row(repo.conn, volume)
+    return row is not None and row.phase != VolumePhase.READY
 
 
 def settle(repo: Repository, volume: str, label: str | None = None) -> SnapshotNo | None:
