@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import mmap
 import os
 import signal
 import subprocess
@@ -263,6 +264,44 @@ def test_a_full_disk_is_enospc_and_nothing_acknowledged_is_lost(tmp_path: Path) 
             assert (m.path / "kept").read_bytes() == kept
             assert (m.path / "later").read_bytes() == later
         fsck_clean(store)  # here: the small disk is gone when the test ends
+
+
+def test_a_block_volume_on_a_full_disk_refuses_the_write_and_loses_nothing(tmp_path: Path) -> None:
+    """A block volume writes into its upper file on the store's disk: a write the full
+    disk refuses fails at once with ENOSPC (an O_DIRECT guest's write, acknowledged by
+    nothing), what fsync acknowledged before stays, and writes go on once there is room."""
+    mib = 1 << 20
+    with small_disk(tmp_path) as disk:
+        store = disk / "store"
+        with contextlib.closing(Repository.init(store)) as repo:
+            volumes.create_volume(repo, "b", volumes.Source(blank_block=16 * mib))
+        image = tmp_path / "b.raw"
+        image.touch()
+        kept, refused, later = os.urandom(mib), os.urandom(4 * mib), os.urandom(mib)
+        with mounted(store, image, volume="b"):
+            fd = os.open(image, os.O_RDWR | os.O_DIRECT)
+            try:
+                buf = mmap.mmap(-1, 4 * mib)  # page-aligned, as O_DIRECT wants
+                buf[:mib] = kept
+                assert os.pwritev(fd, [memoryview(buf)[:mib]], 0) == mib
+                os.fsync(fd)
+                fill(disk / "filler")
+                buf[:] = refused
+                with pytest.raises(OSError) as failed:
+                    os.pwritev(fd, [buf], 8 * mib)
+                assert failed.value.errno == errno.ENOSPC
+                (disk / "filler").unlink()
+                buf[:mib] = later
+                assert os.pwritev(fd, [memoryview(buf)[:mib]], 2 * mib) == mib
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        with mounted(store, image, volume="b"):
+            got = image.read_bytes()
+        assert got[:mib] == kept and got[2 * mib : 3 * mib] == later
+        for at in range(0, 4 * mib, 4096):  # a refused write leaves each block old or new
+            assert got[8 * mib + at : 8 * mib + at + 4096] in (bytes(4096), refused[at : at + 4096])
+        fsck_clean(store)
 
 
 def test_import_on_a_full_disk_says_so_and_leaves_nothing_behind(tmp_path: Path) -> None:
