@@ -3,7 +3,8 @@
     /images/<name>              an image's TreeView or BlockView
     /volumes/<name>             a volume: its read/write view (claimed at its first change, not
                                 at lookup), or its base read-only while another process holds it
-    /snapshots/<volume>/<n>     snapshot n of a volume, read-only
+    /snapshots/<volume>/<n>     snapshot n of a volume, read-only (one taken while mounted
+                                is read before its fold commits: casfs.vfs.frozenview)
 
 The directories here are made up (mode 0555) and follow the catalog: listings are
 re-read at most once per LISTING_TTL_S, so images imported, volumes created and
@@ -28,6 +29,7 @@ from typing import Literal, NamedTuple
 
 from casfs.catalog import views
 from casfs.catalog.images import image_row
+from casfs.catalog.overlay import pending_snapshot
 from casfs.catalog.volumes import snapshot_row, volume_row
 from casfs.errors import CasfsError
 from casfs.ids import InodeNo, SnapshotNo
@@ -38,6 +40,7 @@ from casfs.repo import Repository
 from casfs.store.ids import BlobId
 from casfs.vfs.api import ROOT_INO, Piece, RwView, Stat, View, enoent, no_xattr
 from casfs.vfs.blockview import BlockView
+from casfs.vfs.frozenview import FrozenBlockView
 from casfs.vfs.treeview import TreeView
 
 log = logging.getLogger(__name__)
@@ -307,7 +310,9 @@ class StoreView:
     def _snapshot(self, volume: str, n: SnapshotNo) -> View:
         snap = snapshot_row(self.repo.conn, volume, n)
         if snap is None:
-            raise enoent(f"{volume}@{n}")
+            return self._frozen(volume, n)
+        # Folded: new lookups get it as stored (the kernel's open files keep the frozen view).
+        self._views.pop(("frozen", volume, n), None)
         row = Root(snap.kind, snap.root, snap.chunk_size, snap.next_ino, snap.created)
         label = f"snapshots/{volume}/{n}"
         return self._remember(
@@ -315,6 +320,26 @@ class StoreView:
             Subject("snapshot", volume, n),
             lambda: _static(self.repo, row, label),
         )
+
+    def _frozen(self, volume: str, n: SnapshotNo) -> View:
+        """A snapshot taken while mounted whose fold has not committed: readable at once,
+        its frozen epochs over its base, whichever process holds the volume."""
+        key = ("frozen", volume, n)
+        view = self._views.get(key)
+        if not pending_snapshot(self.repo.conn, volume, n):
+            self._views.pop(key, None)
+            if snapshot_row(self.repo.conn, volume, n) is None:
+                raise enoent(f"{volume}@{n}")
+            return self._snapshot(volume, n)  # (folded just now)
+        if view is None:
+            opened = FrozenBlockView.open(self.repo, volume, n, f"snapshots/{volume}/{n}")
+            if opened is None:
+                raise enoent(f"{volume}@{n}")
+            if opened.stored is not None:  # (folded while it opened)
+                return self._snapshot(volume, n)
+            view = self._views[key] = opened
+            self._subjects[id(view)] = Subject("snapshot", volume, n)
+        return view
 
 
 def resolve(view: View, parent: InodeNo, name: bytes) -> tuple[View, InodeNo, Stat]:
