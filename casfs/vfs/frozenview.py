@@ -8,10 +8,10 @@ the transaction of the fold that stores them as blobs, so a view that opened the
 the same bytes to the end. Opening races that deletion: a missing file means the fold
 committed, and the catalog is read again (the snapshot is stored now).
 
-Once its fold committed (each read looks, one fstat: the oldest epoch's file is
-unlinked), the view reads the stored snapshot instead, bytes identical, and lets the
-epochs' files go: their disk space comes back, and nothing is read from a base that
-gc may free once no snapshot keeps it.
+Once its fold committed (each read looks, and the daemon's fold timer, one fstat: the
+oldest epoch's file is unlinked), the view reads the stored snapshot instead, bytes
+identical, and lets the epochs' files go: their disk space comes back, and nothing is
+read from a base that gc may free once no snapshot keeps it.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class FrozenBlockView(OneFile):
         self._stack = UpperStack()
         self._below: ChunkMap | None = None
         self._size = self._chunk_size = 0
+        self._gone = False
         if not self._load():
             raise FileNotFoundError(errno.ENOENT, f"no snapshot {volume}@{n}")
         self._stat = self._make_stat()
@@ -113,10 +114,14 @@ class FrozenBlockView(OneFile):
             ctime_ns=mtime_ns,
         )
 
-    def _check_folded(self) -> None:
-        """Read the stored snapshot once the fold committed (its oldest epoch is gone)."""
-        if self.stored is None and self._stack.frozen and self._stack.frozen[0].upper.deleted():
-            self._load()  # (stored now, or the next epoch's fold is still to commit)
+    def check_folded(self) -> bool:
+        """Read the stored snapshot once the fold committed (its oldest epoch is gone);
+        whether the snapshot is no longer frozen (stored, or removed since: the epochs
+        stay open then, for the reads of the files the kernel holds)."""
+        if self.stored is None and not self._gone and self._stack.frozen[0].upper.deleted():
+            # (stored now, or the next epoch's fold is still to commit)
+            self._gone = not self._load()
+        return self.stored is not None or self._gone
 
     def _below_chunk(self, n: ChunkNo) -> BlobId:
         return self._below.chunk(n) if self._below is not None else ZERO_ID
@@ -129,7 +134,7 @@ class FrozenBlockView(OneFile):
 
     def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
         self._check(ino)
-        self._check_folded()
+        self.check_folded()
         if self.stored is not None:
             return self.stored.read_plan(ino, offset, size)
         return self._stack.plan(self._below_chunk, self._size, self._chunk_size, offset, size)

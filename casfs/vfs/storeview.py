@@ -122,6 +122,8 @@ class StoreView:
         self._snapdir_ino: dict[str, InodeNo] = {}
         self._snapdir_name: dict[InodeNo, str] = {}
         self._rw_generation: dict[str, tuple[BlobId, int]] = {}  # an unclaimed rw view's
+        # Snapshots read before their fold commits (casfs.vfs.frozenview), until it does.
+        self._frozen_views: dict[tuple[str, SnapshotNo], FrozenBlockView] = {}
 
     # -- junctions: which (view, inode) a name leads to ------------------------------
 
@@ -171,6 +173,13 @@ class StoreView:
                     log.error("%s: %s", text, e)
                 continue
             yield text.encode(), view, child, serial
+
+    def release_folded(self) -> None:
+        """Frozen snapshots whose fold committed read the stored one from now on, and
+        let their deleted epoch files go (the daemon's fold timer; reads look too)."""
+        for key, view in list(self._frozen_views.items()):
+            if view.check_folded():
+                del self._frozen_views[key]
 
     def subject(self, view: View) -> Subject | None:
         return self._subjects.get(id(view))
@@ -312,7 +321,7 @@ class StoreView:
         if snap is None:
             return self._frozen(volume, n)
         # Folded: new lookups get it as stored (the kernel's open files keep the frozen view).
-        self._views.pop(("frozen", volume, n), None)
+        self._frozen_views.pop((volume, n), None)
         row = Root(snap.kind, snap.root, snap.chunk_size, snap.next_ino, snap.created)
         label = f"snapshots/{volume}/{n}"
         return self._remember(
@@ -324,20 +333,20 @@ class StoreView:
     def _frozen(self, volume: str, n: SnapshotNo) -> View:
         """A snapshot taken while mounted whose fold has not committed: readable at once,
         its frozen epochs over its base, whichever process holds the volume."""
-        key = ("frozen", volume, n)
-        view = self._views.get(key)
+        key = (volume, n)
         if not pending_snapshot(self.repo.conn, volume, n):
-            self._views.pop(key, None)
+            self._frozen_views.pop(key, None)
             if snapshot_row(self.repo.conn, volume, n) is None:
                 raise enoent(f"{volume}@{n}")
             return self._snapshot(volume, n)  # (folded just now)
+        view = self._frozen_views.get(key)
         if view is None:
-            opened = FrozenBlockView.open(self.repo, volume, n, f"snapshots/{volume}/{n}")
-            if opened is None:
+            view = FrozenBlockView.open(self.repo, volume, n, f"snapshots/{volume}/{n}")
+            if view is None:
                 raise enoent(f"{volume}@{n}")
-            if opened.stored is not None:  # (folded while it opened)
+            if view.stored is not None:  # (folded while it opened)
                 return self._snapshot(volume, n)
-            view = self._views[key] = opened
+            self._frozen_views[key] = view
             self._subjects[id(view)] = Subject("snapshot", volume, n)
         return view
 

@@ -105,9 +105,10 @@ def check_frozen_then_folded(
         data = upper_dir(store, volume) / f"{epoch}.data"
         wait_until("the fold", lambda: snapshots(store, volume) == dict.fromkeys(range(1, n + 1), True))
         wait_until("the frozen files' deletion", lambda: not data.exists())
-        assert read_uncached(held) == expected.read_bytes()  # (now from the stored snapshot)
-        # ... and the deleted files were let go: their space comes back while the reader stays.
+        # The whole-store mount lets the deleted files go (their space comes back) while
+        # the reader keeps the snapshot open, and reads the stored snapshot for it.
         wait_until("the deleted files' close", lambda: str(data) not in open_files(daemon))
+        assert read_uncached(held) == expected.read_bytes()
     finally:
         os.close(held)
     must("cmp", frozen, expected)  # a new open: the stored snapshot
