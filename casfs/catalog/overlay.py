@@ -11,7 +11,6 @@ overlay chunk returns the ids it dropped, for the caller to release.
 # annotation, and the first compile() in a process costs a command's start-up 3 ms.)
 
 import sqlite3
-import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -158,15 +157,17 @@ def add_upper(conn: sqlite3.Connection, volume: str, epoch: int) -> None:
     conn.execute("INSERT OR IGNORE INTO uppers (volume, epoch) VALUES (?, ?)", (volume, epoch))
 
 
-def freeze_upper(conn: sqlite3.Connection, volume: str, epoch: int, label: str | None) -> SnapshotNo:
-    """Freeze an epoch as the volume's next snapshot (its number given out now, its
-    snapshots row added by its fold)."""
+def freeze_upper(
+    conn: sqlite3.Connection, volume: str, epoch: int, label: str | None, taken: float
+) -> SnapshotNo:
+    """Freeze an epoch as the volume's next snapshot taken at `taken` (its number given
+    out now, its snapshots row added by its fold, with the same time)."""
     (n,) = conn.execute("SELECT next_snapshot FROM volumes WHERE name = ?", (volume,)).fetchone()
     conn.execute("UPDATE volumes SET next_snapshot = ? WHERE name = ?", (n + 1, volume))
     done = conn.execute(
         "UPDATE uppers SET snapshot = ?, label = ?, taken = ? "
         "WHERE volume = ? AND epoch = ? AND snapshot IS NULL",
-        (n, label, time.time(), volume, epoch),
+        (n, label, taken, volume, epoch),
     )
     assert done.rowcount == 1, f"upper {epoch} of {volume} is not the one written"
     return SnapshotNo(n)
@@ -174,6 +175,15 @@ def freeze_upper(conn: sqlite3.Connection, volume: str, epoch: int, label: str |
 
 def drop_upper(conn: sqlite3.Connection, volume: str, epoch: int) -> None:
     conn.execute("DELETE FROM uppers WHERE volume = ? AND epoch = ?", (volume, epoch))
+
+
+def frozen_under(conn: sqlite3.Connection, volume: str, n: SnapshotNo) -> list[UpperRow]:
+    """The frozen epochs snapshot n reads, oldest first (over the volume's base: each
+    fold makes its snapshot the base in the transaction that forgets its epoch); empty
+    if n is not frozen (stored already, or never taken)."""
+    if not pending_snapshot(conn, volume, n):
+        return []
+    return [u for u in uppers(conn, volume) if u.snapshot is not None and u.snapshot <= n]
 
 
 def pending_snapshot(conn: sqlite3.Connection, volume: str, n: SnapshotNo) -> bool:

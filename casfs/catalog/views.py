@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sqlite3
 
+from casfs.catalog.volumes import snapshot_numbers
+
 # Volumes being made or removed are not shown.
 HIDDEN_PHASES = ("creating", "deleting")
 _VISIBLE = "phase NOT IN (" + ", ".join(f"'{p}'" for p in HIDDEN_PHASES) + ")"
@@ -20,8 +22,8 @@ def volume_names(conn: sqlite3.Connection) -> list[str]:
 
 
 def snapshot_names(conn: sqlite3.Connection, volume: str) -> list[str]:
-    query = "SELECT CAST(n AS TEXT) FROM snapshots WHERE volume = ? ORDER BY n"
-    return [r[0] for r in conn.execute(query, (volume,))]
+    """Stored snapshots and those frozen whose fold is still to commit (both readable)."""
+    return [str(n) for n in snapshot_numbers(conn, volume)]
 
 
 def dir_images(conn: sqlite3.Connection) -> int:

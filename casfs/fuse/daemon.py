@@ -215,7 +215,7 @@ async def serve(cfg: Config) -> int:
                 nursery.start_soon(_watch_signals, signals, cfg.mountpoint)
                 nursery.start_soon(_announce_ready, cfg, repo)
                 nursery.start_soon(_flush_timer, ops, mounted)
-                nursery.start_soon(_fold_timer, mounted)
+                nursery.start_soon(_fold_timer, mounted, root)
                 with fastwait.installed():
                     await pyfuse3.main(min_tasks=SERVING_TASKS)
                 nursery.cancel_scope.cancel()
@@ -323,12 +323,19 @@ async def _flush_timer(ops: Operations, mounted: _Mounted) -> None:
             log.exception("timed flush")
 
 
-async def _fold_timer(mounted: _Mounted) -> None:
+async def _fold_timer(mounted: _Mounted, root: View) -> None:
     """Background folds: snapshots a block volume froze (and those a crashed daemon
     left frozen) become blobs here, while writes go on; after a failure (a full disk)
-    the fold waits FOLD_RETRY_S and tries again, the snapshot staying frozen, durable."""
+    the fold waits FOLD_RETRY_S and tries again, the snapshot staying frozen, durable.
+    A whole-store mount's views of frozen snapshots let go of the files of those
+    folded, here or by another process."""
     while True:
         await trio.sleep(FOLD_TICK_S)
+        if isinstance(root, StoreView):
+            try:
+                root.release_folded()
+            except Exception:
+                log.exception("releasing folded snapshots' files")
         for view in list(mounted.rw_views.values()):
             try:
                 await rwsession.fold_frozen(view)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import errno
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from casfs.ids import InodeNo
 from casfs.repo import Repository
@@ -18,11 +18,43 @@ from casfs.vfs.api import ROOT_INO, Piece, Stat, no_xattr
 from casfs.vfs.chunks import plan_pieces
 
 
-class BlockView:
+class OneFile:
+    """What a read-only disk answers besides its bytes: ROOT_INO is its one file."""
+
     read_only = True
     immutable = True
     rw = None  # not a read/write volume
 
+    def lookup(self, parent: InodeNo, name: bytes) -> Stat:
+        self._check(parent)
+        raise OSError(errno.ENOTDIR, "a block view is one file")
+
+    def readdir(self, ino: InodeNo, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
+        self._check(ino)
+        raise OSError(errno.ENOTDIR, "a block view is one file")
+
+    def readlink(self, ino: InodeNo) -> bytes:
+        self._check(ino)
+        raise OSError(errno.EINVAL, "not a symlink")
+
+    def getxattr(self, ino: InodeNo, name: bytes) -> bytes:
+        self._check(ino)
+        raise no_xattr(name)
+
+    def listxattr(self, ino: InodeNo) -> list[bytes]:
+        self._check(ino)
+        return []
+
+    def forget(self, ino: InodeNo) -> None:
+        pass
+
+    @staticmethod
+    def _check(ino: InodeNo) -> None:
+        if ino != ROOT_INO:
+            raise OSError(errno.ESTALE, f"unknown inode {ino}")
+
+
+class BlockView(OneFile):
     def __init__(
         self,
         repo: Repository,
@@ -56,27 +88,10 @@ class BlockView:
         return self._stat
 
     def _allocated_blocks(self) -> int:
-        """512-byte blocks holding data: holes allocate nothing (so `du` and `qemu-img
-        info` show what the disk holds, not its size). Counted once: the view is immutable."""
+        """Counted once: the view is immutable."""
         if self.map is None:
             return 0
-        chunks = self.map.data_chunks()
-        used = len(chunks) * self.chunk_size
-        if chunks and chunks[-1] == -(-self.size // self.chunk_size) - 1:
-            used -= -(-self.size // self.chunk_size) * self.chunk_size - self.size  # a short last chunk
-        return (used + 511) // 512
-
-    def lookup(self, parent: InodeNo, name: bytes) -> Stat:
-        self._check(parent)
-        raise OSError(errno.ENOTDIR, "a block view is one file")
-
-    def readdir(self, ino: InodeNo, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
-        self._check(ino)
-        raise OSError(errno.ENOTDIR, "a block view is one file")
-
-    def readlink(self, ino: InodeNo) -> bytes:
-        self._check(ino)
-        raise OSError(errno.EINVAL, "not a symlink")
+        return allocated_blocks(self.map.data_chunks(), self.size, self.chunk_size)
 
     def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
         self._check(ino)
@@ -84,21 +99,14 @@ class BlockView:
             return []
         return plan_pieces(self.map.chunk, self.size, self.chunk_size, offset, size)
 
-    def getxattr(self, ino: InodeNo, name: bytes) -> bytes:
-        self._check(ino)
-        raise no_xattr(name)
-
-    def listxattr(self, ino: InodeNo) -> list[bytes]:
-        self._check(ino)
-        return []
-
-    def forget(self, ino: InodeNo) -> None:
-        pass
-
     def describe(self, ino: InodeNo) -> str:
         return self.label or "/"
 
-    @staticmethod
-    def _check(ino: InodeNo) -> None:
-        if ino != ROOT_INO:
-            raise OSError(errno.ESTALE, f"unknown inode {ino}")
+
+def allocated_blocks(chunks: Sequence[int], size: int, chunk_size: int) -> int:
+    """512-byte blocks of a disk whose chunks `chunks` (ascending) hold data: holes
+    allocate nothing (so `du` and `qemu-img info` show what the disk holds, not its size)."""
+    used = len(chunks) * chunk_size
+    if chunks and chunks[-1] == -(-size // chunk_size) - 1:
+        used -= -(-size // chunk_size) * chunk_size - size  # a short last chunk
+    return (used + 511) // 512

@@ -24,7 +24,7 @@ from casfs.store.ids import ZERO_ID
 from casfs.store.uppers import remove_stale
 from casfs.vfs.api import ROOT_INO, Changes, Fetched, NeedChunks, Piece, RwView, Stat, fs_error
 from casfs.vfs.chunks import plan_pieces
-from casfs.vfs.overlay.data import Data, chunk_spans
+from casfs.vfs.overlay.data import Data
 from casfs.vfs.overlay.fold import (
     FlushJob,
     FoldJob,
@@ -109,20 +109,8 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
             # The base alone (a clone not written yet): its map says it all.
             return plan_pieces(self._content(node).chunk, node.attrs.size, self.chunk_size, offset, size)
         node = self.node(ino)
-        cs = self.chunk_size
-        per = cs // BLOCK
-        pieces = []
-        for n, start, stop in chunk_spans(offset, min(offset + size, node.attrs.size), cs):
-            # Only the blocks the read covers (a 4 KiB read asks one epoch about one block).
-            b0 = start // BLOCK
-            for first, last, owner in self.uppers.runs(n * per + b0, -(-stop // BLOCK) - b0):
-                lo, hi = max(start, (b0 + first) * BLOCK), min(stop, (b0 + last) * BLOCK)
-                if owner is None:
-                    pieces.append(Piece(lo, hi, blob=self._chunk_ref(node, n)))
-                else:
-                    read = functools.partial(owner.pread, n * cs + lo, hi - lo)
-                    pieces.append(Piece(0, hi - lo, read=read))
-        return pieces
+        below = functools.partial(self._chunk_ref, node)
+        return self.uppers.plan(below, node.attrs.size, self.chunk_size, offset, size)
 
     def _settle_mtime(self) -> None:
         """Writes stamp a time only; the file's mtime and ctime take it when looked at
@@ -328,7 +316,7 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
         assert self.upper is not None and self.upper.epoch == job.epoch
         if job.new is not None:
             self.upper.synced(job.new[1])
-        self.uppers.frozen.append(Frozen(self.upper, job.snapshot, job.label, time.time()))
+        self.uppers.frozen.append(Frozen(self.upper, job.snapshot, job.label, job.taken))
         self.uppers.active = None
         self.overlay.discard(ROOT_INO)  # (what it held is the frozen epoch's now)
         self._thaw_deferred()

@@ -554,3 +554,13 @@ def plan_pieces(
         pieces.append(Piece(pos - base, stop - base, chunk(n)))
         pos = stop
     return pieces
+
+
+def chunk_spans(offset: int, end: int, chunk_size: int) -> Iterator[tuple[ChunkNo, int, int]]:
+    """The chunks bytes [offset, end) cover: (n, start, stop) within each chunk."""
+    pos = offset
+    while pos < end:
+        q, start = divmod(pos, chunk_size)
+        stop = min(chunk_size, end - q * chunk_size)
+        yield ChunkNo(q), start, stop
+        pos = q * chunk_size + stop

@@ -3,7 +3,8 @@
     /images/<name>              an image's TreeView or BlockView
     /volumes/<name>             a volume: its read/write view (claimed at its first change, not
                                 at lookup), or its base read-only while another process holds it
-    /snapshots/<volume>/<n>     snapshot n of a volume, read-only
+    /snapshots/<volume>/<n>     snapshot n of a volume, read-only (one taken while mounted
+                                is read before its fold commits: casfs.vfs.frozenview)
 
 The directories here are made up (mode 0555) and follow the catalog: listings are
 re-read at most once per LISTING_TTL_S, so images imported, volumes created and
@@ -28,6 +29,7 @@ from typing import Literal, NamedTuple
 
 from casfs.catalog import views
 from casfs.catalog.images import image_row
+from casfs.catalog.overlay import pending_snapshot
 from casfs.catalog.volumes import snapshot_row, volume_row
 from casfs.errors import CasfsError
 from casfs.ids import InodeNo, SnapshotNo
@@ -38,6 +40,7 @@ from casfs.repo import Repository
 from casfs.store.ids import BlobId
 from casfs.vfs.api import ROOT_INO, Piece, RwView, Stat, View, enoent, no_xattr
 from casfs.vfs.blockview import BlockView
+from casfs.vfs.frozenview import FrozenBlockView
 from casfs.vfs.treeview import TreeView
 
 log = logging.getLogger(__name__)
@@ -119,6 +122,8 @@ class StoreView:
         self._snapdir_ino: dict[str, InodeNo] = {}
         self._snapdir_name: dict[InodeNo, str] = {}
         self._rw_generation: dict[str, tuple[BlobId, int]] = {}  # an unclaimed rw view's
+        # Snapshots read before their fold commits (casfs.vfs.frozenview), until it does.
+        self._frozen_views: dict[tuple[str, SnapshotNo], FrozenBlockView] = {}
 
     # -- junctions: which (view, inode) a name leads to ------------------------------
 
@@ -168,6 +173,13 @@ class StoreView:
                     log.error("%s: %s", text, e)
                 continue
             yield text.encode(), view, child, serial
+
+    def release_folded(self) -> None:
+        """Frozen snapshots whose fold committed read the stored one from now on, and
+        let their deleted epoch files go (the daemon's fold timer; reads look too)."""
+        for key, view in list(self._frozen_views.items()):
+            if view.check_folded():
+                del self._frozen_views[key]
 
     def subject(self, view: View) -> Subject | None:
         return self._subjects.get(id(view))
@@ -307,7 +319,9 @@ class StoreView:
     def _snapshot(self, volume: str, n: SnapshotNo) -> View:
         snap = snapshot_row(self.repo.conn, volume, n)
         if snap is None:
-            raise enoent(f"{volume}@{n}")
+            return self._frozen(volume, n)
+        # Folded: new lookups get it as stored (the kernel's open files keep the frozen view).
+        self._frozen_views.pop((volume, n), None)
         row = Root(snap.kind, snap.root, snap.chunk_size, snap.next_ino, snap.created)
         label = f"snapshots/{volume}/{n}"
         return self._remember(
@@ -315,6 +329,26 @@ class StoreView:
             Subject("snapshot", volume, n),
             lambda: _static(self.repo, row, label),
         )
+
+    def _frozen(self, volume: str, n: SnapshotNo) -> View:
+        """A snapshot taken while mounted whose fold has not committed: readable at once,
+        its frozen epochs over its base, whichever process holds the volume."""
+        key = (volume, n)
+        if not pending_snapshot(self.repo.conn, volume, n):
+            self._frozen_views.pop(key, None)
+            if snapshot_row(self.repo.conn, volume, n) is None:
+                raise enoent(f"{volume}@{n}")
+            return self._snapshot(volume, n)  # (folded just now)
+        view = self._frozen_views.get(key)
+        if view is None:
+            view = FrozenBlockView.open(self.repo, volume, n, f"snapshots/{volume}/{n}")
+            if view is None:
+                raise enoent(f"{volume}@{n}")
+            if view.stored is not None:  # (folded while it opened)
+                return self._snapshot(volume, n)
+            self._frozen_views[key] = view
+            self._subjects[id(view)] = Subject("snapshot", volume, n)
+        return view
 
 
 def resolve(view: View, parent: InodeNo, name: bytes) -> tuple[View, InodeNo, Stat]:

@@ -18,6 +18,7 @@ from casfs.ids import ROOT_INO, SnapshotNo
 from casfs.repo import Repository
 from casfs.vfs.api import assemble
 from casfs.vfs.blockvolume import BlockVolume
+from casfs.vfs.frozenview import FrozenBlockView
 from casfs.vfs.overlay.writeback import _finish
 from casfs.vfs.volume import open_volume
 
@@ -214,3 +215,42 @@ def test_the_disk_file_s_own_row_never_names_its_content(repo: Repository, tmp_p
     assert isinstance(again, BlockVolume)
     assert whole(again) == bytes(ref)
     assert again.getattr(ROOT_INO).mode & 0o777 == 0o600
+
+
+def test_frozen_snapshots_read_the_same_before_during_and_after_their_folds(
+    repo: Repository, tmp_path: Path
+) -> None:
+    """casfs.vfs.frozenview: each frozen snapshot reads what it froze (its epoch over
+    those below and the image's base), through the folds one by one, and then as stored;
+    its attributes stay what they were, and its time is the one stored."""
+    v, ref = clone(repo, tmp_path)
+    rnd = random.Random(9)
+    states = {}
+    for _ in range(3):
+        scribble(v, ref, rnd, 40)
+        states[snapshot_now(v)] = bytes(ref)
+    scribble(v, ref, rnd, 20)  # the epoch written now: in no snapshot
+    v.flush_sync()
+    views = {n: FrozenBlockView.open(repo, "vm", n, f"vm@{n}") for n in states}
+    stats = {n: view.getattr(ROOT_INO) for n, view in views.items() if view is not None}
+    assert FrozenBlockView.open(repo, "vm", SnapshotNo(4), "vm@4") is None  # never taken
+
+    def read(view: FrozenBlockView | None) -> bytes:
+        assert view is not None
+        return assemble(view.read_plan(ROOT_INO, 0, SIZE + 1), repo.get)
+
+    for n, view in views.items():
+        assert read(view) == states[n]
+        assert view is not None and view.stored is None and not view.check_folded()
+    while (job := v.prepare_background_fold()) is not None:
+        _finish(job, v.run_background_fold, v.abort_background_fold, v.apply_background_fold)
+        for n, view in views.items():  # (each looks: the oldest epoch it reads went)
+            assert read(view) == states[n]
+            assert view is not None and view.check_folded() == (n <= job.frozen.snapshot)
+            assert view.getattr(ROOT_INO) == stats[n]
+    for n, view in views.items():
+        assert view is not None and view.stored is not None
+        assert view.stored.getattr(ROOT_INO).mtime_ns == stats[n].mtime_ns  # the frozen one's time
+    volumes.remove_snapshot(repo, "vm@2")
+    assert FrozenBlockView.open(repo, "vm", SnapshotNo(2), "vm@2") is None
+    v.close(snapshot=False)

@@ -16,25 +16,11 @@ from casfs.lifecycle.faults import ENV_FAULT
 from casfs.repo import Repository
 from casfs.store.uppers import upper_dir
 from tests.helpers.cli import js, must, ok
+from tests.helpers.disks import write_spots
 from tests.helpers.mount import cleanup, mounted, start_daemon, wait_gone
 
 MIB = 1 << 20
 SIZE = 16 * MIB
-
-
-def write_spots(path: Path, ref: bytearray, seed: int) -> None:
-    rnd = random.Random(seed)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        for _ in range(20):
-            length = rnd.choice([1, 4096, 65536 + 3, 200_000])
-            offset = rnd.randrange(0, SIZE - length)
-            data = rnd.randbytes(length)
-            assert os.pwrite(fd, data, offset) == length
-            ref[offset : offset + length] = data
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
 
 
 @pytest.mark.parametrize("point", ["fold:before-publish", "fold:after-publish"])

@@ -7,13 +7,14 @@ from __future__ import annotations
 import bisect
 import errno
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar, Unpack
 
 from casfs.ids import ChunkNo, InodeNo
 from casfs.snapshots import chunkmap
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import Changes, Fetched, NeedChunks, NeedWork, Piece, Stat, fs_error, no_xattr
+from casfs.vfs.chunks import chunk_spans
 from casfs.vfs.overlay.nodes import Node
 from casfs.vfs.overlay.writeback import RwVolume, now_ns
 
@@ -273,16 +274,6 @@ class Data(RwVolume):
             except NeedWork as e:
                 e.run()
                 e.apply()
-
-
-def chunk_spans(offset: int, end: int, chunk_size: int) -> Iterator[tuple[ChunkNo, int, int]]:
-    """The chunks bytes [offset, end) cover: (n, start, stop) within each chunk."""
-    pos = offset
-    while pos < end:
-        q, start = divmod(pos, chunk_size)
-        stop = min(chunk_size, end - q * chunk_size)
-        yield ChunkNo(q), start, stop
-        pos = q * chunk_size + stop
 
 
 def _contains(ordered: list[ChunkNo], n: ChunkNo) -> bool:

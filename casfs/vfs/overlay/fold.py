@@ -16,6 +16,7 @@ import os
 import sqlite3
 import stat
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
@@ -302,6 +303,7 @@ class FreezeJob:
     epoch: int
     label: str | None
     snapshot: SnapshotNo = _NOT_YET  # given out by run_freeze
+    taken: float = 0.0  # the time run_freeze recorded (its fold stores the snapshot with it)
     # An epoch made for this snapshot, nothing written to it (the volume is unchanged
     # since the last one): its files made durable and named here, then frozen.
     new: tuple[Upper, Sync] | None = None
@@ -314,7 +316,8 @@ def run_freeze(repo: Repository, volume: str, job: FreezeJob) -> None:
     with transaction(repo.conn) as conn:
         if job.new is not None:
             overlay.add_upper(conn, volume, job.epoch)
-        job.snapshot = overlay.freeze_upper(conn, volume, job.epoch, job.label)
+        job.taken = time.time()
+        job.snapshot = overlay.freeze_upper(conn, volume, job.epoch, job.label, job.taken)
 
 
 @dataclass

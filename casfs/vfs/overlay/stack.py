@@ -2,15 +2,21 @@
 and not yet folded into blobs, oldest first) under the one writes go to. A block's
 current bytes are in the newest epoch that has it, else below them all (the base).
 
-Trio-free; owned by the view (casfs.vfs.blockvolume), read by its background fold.
+Owned by the view (casfs.vfs.blockvolume), read by its background fold; a whole-store
+mount reads a snapshot not yet folded through a stack of its own (casfs.vfs.frozenview).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from casfs.ids import SnapshotNo
-from casfs.vfs.overlay.upper import Upper
+from casfs.ids import ChunkNo, SnapshotNo
+from casfs.store.ids import BlobId
+from casfs.vfs.api import Piece
+from casfs.vfs.chunks import chunk_spans
+from casfs.vfs.overlay.upper import BLOCK, Upper
 
 
 @dataclass
@@ -69,3 +75,22 @@ class UpperStack:
         for upper in self.layers():
             found.update(upper.chunks(blocks_per_chunk))
         return sorted(found)
+
+    def plan(
+        self, below: Callable[[ChunkNo], BlobId], disk_size: int, cs: int, offset: int, size: int
+    ) -> list[Piece]:
+        """The pieces of a read of the disk: each block from the newest epoch holding
+        it (read when the reply is assembled), else from chunk `below(n)`."""
+        per = cs // BLOCK
+        pieces = []
+        for n, start, stop in chunk_spans(offset, min(offset + size, disk_size), cs):
+            # Only the blocks the read covers (a 4 KiB read asks one epoch about one block).
+            b0 = start // BLOCK
+            for first, last, owner in self.runs(n * per + b0, -(-stop // BLOCK) - b0):
+                lo, hi = max(start, (b0 + first) * BLOCK), min(stop, (b0 + last) * BLOCK)
+                if owner is None:
+                    pieces.append(Piece(lo, hi, blob=below(n)))
+                else:
+                    read = functools.partial(owner.pread, n * cs + lo, hi - lo)
+                    pieces.append(Piece(0, hi - lo, read=read))
+        return pieces

@@ -113,13 +113,22 @@ class Upper:
         return cls(folder, epoch, data, map_fd, {})
 
     @classmethod
-    def open(cls, store: Path, volume: str, epoch: int, size: int) -> Upper:
-        """An epoch the catalog names, as its last sync left it."""
+    def open(cls, store: Path, volume: str, epoch: int, size: int, writable: bool = True) -> Upper:
+        """An epoch the catalog names, as its last sync left it. Not `writable`: a frozen
+        epoch read by a view of its snapshot (casfs.vfs.frozenview), perhaps in another
+        process than the one folding it; FileNotFoundError then if its fold deleted it."""
         folder = upper_dir(store, volume)
+        mode = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC
         try:
-            data = os.open(folder / f"{epoch}.data", os.O_RDWR | os.O_CLOEXEC)
-            map_fd = os.open(folder / f"{epoch}.map", os.O_RDWR | os.O_CLOEXEC)
+            data = os.open(folder / f"{epoch}.data", mode)
+            try:
+                map_fd = os.open(folder / f"{epoch}.map", mode)
+            except BaseException:
+                os.close(data)
+                raise
         except FileNotFoundError as e:
+            if not writable:
+                raise
             raise UpperError(f"upper file of volume {volume!r} missing: {e.filename}") from e
         header = os.pread(map_fd, _HEADER.size, 0)
         if len(header) < _HEADER.size or _HEADER.unpack(header) != (_MAGIC, _FORMAT, BLOCK, size):
@@ -133,6 +142,10 @@ class Upper:
         already planned keep the open descriptors, so they still see the bytes."""
         for suffix in ("data", "map"):
             (self.folder / f"{self.epoch}.{suffix}").unlink(missing_ok=True)
+
+    def deleted(self) -> bool:
+        """Whether the files were deleted (their fold committed), by any process."""
+        return os.fstat(self._data).st_nlink == 0
 
     # -- the present-map ---------------------------------------------------------
 
