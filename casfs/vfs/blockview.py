@@ -82,7 +82,7 @@ class BlockView:
         self._check(ino)
         if self.map is None:
             return []
-        return plan_pieces(self.map.chunk, self.size, self.chunk_size, offset, size)
+        return plan_pieces(self.map.chunk_run, self.size, self.chunk_size, offset, size)
 
     def getxattr(self, ino: InodeNo, name: bytes) -> bytes:
         self._check(ino)
