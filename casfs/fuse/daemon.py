@@ -181,6 +181,7 @@ async def serve(cfg: Config) -> int:
         async with contextlib.AsyncExitStack() as stack:
             repo = Repository.open(cfg.store)
             stack.callback(repo.close)
+            repo.blobs.warm()  # (the pack index read ahead while recovery and the mount go on)
             for message in recover(repo):
                 log.warning("recovered: %s", message)
             writer = CatalogWriter(cfg.store, repo.blobs)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from casfs.errors import Corruption
 from casfs.ids import ChunkNo
@@ -147,6 +148,27 @@ class ChunkMap:
         at = n % PAGE_ENTRIES * ID_SIZE
         return BlobId(self._page(n // PAGE_ENTRIES)[at : at + ID_SIZE])
 
+    def chunk_run(self, first: int, count: int) -> list[BlobId]:
+        """chunk(n) for n in [first, first + count): each page's ids sliced in one pass
+        (a read plan's: the trio thread plans every read and each top-up of read-ahead,
+        and a call of chunk() per chunk was most of a plan's cost)."""
+        total = n_chunks(self.root.size, self.root.chunk_size)
+        lead = min(max(-first, 0), count)  # (before the start)
+        out = [ZERO_ID] * lead
+        n, stop = first + lead, min(first + count, total)
+        while n < stop:
+            if self.root.depth == 0:
+                out += self.root.ids[n:stop]
+                break
+            p, at = divmod(n, PAGE_ENTRIES)
+            upto = min(stop, (p + 1) * PAGE_ENTRIES)
+            page = self._page(p)
+            ends = range(at * ID_SIZE, (at + upto - n) * ID_SIZE, ID_SIZE)
+            out += cast("list[BlobId]", [page[i : i + ID_SIZE] for i in ends])
+            n = upto
+        out += [ZERO_ID] * (count - len(out))  # (past the end)
+        return out
+
     def _page(self, p: int) -> bytes:
         """Page p's ids. Kept as the page's bytes: a list of its 1,024 ids took 2.3x
         the memory (75 KiB) and 0.4-0.8 ms to make, against 2 us to check the bytes.
@@ -239,6 +261,12 @@ class Content:
         if self.map is not None:
             return self.map.chunk(n)
         return self.content_id if n == 0 else ZERO_ID
+
+    def chunk_run(self, first: int, count: int) -> list[BlobId]:
+        """chunk(n) for n in [first, first + count) (ChunkMap.chunk_run)."""
+        if self.map is not None:
+            return self.map.chunk_run(first, count)
+        return [self.content_id if n == 0 else ZERO_ID for n in range(first, first + count)]
 
     def rewrite(self, put: Put, changes: Mapping[ChunkNo, BlobId], new_size: int) -> BlobId:
         if new_size <= self.chunk_size:

@@ -170,6 +170,12 @@ class BlobStore(Protocol):
         locked exclusively, as gc is. This default has nothing to do: (0, 0)."""
         return 0, 0
 
+    def warm(self) -> None:
+        """Start bringing in what reads will look at first (a pack store: its index),
+        without waiting for it; for a process about to serve reads (a mount). Never
+        raises. This default has nothing to bring in."""
+        return None
+
     def close(self) -> None:
         """Let go of open files and connections (the repository's close() calls it);
         the store stays usable: they are opened again when needed. This default has

@@ -23,6 +23,7 @@ daemon) wait on SQLite's lock, up to BUSY_TIMEOUT_S.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -37,6 +38,9 @@ from casfs.store.packfile import Entry
 BUSY_TIMEOUT_S = 60.0
 PAGE_CACHE_KIB = 512  # per connection (SQLite's default is 2 MiB)
 _IN = 500  # ids per IN (...) query, under SQLite's limit on bound parameters
+# warm() asks for at most this much of the index file (and of its WAL): about 600,000
+# blobs' rows. A larger index is warmed in part (its first pages: the oldest rows).
+WARM_MAX = 64 << 20
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS packs (
@@ -150,6 +154,26 @@ class PackIndex:
                         conn.execute("PRAGMA synchronous = NORMAL")
         finally:
             self._put(conn)
+
+    def warm(self, most: int = WARM_MAX) -> None:
+        """Ask the kernel to read the index file (and its WAL) into the page cache, up
+        to `most` bytes each, without waiting (POSIX_FADV_WILLNEED: one sequential read).
+        Why: a mount's first reads look up blobs by id, at random places in the file,
+        and SQLite reads a page at a time: after a drop of caches, a sequential read of
+        a 1 GiB image through a store that also held a 58,000-entry tree (a 7.5 MB
+        index) spent 1.9-2.5 s of its read-ahead threads' time per GiB in those lookups,
+        0.3-0.4 s with the file asked for first (a 1 MB index alone: 0.4-0.6 s)."""
+        for path in (self.path, self.path.with_name(self.path.name + "-wal")):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue  # (none yet: a new store, or no WAL since the last checkpoint)
+            try:
+                os.posix_fadvise(fd, 0, min(os.fstat(fd).st_size, most), os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass  # (a hint only)
+            finally:
+                os.close(fd)
 
     # -- reads ---------------------------------------------------------------------
 

@@ -95,6 +95,9 @@ class PackBlobStore(DamagedMarks, BlobStore):
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         self.index.create()
 
+    def warm(self) -> None:
+        self.index.warm()
+
     def close(self) -> None:
         self.around.close()
         self.fds.close()

@@ -97,7 +97,7 @@ class BlockView(OneFile):
         self._check(ino)
         if self.map is None:
             return []
-        return plan_pieces(self.map.chunk, self.size, self.chunk_size, offset, size)
+        return plan_pieces(self.map.chunk_run, self.size, self.chunk_size, offset, size)
 
     def describe(self, ino: InodeNo) -> str:
         return self.label or "/"

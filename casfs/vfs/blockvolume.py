@@ -107,7 +107,7 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
             if self.buffers or self.chunk_ids or node.base == ZERO_ID:
                 return super().read_plan(ino, offset, size)
             # The base alone (a clone not written yet): its map says it all.
-            return plan_pieces(self._content(node).chunk, node.attrs.size, self.chunk_size, offset, size)
+            return plan_pieces(self._content(node).chunk_run, node.attrs.size, self.chunk_size, offset, size)
         node = self.node(ino)
         below = functools.partial(self._chunk_ref, node)
         return self.uppers.plan(below, node.attrs.size, self.chunk_size, offset, size)

@@ -540,19 +540,22 @@ async def _wait_all(futs: list[Load]) -> None:
 
 
 def plan_pieces(
-    chunk: Callable[[ChunkNo], BlobId], size: int, chunk_size: int, offset: int, length: int
+    chunk_run: Callable[[int, int], list[BlobId]], size: int, chunk_size: int, offset: int, length: int
 ) -> list[Piece]:
     """The pieces of a read of [offset, offset+length) of content `size` bytes long whose
-    chunk n is `chunk(n)`; cut at the end of the content."""
+    chunks first..first+count-1 are `chunk_run(first, count)`; cut at the end of the
+    content. (On the trio thread for every read, and for each top-up of read-ahead.)"""
     end = min(offset + length, size)
-    pieces: list[Piece] = []
-    pos = offset
-    while pos < end:
-        n = ChunkNo(pos // chunk_size)
-        base = n * chunk_size
-        stop = min(end, base + chunk_size)
-        pieces.append(Piece(pos - base, stop - base, chunk(n)))
-        pos = stop
+    if offset >= end:
+        return []
+    first, last = offset // chunk_size, (end - 1) // chunk_size
+    ids = chunk_run(first, last - first + 1)
+    head = offset - first * chunk_size
+    if first == last:
+        return [Piece(head, end - first * chunk_size, ids[0])]
+    pieces = [Piece(head, chunk_size, ids[0])]
+    pieces += [Piece(0, chunk_size, bid) for bid in ids[1:-1]]
+    pieces.append(Piece(0, end - last * chunk_size, ids[-1]))
     return pieces
 
 

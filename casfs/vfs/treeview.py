@@ -106,7 +106,7 @@ class TreeView:
 
     def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
         content = self._content(ino)
-        return plan_pieces(content.chunk, content.size, self.chunk_size, offset, size)
+        return plan_pieces(content.chunk_run, content.size, self.chunk_size, offset, size)
 
     def getxattr(self, ino: InodeNo, name: bytes) -> bytes:
         for key, value in self.getattr(ino).xattrs:

@@ -142,7 +142,7 @@ async def test_read_ahead_follows_a_sequential_reader() -> None:
     cs = 64 << 10
 
     def plan(offset: int, size: int) -> list[Piece]:
-        return plan_pieces(lambda n: ids[n], len(ids) * cs, cs, offset, size)
+        return plan_pieces(lambda first, count: ids[first : first + count], len(ids) * cs, cs, offset, size)
 
     cache = ChunkCache(blobs.get, max_bytes=1 << 22, readahead_bytes=16 * cs, workers=2)
     try:
@@ -198,7 +198,7 @@ async def test_a_reader_waits_for_read_ahead_and_gets_its_checks() -> None:
 
 def test_plan_pieces_cuts_at_chunks_and_the_end() -> None:
     ids = [BlobId(bytes([i]) * 32) for i in range(4)]
-    pieces = plan_pieces(lambda n: ids[n], 10_000, 4096, 4000, 5000)
+    pieces = plan_pieces(lambda first, count: ids[first : first + count], 10_000, 4096, 4000, 5000)
     want = [(4000, 4096, ids[0]), (0, 4096, ids[1]), (0, 808, ids[2])]
     assert [(p.start, p.end, p.blob) for p in pieces] == want
-    assert plan_pieces(lambda n: ids[n], 10_000, 4096, 10_000, 10) == []
+    assert plan_pieces(lambda first, count: ids[first : first + count], 10_000, 4096, 10_000, 10) == []

@@ -41,3 +41,26 @@ def test_pages_are_kept_within_the_bound(monkeypatch: pytest.MonkeyPatch) -> Non
         assert cmap.chunk(ChunkNo(i)) == ids[i]
     assert gets == []
     assert cmap.chunk(ChunkNo(n)) == ZERO_ID  # past the end
+
+
+@pytest.mark.parametrize("n", [3, 2 * chunkmap.PAGE_ENTRIES + 5])  # depth 0, depth 1
+def test_chunk_run_is_chunk_of_each(n: int) -> None:
+    """chunk_run(first, count) slices pages where chunk() looks up one id: the same ids,
+    across page boundaries, a page of holes, and before the start and past the end."""
+    blobs: dict[BlobId, bytes] = {}
+
+    def put(plain: bytes, kind: BlobKind) -> BlobId:
+        blobs[blob_id(plain)] = plain
+        return blob_id(plain)
+
+    ids = [BlobId(os.urandom(32)) for _ in range(n)]
+    if n > chunkmap.PAGE_ENTRIES:
+        ids[chunkmap.PAGE_ENTRIES : 2 * chunkmap.PAGE_ENTRIES] = [ZERO_ID] * chunkmap.PAGE_ENTRIES
+    cmap = chunkmap.ChunkMap(blobs.__getitem__, chunkmap.build_map(put, ids, n << 16, 1 << 16))
+    edges = sorted({0, 1, n - 2, n - 1, n, chunkmap.PAGE_ENTRIES - 1, chunkmap.PAGE_ENTRIES})
+    for first in [-2, *edges]:
+        for count in (0, 1, 2, 17, chunkmap.PAGE_ENTRIES + 3, n + 4):
+            want = [cmap.chunk(ChunkNo(i)) for i in range(first, first + count)]
+            assert cmap.chunk_run(first, count) == want, (first, count)
+    single = chunkmap.Content(blobs.__getitem__, ids[0], 100, 1 << 16)  # one direct chunk
+    assert single.chunk_run(0, 3) == [ids[0], ZERO_ID, ZERO_ID]

@@ -8,9 +8,12 @@ the same directory stands for)."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +24,7 @@ from casfs.repo import Repository
 from casfs.store import Staging
 from casfs.store.fdcache import FdCache
 from casfs.store.ids import BlobId, blob_id
-from casfs.store.local import FileBlobStore
+from casfs.store.local import FileBlobStore, libc
 from casfs.store.located import Located
 from casfs.store.packstore import PackBlobStore
 from tests.helpers import blobs as blob_files
@@ -317,3 +320,42 @@ def test_a_copy_that_fails_its_check_is_looked_up_again(tmp_path: Path, healer: 
     writer.put(plain)  # stored again (healed): a new copy in a new pack
     assert reader.get(bid) == plain
     assert reader.get_if_cached(bid, 1 << 20) == plain
+
+
+def _resident(path: Path) -> int:
+    """How many of the file's pages are in the page cache (mincore of a private map of
+    it: reading it to find out would bring them in)."""
+    size = path.stat().st_size
+    pages = -(-size // mmap.PAGESIZE)
+    with path.open("rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as m:
+        vec = (ctypes.c_ubyte * pages)()
+        address = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        if libc().mincore(ctypes.c_void_p(address), ctypes.c_size_t(size), vec) != 0:
+            raise OSError(ctypes.get_errno(), "mincore")
+        return sum(b & 1 for b in vec)
+
+
+def test_warm_brings_the_index_into_the_page_cache(tmp_path: Path) -> None:
+    """warm() asks the kernel for the index file (a mount's first lookups then find its
+    pages in memory), and is no error for a store with no index file yet."""
+    PackBlobStore(tmp_path / "none").warm()
+    store = _store(tmp_path)
+    _stage(store, 300)
+    store.close()  # (the WAL checkpointed into the file)
+    path = store.index.path
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # (clean pages, which DONTNEED drops)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    if _resident(path):
+        pytest.skip("this filesystem keeps the file's pages (DONTNEED does nothing here)")
+    store.warm()
+    whole = -(-path.stat().st_size // mmap.PAGESIZE)
+    for _ in range(600):  # (the kernel's read-ahead completes in the background)
+        if _resident(path) == whole:
+            break
+        time.sleep(0.05)
+    assert _resident(path) == whole
+    assert store.get(next(iter(store.list()))) is not None  # (still a working store)
