@@ -135,6 +135,9 @@ class Operations(pyfuse3.Operations):
         self._statfs: tuple[float, pyfuse3.StatvfsData] | None = None
         # Block files written through direct handles: the kernel's pages of them may be old.
         self._stale: dict[tuple[View, InodeNo], bool] = {}
+        # The mtime the kernel holds of each block volume's file it holds under the
+        # writeback cache (_kernel_mtime_restated).
+        self._kernel_mtime: dict[int, int] = {}
         self._reply = ReplyBuffer()
 
     # -- attributes --------------------------------------------------------------
@@ -169,7 +172,25 @@ class Operations(pyfuse3.Operations):
         e.st_atime_ns = st.atime_ns
         e.st_mtime_ns = st.mtime_ns
         e.st_ctime_ns = st.ctime_ns
+        kernel_times = st.ino == ROOT_INO and self.enable_writeback_cache and fino not in self._kernel_mtime
+        if kernel_times and self._fixed_size(view, st.ino):
+            self._kernel_mtime[fino] = st.mtime_ns  # (the first reply: the kernel's inode is new)
         return e
+
+    def _kernel_mtime_restated(self, fino: int, changes: dict[str, int]) -> bool:
+        """Whether a SETATTR of a block volume's file only writes back the mtime the
+        kernel holds. Under the writeback cache the kernel owns a regular file's times:
+        it takes them once, when it makes its inode, and sends them back (mtime and ctime)
+        whenever the inode is dirtied (a setxattr, such as a snapshot's, updates its
+        ctime). Its direct writes (every handle of a block volume here) never move them,
+        so what it sends back is older than the writes: applied, the file's time would go
+        back, and a changed attribute would make the next snapshot a fold. A time set
+        explicitly the kernel holds too: sent back again, it changes nothing."""
+        held = self._kernel_mtime.get(fino)
+        if held is None or "mtime_ns" not in changes:
+            return False
+        self._kernel_mtime[fino] = changes["mtime_ns"]
+        return changes.keys() == {"mtime_ns"} and changes["mtime_ns"] == held
 
     def _writable(self, view: View) -> RwView:
         rw = view.rw
@@ -228,6 +249,8 @@ class Operations(pyfuse3.Operations):
     async def forget(self, inode_list: Sequence[tuple[InodeT, int]]) -> None:
         for fino, n in inode_list:
             self.table.forget(fino, n)
+            if fino in self._kernel_mtime and not self.table.held(fino):
+                del self._kernel_mtime[fino]
 
     @handler
     async def getattr(self, inode: InodeT, ctx: RequestContext) -> pyfuse3.EntryAttributes:
@@ -245,6 +268,8 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         view, ino = self.table.get(inode)
         changes = {key: getattr(attr, st) for flag, key, st in _SETATTR if getattr(fields, flag)}
+        if self._kernel_mtime_restated(inode, changes):
+            return self._attrs(view.getattr(ino), inode, view)
         st = await self._mutate(view, lambda rw, fetched: rw.setattr(ino, **changes, fetched=fetched))
         return self._attrs(st, inode, view)
 
