@@ -118,17 +118,23 @@ def flushed(conn: sqlite3.Connection, volume: str, next_ino: InodeNo, size: int)
 
 
 def fold(
-    conn: sqlite3.Connection, volume: str, new_root: BlobId, size: int, next_ino: InodeNo
+    conn: sqlite3.Connection,
+    volume: str,
+    new_root: BlobId,
+    size: int,
+    next_ino: InodeNo,
+    keep: InodeNo | None = None,
 ) -> list[BlobId]:
     """Empty the overlay into a new base (the fold's snapshot is already added); returns
     the chunk ids dropped. Inodes unlinked but still open keep their rows and chunks
-    until forgotten."""
+    until forgotten; so does `keep`'s row (a block volume's disk file: its attributes
+    are the volume's, no part of a snapshot)."""
     live = "volume = ? AND ino NOT IN (SELECT ino FROM overlay_inodes WHERE volume = ? AND nlink = 0)"
     olds = [
         BlobId(c) for (c,) in conn.execute(f"SELECT chunk FROM overlay_chunks WHERE {live}", (volume, volume))
     ]
     conn.execute(f"DELETE FROM overlay_chunks WHERE {live}", (volume, volume))
-    conn.execute("DELETE FROM overlay_inodes WHERE volume = ? AND nlink > 0", (volume,))
+    conn.execute("DELETE FROM overlay_inodes WHERE volume = ? AND nlink > 0 AND ino IS NOT ?", (volume, keep))
     conn.execute("DELETE FROM overlay_entries WHERE volume = ?", (volume,))
     conn.execute(
         "UPDATE volumes SET base = ?, size = ?, next_ino = MAX(next_ino, ?) WHERE name = ?",

@@ -59,6 +59,10 @@ class InodeTable:
         self._lookups[fino] = self._lookups.get(fino, 0) + 1
         return fino
 
+    def held(self, fino: int) -> bool:
+        """Whether the kernel holds (view, ino) (a lookup not yet forgotten)."""
+        return fino in self._lookups
+
     def forget(self, fino: int, n: int) -> None:
         left = self._lookups.get(fino, 0) - n
         if left > 0:

@@ -49,6 +49,7 @@ DIRTY_LIMIT_BYTES = 64 << 20
 _STATFS_TTL_S = 2.0
 
 # What a setattr may change: (SetattrFields flag, the view's name, EntryAttributes field)
+_KERNEL_MTIMES = 8  # the mtimes of a block file's entries remembered (Operations._kernel_mtime_restated)
 _SETATTR = tuple(
     (f"update_{flag}", key, f"st_{key}")
     for flag, key in (
@@ -135,6 +136,9 @@ class Operations(pyfuse3.Operations):
         self._statfs: tuple[float, pyfuse3.StatvfsData] | None = None
         # Block files written through direct handles: the kernel's pages of them may be old.
         self._stale: dict[tuple[View, InodeNo], bool] = {}
+        # The mtimes the kernel may hold of each block volume's file it holds under the
+        # writeback cache, newest last (_kernel_mtime_restated).
+        self._kernel_mtimes: dict[int, list[int]] = {}
         self._reply = ReplyBuffer()
 
     # -- attributes --------------------------------------------------------------
@@ -169,7 +173,34 @@ class Operations(pyfuse3.Operations):
         e.st_atime_ns = st.atime_ns
         e.st_mtime_ns = st.mtime_ns
         e.st_ctime_ns = st.ctime_ns
+        # An entry (a parent): the kernel may make its inode with it.
+        entry = parent is not None and st.ino == ROOT_INO and self.enable_writeback_cache
+        if entry and self._fixed_size(view, st.ino):
+            self._kernel_may_hold(fino, st.mtime_ns)
         return e
+
+    def _kernel_may_hold(self, fino: int, mtime_ns: int) -> None:
+        held = self._kernel_mtimes.setdefault(fino, [])
+        if mtime_ns not in held:
+            held[:] = [*held[-(_KERNEL_MTIMES - 1) :], mtime_ns]
+
+    def _kernel_mtime_restated(self, fino: int, changes: dict[str, int]) -> bool:
+        """Whether a SETATTR of a block volume's file only writes back an mtime the
+        kernel holds. Under the writeback cache the kernel owns a regular file's times:
+        it takes them once, from the entry with which it makes its inode, and sends them
+        back (mtime and ctime) whenever the inode is dirtied (a setxattr, such as a
+        snapshot's, updates its ctime). Its direct writes (every handle of a block volume
+        here) never move them, so what it sends back is older than the writes: applied,
+        the file's time would go back, and a changed attribute would make the next
+        snapshot a fold. Which entry made the inode is not known for sure (a FORGET may
+        come after the next LOOKUP): the last few entries' mtimes count, and each mtime
+        a SETATTR sets (the kernel holds it too: sent back again, it changes nothing)."""
+        held = self._kernel_mtimes.get(fino)
+        if held is None or "mtime_ns" not in changes:
+            return False
+        restated = changes.keys() == {"mtime_ns"} and changes["mtime_ns"] in held
+        self._kernel_may_hold(fino, changes["mtime_ns"])
+        return restated
 
     def _writable(self, view: View) -> RwView:
         rw = view.rw
@@ -228,6 +259,8 @@ class Operations(pyfuse3.Operations):
     async def forget(self, inode_list: Sequence[tuple[InodeT, int]]) -> None:
         for fino, n in inode_list:
             self.table.forget(fino, n)
+            if fino in self._kernel_mtimes and not self.table.held(fino):
+                del self._kernel_mtimes[fino]
 
     @handler
     async def getattr(self, inode: InodeT, ctx: RequestContext) -> pyfuse3.EntryAttributes:
@@ -245,6 +278,8 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         view, ino = self.table.get(inode)
         changes = {key: getattr(attr, st) for flag, key, st in _SETATTR if getattr(fields, flag)}
+        if self._kernel_mtime_restated(inode, changes):
+            return self._attrs(view.getattr(ino), inode, view)
         st = await self._mutate(view, lambda rw, fetched: rw.setattr(ino, **changes, fetched=fetched))
         return self._attrs(st, inode, view)
 

@@ -46,8 +46,10 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
     # Chunks the epochs hold that nothing below them allocates (they add to st_blocks).
     _upper_only: int
     _folding: bool  # a background fold of the oldest frozen epoch is running
-    _root_row: bool  # the disk file's own attributes changed since the base
     _written_ns: int  # time of the last write not yet set as the file's mtime (0: none)
+    # The mtime the disk file's catalog row holds (None: no row). Writes do not rewrite
+    # the row (a catalog transaction per fsync); a snapshot and an unmount do.
+    _row_mtime: int | None
 
     @property
     def rw(self) -> RwView:
@@ -64,13 +66,18 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
         self._folding = False
         self._written_ns = 0
         super()._load()
-        self._root_row = ROOT_INO in self.overlay  # (the overlay rows alone, so far)
         # The disk's content is the volume's base (with the epochs over it); an overlay
-        # row of the file carries its attributes only. Its base column is what the base
-        # was when the row was written: a background fold moves the base on without
-        # rewriting the row, so that column is stale, never to be read.
+        # row of the file carries its attributes only, and stays across snapshots (no
+        # part of them): not a change to snapshot (the epoch written is, below). Its base
+        # and size columns are what they were when the row was written: folds move the
+        # base on, a resize at rest the size, without rewriting the row.
         root = self.nodes[ROOT_INO]
+        self._row_mtime = root.attrs.mtime_ns if ROOT_INO in self.overlay else None
+        if ROOT_INO not in self.chunk_ids:
+            self.overlay.discard(ROOT_INO)
         root.base, root.base_limit = self.base, NO_LIMIT
+        if root.attrs.size != self.logical:
+            root.set(size=self.logical)
         found = rows.uppers(self.repo.conn, self.name)
         if self.claimed:
             remove_stale(self.repo.path, self.name, {u.epoch for u in found})
@@ -118,6 +125,11 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
         if self._written_ns:
             self.nodes[ROOT_INO].set(mtime_ns=self._written_ns, ctime_ns=self._written_ns)
             self._written_ns = 0
+
+    def _row_stale(self) -> bool:
+        """Whether the row of the disk file's attributes lacks the last write's time."""
+        self._settle_mtime()
+        return self._row_mtime not in (None, self.nodes[ROOT_INO].attrs.mtime_ns)
 
     def _stat(self, node: Node) -> Stat:
         self._settle_mtime()
@@ -260,6 +272,8 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
             super().run_flush(job)
 
     def apply_flush(self, job: FlushJob) -> None:
+        if ROOT_INO in job.inos:
+            self._row_mtime = self.nodes[ROOT_INO].attrs.mtime_ns  # (unchanged since prepare_flush)
         super().apply_flush(job)
         if job.upper is not None and self.upper is not None:
             self.upper.synced(job.upper)
@@ -285,11 +299,13 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
 
     def prepare_freeze(self, label: str | None) -> FreezeJob | None:
         """Right after a flush: the written epoch can become the next snapshot as it
-        is, unless something else changed too (the disk file's attributes, chunks an
-        older casfs flushed): then None, and the snapshot is a fold. Nothing written
-        since the last snapshot: an empty epoch is frozen, so this snapshot too is
-        O(1) instead of a fold that would wait for the ones queued before it."""
-        if self.chunk_ids or self._root_row:
+        is, unless chunks an older casfs flushed changed it too: then None, and the
+        snapshot is a fold. Nothing written since the last snapshot: an empty epoch is
+        frozen, so this snapshot too is O(1) instead of a fold that would wait for the
+        ones queued before it. The disk file's own attributes are no part of a snapshot
+        (its root is a chunk map): their row, flushed, stays over the freeze and the
+        fold that follows (a fold in the calling thread drops it, as before)."""
+        if self.chunk_ids:
             return None
         new = None
         if self.upper is None:
@@ -302,11 +318,8 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
             if active.dirty:
                 return None
         self._frozen = True
-        return FreezeJob(active.epoch, label, new=new)
-
-    def _touch(self, ino: InodeNo) -> None:
-        self._root_row = True  # (writes do not come here: only attribute changes)
-        super()._touch(ino)
+        root = self.nodes[ROOT_INO].row(self.name) if self._row_stale() else None
+        return FreezeJob(active.epoch, label, new=new, root=root)
 
     def run_freeze(self, job: FreezeJob) -> None:
         run_freeze(self.repo, self.name, job)
@@ -316,6 +329,8 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
         assert self.upper is not None and self.upper.epoch == job.epoch
         if job.new is not None:
             self.upper.synced(job.new[1])
+        if job.root is not None:
+            self._row_mtime = self.nodes[ROOT_INO].attrs.mtime_ns
         self.uppers.frozen.append(Frozen(self.upper, job.snapshot, job.label, job.taken))
         self.uppers.active = None
         self.overlay.discard(ROOT_INO)  # (what it held is the frozen epoch's now)
@@ -362,6 +377,8 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
         last = self.fold_frozen_sync()
         if last is not None and not self.overlay and not self.dirty_nodes:
             return last  # nothing written since the last snapshot taken
+        if self._row_stale():
+            self.dirty_nodes.add(ROOT_INO)  # (the flush before the fold rewrites it)
         return super().snapshot_sync(label)
 
     def close(self, snapshot: bool = True) -> SnapshotNo | None:
@@ -391,7 +408,6 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
 
     def apply_fold(self, job: FoldJob) -> None:
         super().apply_fold(job)
-        self._root_row = False
         self.uppers.active = None  # (its files are gone; reads planned before keep it open)
         self._upper_only = 0
 

@@ -13,6 +13,7 @@ import pytest
 
 from casfs import images, volumes
 from casfs.catalog import overlay as overlay_rows
+from casfs.catalog import volumes as volume_rows
 from casfs.exporters import export_raw
 from casfs.ids import ROOT_INO, SnapshotNo
 from casfs.repo import Repository
@@ -254,3 +255,26 @@ def test_frozen_snapshots_read_the_same_before_during_and_after_their_folds(
     volumes.remove_snapshot(repo, "vm@2")
     assert FrozenBlockView.open(repo, "vm", SnapshotNo(2), "vm@2") is None
     v.close(snapshot=False)
+
+
+def test_the_disk_file_s_attributes_are_the_volume_s_not_a_change_to_snapshot(
+    repo: Repository, tmp_path: Path
+) -> None:
+    """A block snapshot is a chunk map: an attribute change of the disk file does not
+    make it a fold, and the file's row stays over the freeze, the fold at close and the
+    reopen; alone it is nothing to settle or to snapshot. Its mtime is the last write's
+    after the close, not the explicit one written before the writes."""
+    v, ref = clone(repo, tmp_path)
+    scribble(v, ref, random.Random(10), 20)
+    v.setattr(ROOT_INO, mode=0o600, mtime_ns=10**18)
+    first = snapshot_now(v)  # (asserts a freeze)
+    scribble(v, ref, random.Random(11), 20)
+    written = v.getattr(ROOT_INO).mtime_ns
+    assert written > 10**18 and v.close() == first + 1  # a fold, in this thread
+    assert not volume_rows.has_overlay(repo.conn, "vm")
+    again = open_volume(repo, "vm")
+    assert isinstance(again, BlockVolume)
+    st = again.getattr(ROOT_INO)
+    assert (st.mode & 0o777, st.mtime_ns, st.size) == (0o600, written, SIZE)
+    assert whole(again) == bytes(ref)
+    assert again.close() is None  # nothing changed

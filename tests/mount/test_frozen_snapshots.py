@@ -127,13 +127,13 @@ def test_a_frozen_snapshot_of_a_volume_another_daemon_writes(store: Path, tmp_pa
 
 
 def test_a_frozen_snapshot_of_a_volume_the_same_mount_writes(store: Path, tmp_path: Path) -> None:
-    """The whole-store mount writes the volume (claims it) and reads its snapshot. (Its
-    first: in a whole-store mount the kernel writes the file's mtime back after a
-    snapshot's setxattr, and that attribute change makes the next snapshot a fold.)"""
+    """The whole-store mount writes the volume (claims it) and reads its snapshot (its
+    second: the kernel's write-back of the file's times after the first one's setxattr
+    does not make it a fold; tests/mount/test_whole_store_freeze.py)."""
     ok(store, "volume", "create", "b", "--blank-block", "16M")
     with mounted(store, tmp_path / "whole") as whole:
         check_frozen_then_folded(
-            store, "b", whole.path, whole.pid, whole.path / "volumes" / "b", tmp_path, n=1
+            store, "b", whole.path, whole.pid, whole.path / "volumes" / "b", tmp_path, n=2
         )
 
 

@@ -119,16 +119,22 @@ def run_flush(repo: Repository, volume: str, job: FlushJob) -> None:
 
 
 def _publish(
-    batch: ledger.Batch, volume: str, base: BlobId, next_ino: InodeNo, job: FoldJob, upper: int | None = None
+    batch: ledger.Batch,
+    volume: str,
+    base: BlobId,
+    next_ino: InodeNo,
+    job: FoldJob,
+    upper: int | None = None,
+    keep: InodeNo | None = None,
 ) -> None:
     """In one transaction make the fold's root snapshot n+1 and the new base, and
-    empty the overlay (and forget the `upper` epoch it folded)."""
+    empty the overlay but `keep`'s row (and forget the `upper` epoch it folded)."""
 
     def publish(conn: sqlite3.Connection) -> None:
         job.snapshot = rows.add_snapshot(conn, volume, job.new_root, job.size, next_ino, job.label)
         ledger.retain(conn, [job.new_root, job.new_root])  # the snapshot's and the base's
         ledger.release(conn, [base])
-        ledger.release(conn, overlay.fold(conn, volume, job.new_root, job.size, next_ino))
+        ledger.release(conn, overlay.fold(conn, volume, job.new_root, job.size, next_ino, keep))
         if upper is not None:
             overlay.drop_upper(conn, volume, upper)
 
@@ -164,7 +170,8 @@ def run_fold_block(
         job.new_root = cmap.rewrite(batch.put_kind, changes, size)
         job.size = size
         fault_point("fold:before-publish")
-        _publish(batch, volume, base, next_ino, job, None if upper is None else upper.epoch)
+        # The disk file's attributes stay: no part of a snapshot (a chunk map).
+        _publish(batch, volume, base, next_ino, job, None if upper is None else upper.epoch, ROOT_INO)
     job.bases[ROOT_INO] = job.new_root
     if upper is not None:
         fault_point("fold:after-publish")
@@ -307,6 +314,7 @@ class FreezeJob:
     # An epoch made for this snapshot, nothing written to it (the volume is unchanged
     # since the last one): its files made durable and named here, then frozen.
     new: tuple[Upper, Sync] | None = None
+    root: tuple[object, ...] | None = None  # the disk file's row, rewritten with the freeze
 
 
 def run_freeze(repo: Repository, volume: str, job: FreezeJob) -> None:
@@ -316,6 +324,8 @@ def run_freeze(repo: Repository, volume: str, job: FreezeJob) -> None:
     with transaction(repo.conn) as conn:
         if job.new is not None:
             overlay.add_upper(conn, volume, job.epoch)
+        if job.root is not None:
+            overlay.put_inodes(conn, [job.root])
         job.taken = time.time()
         job.snapshot = overlay.freeze_upper(conn, volume, job.epoch, job.label, job.taken)
 
