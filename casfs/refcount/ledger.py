@@ -143,10 +143,12 @@ class Batch:
                         increments.update(kids)
                 if refs:
                     increments.update(refs)
-                # Chunks, by the thousand: each row written once, with its count.
-                leaves = [
+                # Chunks, by the thousand: each row written once, with its count, in
+                # the ids' order (the B-tree's pages in turn: 22,000 rows into a
+                # million took 0.19 s so, 0.24 s in random order).
+                leaves = sorted(
                     (b, k, increments.pop(b, 0), n, st) for b, (k, n, st, c) in self.new.items() if not c
-                ]
+                )
                 blob_rows.add_leaves(conn, leaves)
                 blob_rows.add_refs(conn, increments)
                 if then is not None:

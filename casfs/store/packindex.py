@@ -260,23 +260,24 @@ class PackIndex:
         points here. Returns the packs that left with no blob (their rows are gone:
         the caller removes their files)."""
         with self._write(durable=True) as conn:
-            ids = [bid for _, _, entries in packs for bid, _, _ in entries]
             before: set[int] = set()
-            for i in range(0, len(ids), _IN):
-                part = ids[i : i + _IN]
-                marks = ",".join("?" * len(part))
-                before.update(
-                    r[0] for r in conn.execute(f"SELECT DISTINCT pack FROM blobs WHERE id IN ({marks})", part)
-                )
             for name, size, entries in packs:
                 pack = conn.execute("INSERT INTO packs (name, size) VALUES (?, ?)", (name, size)).lastrowid
-                conn.executemany(
-                    "INSERT OR REPLACE INTO blobs (id, pack, offset, length) VALUES (?, ?, ?, ?)",
-                    [(bid, pack, offset, length) for bid, offset, length in entries],
-                )
+                assert pack is not None
+                # New blobs, the common case, cost one insert each (no lookup of every id
+                # first), in the ids' order (random order thrashed the page cache: 22,000
+                # rows took 0.13 s, sorted 0.06 s); a blob published already (healed,
+                # repacked) is moved here by _move.
+                added = conn.executemany(
+                    "INSERT OR IGNORE INTO blobs (id, pack, offset, length) VALUES (?, ?, ?, ?)",
+                    sorted((bid, pack, offset, length) for bid, offset, length in entries),
+                ).rowcount
+                if added != len(entries):
+                    before.update(_move(conn, pack, entries))
             emptied = (_drop_if_empty(conn, pack) for pack in sorted(before))
             gone = [name for name in emptied if name is not None]
-        self.located.forget(ids)  # (after the commit: a lookup meanwhile may see the old row)
+        self.located.forget([bid for _, _, entries in packs for bid, _, _ in entries])
+        # (forgotten after the commit: a lookup meanwhile may see the old row)
         return gone
 
     def delete(self, bid: BlobId) -> str | None:
@@ -298,6 +299,24 @@ class PackIndex:
         with self._write(durable=True) as conn:
             row = conn.execute("SELECT id FROM packs WHERE name = ?", (name,)).fetchone()
             return row is not None and _drop_if_empty(conn, row[0]) is not None
+
+
+def _move(conn: sqlite3.Connection, pack: int, entries: Sequence[Entry]) -> set[int]:
+    """Point the rows of those of `entries` that another pack holds at `pack` (where
+    they were just stored again); the packs they were in."""
+    where = {bid: (offset, length) for bid, offset, length in entries}
+    ids = list(where)
+    old: list[tuple[BlobId, int]] = []
+    for i in range(0, len(ids), _IN):
+        part = ids[i : i + _IN]
+        marks = ",".join("?" * len(part))
+        query = f"SELECT id, pack FROM blobs WHERE pack != ? AND id IN ({marks})"
+        old += [(BlobId(bytes(r[0])), r[1]) for r in conn.execute(query, [pack, *part])]
+    conn.executemany(
+        "UPDATE blobs SET pack = ?, offset = ?, length = ? WHERE id = ?",
+        [(pack, *where[bid], bid) for bid, _ in old],
+    )
+    return {p for _, p in old}
 
 
 def _drop_if_empty(conn: sqlite3.Connection, pack: int) -> str | None:

@@ -115,6 +115,23 @@ def test_healing_the_only_blob_of_a_pack_drops_the_old_pack(tmp_path: Path) -> N
     assert store.get(bid) == plain and not _packs(store) & old
 
 
+def test_a_blob_stored_again_beside_new_ones_moves_and_its_old_pack_stays(tmp_path: Path) -> None:
+    """publish() inserts new blobs' rows without looking them up first; one published
+    already is found by the insert it skips and moved to the new pack."""
+    store = _store(tmp_path)
+    first = _stage(store, 2)
+    again, kept = list(first)
+    old = _pack_of(store, again)
+    st = store.staging()
+    st.add(again, first[again])
+    fresh = os.urandom(4000)
+    new = st_add(st, fresh)
+    st.publish()
+    assert _pack_of(store, again) == _pack_of(store, new) != old == _pack_of(store, kept)
+    assert old + ".pack" in _packs(store) and len(store.index.live(old)) == 1
+    assert store.get(again) == first[again] and store.get(kept) == first[kept] and store.get(new) == fresh
+
+
 def test_a_crash_between_rename_and_commit_leaves_a_pack_recover_staging_removes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
