@@ -55,6 +55,47 @@ def test_a_queued_request_is_taken_without_the_stock_wait(pipe: tuple[int, int])
     assert calls == ["stock"] * 2
 
 
+def test_requests_queued_are_taken_in_bursts_between_checkpoints(
+    pipe: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While requests stay queued, a task takes up to _BURST of them in a row with no
+    checkpoint (a pass of trio's scheduler each), and other tasks still run between
+    bursts. (_BURST_S made long: no clock decides what the test sees.)"""
+    r, w = pipe
+    monkeypatch.setattr(fastwait, "_BURST_S", 3600.0)
+    lock = trio.Lock()
+    runs = [0]
+
+    async def stock() -> bool:
+        async with lock:
+            await trio.lowlevel.wait_readable(r)
+        return True
+
+    async def other() -> None:  # another task of the trio thread (a timer, a flush)
+        while True:
+            await trio.lowlevel.checkpoint()
+            runs[0] += 1
+
+    async def main() -> None:
+        wait = fastwait.make_wait(r, stock)
+        async with trio.open_nursery() as nursery:
+            await lock.acquire()  # (another task is in pyfuse3's wait: none is started)
+            nursery.start_soon(wait)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(other)
+            os.write(w, b"x")  # (never read: the fd stays readable, requests queued)
+            taken, before = 3 * (fastwait._BURST + 1), runs[0]
+            for _ in range(taken):
+                assert await wait() is True
+            # One checkpoint per _BURST + 1 requests (3 here, not 27), and the other
+            # task runs at each (its count lags by one, by the scheduler's batch order).
+            assert 1 <= runs[0] - before <= 3
+            nursery.cancel_scope.cancel()
+            lock.release()
+
+    trio.run(main)
+
+
 def test_a_stock_wake_up_is_checked_again(pipe: tuple[int, int]) -> None:
     """pyfuse3's wait can wake a task after another took the request: the wait goes on
     until the fd really is readable, and ends as pyfuse3's does (False)."""
