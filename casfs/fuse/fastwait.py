@@ -9,7 +9,9 @@ requests), then a zero-timeout poll of the fd; only an idle fd goes through pyfu
 own wait. While requests stay queued (a queue depth over one), a task takes up to
 _BURST of them in a row before the next checkpoint, within _BURST_S: a checkpoint is a
 pass of trio's scheduler (about 3 us of CPU), and on the one trio thread that serves
-every request that was a fifth of a 4 KiB read served from the chunk cache.
+every request that was a fifth of a 4 KiB read served from the chunk cache. After a
+lone request (none queued), the fd is polled for up to _SPIN_S before the task sleeps
+in pyfuse3's wait, with a backoff when that finds nothing (see _SPIN_S).
 
 What keeps it safe: pyfuse3 reads the fd straight after True with no await between, and
 a read of an empty fd would block the thread (the fd is blocking), so True is returned
@@ -52,6 +54,14 @@ _DEFER = 3
 # Other tasks (timers, signals, tasks woken by worker threads) then wait at most this.
 _BURST = 8
 _BURST_S = 0.001
+# After a lone request (none queued behind it), a task polls for the next one for up to
+# _SPIN_S before it sleeps in pyfuse3's wait: a reader or writer at queue depth 1 sends
+# it a few µs after its reply, and a sleep in epoll_wait, the wake-up and the pass of
+# trio's scheduler that follow cost more than that. A spin that finds nothing makes the
+# next 1, 2, 4 ... _SPIN_SKIP_MAX lone requests sleep at once (a process that thinks
+# between its requests is not polled for); one that finds a request starts over.
+_SPIN_S = 50e-6
+_SPIN_SKIP_MAX = 256
 _STOCK: Callable[[], Awaitable[bool]] | None = getattr(pyfuse3, _ATTR, None)
 
 
@@ -77,6 +87,22 @@ def make_wait(fd: int, stock: Callable[[], Awaitable[bool]]) -> Callable[[], Awa
     queued = False  # the last request was found queued (more may be: poll at once)
     burst = 0  # requests taken since the last checkpoint
     since = 0.0  # (clock) of the last checkpoint
+    backoff = 0  # lone requests to sleep for after the last spin that found nothing
+    skip = 0  # of those, still to come
+
+    def spin() -> bool:
+        """Poll for _SPIN_S (unless backing off); True when the fd became readable."""
+        nonlocal backoff, skip
+        if skip:
+            skip -= 1
+            return False
+        end = clock() + _SPIN_S
+        while not poll(0):
+            if clock() >= end:
+                backoff = skip = min(2 * backoff or 1, _SPIN_SKIP_MAX)
+                return False
+        backoff = 0
+        return True
 
     async def wait_fuse_readable() -> bool:
         nonlocal in_stock, queued, burst, since
@@ -86,7 +112,7 @@ def make_wait(fd: int, stock: Callable[[], Awaitable[bool]]) -> Callable[[], Awa
         await checkpoint()  # (others run between requests, however many are queued)
         burst, since = 0, clock()
         queued = bool(in_stock and poll(0))
-        if queued:
+        if queued or (in_stock and spin()):  # (spin: True straight after its poll)
             return True
         deferred = 0
         while True:
