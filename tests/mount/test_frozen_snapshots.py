@@ -10,51 +10,24 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from casfs.catalog import overlay
-from casfs.lifecycle.queue import acquire_slot, queue_limit
 from casfs.repo import Repository
 from casfs.store.uppers import upper_dir
-from tests.helpers.cli import js, must, ok
+from tests.helpers.cli import must, ok
 from tests.helpers.disks import write_spots
 from tests.helpers.mount import mounted
+from tests.helpers.snapshots import folds_held, snapshots, wait_until
 
 MIB = 1 << 20
 SIZE = 16 * MIB
-WAIT_S = 60.0
-
-
-@contextlib.contextmanager
-def folds_held(store: Path) -> Iterator[None]:
-    """Every job slot of the store taken (released on the way out, whatever happens)."""
-    with contextlib.closing(Repository.open(store)) as repo:
-        slots = [acquire_slot(repo, "a test holding folds") for _ in range(queue_limit(repo))]
-    try:
-        yield
-    finally:
-        for slot in slots:
-            slot.release()
-
-
-def snapshots(store: Path, volume: str) -> dict[int, bool]:
-    """n -> folded, as `snapshot ls` shows them."""
-    return {s["n"]: s["folded"] for s in js(store, "snapshot", "ls", volume)}
 
 
 def frozen_epoch(store: Path, volume: str, n: int) -> int:
     with contextlib.closing(Repository.open(store)) as repo:
         (epoch,) = [u.epoch for u in overlay.uppers(repo.conn, volume) if u.snapshot == n]
     return epoch
-
-
-def wait_until(what: str, done: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not done():
-        assert time.monotonic() < deadline, f"still waiting for {what}"
-        time.sleep(0.05)
 
 
 def open_files(pid: int) -> set[str]:

@@ -24,7 +24,7 @@ from casfs.repo import Repository
 from tests.helpers.cli import must, ok
 from tests.helpers.disks import write_spots
 from tests.helpers.mount import mounted, running, wait_gone
-from tests.mount.test_frozen_snapshots import folds_held, snapshots, wait_until
+from tests.helpers.snapshots import folds_held, snapshots, wait_until
 
 MIB = 1 << 20
 SIZE = 16 * MIB
