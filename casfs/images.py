@@ -48,7 +48,6 @@ if TYPE_CHECKING:  # (imported where an import runs: hashlib is not every comman
     from casfs.importers.oci.reference import Reference
     from casfs.store.verify import HashingReader
 
-DEFAULT_CHUNK_SIZE = 64 << 10
 FORMATS = ("auto", "raw", "tar", "dir")
 
 Progress = Callable[[int], None]
@@ -176,7 +175,7 @@ def import_image(
     source: Path | str,
     expect: str | None = None,
     fmt: str = "auto",
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
     allow_devices: bool = False,
     progress: Progress | None = None,
     platform: str | None = None,
@@ -186,11 +185,12 @@ def import_image(
     an identical import already exists (a repeat is not an error). A source string
     `oci:…` or `docker-archive:…` is an OCI image (`platform` picks from an index).
     `on_stored(n)`: once committed, the bytes this import stored that the store did not
-    hold (what the image alone holds, without reading its trees back as a usage does)."""
+    hold (what the image alone holds, without reading its trees back as a usage does).
+    `chunk_size` None: the default of the image's kind (VolumeKind.default_chunk_size)."""
     check_name(name, "image")
     if fmt not in FORMATS:
         raise UsageError(f"invalid format {fmt!r}: one of {', '.join(FORMATS)}")
-    if chunk_size < 4096 or chunk_size > (4 << 20) or chunk_size & (chunk_size - 1):
+    if chunk_size is not None and not (4096 <= chunk_size <= 4 << 20 and chunk_size & (chunk_size - 1) == 0):
         raise UsageError("chunk size must be a power of two from 4 KiB to 4 MiB")
     import json
 
@@ -223,6 +223,7 @@ def import_image(
     if fmt == "dir" and expected:
         raise UsageError("--expect checks a file's bytes; a directory source has none to check")
     kind = VolumeKind.BLOCK if fmt == "raw" else VolumeKind.DIR
+    given, chunk_size = chunk_size is not None, chunk_size or kind.default_chunk_size
     spec = json.dumps(
         {"source": str(source.resolve()), "format": fmt, "expect": expect, "chunk_size": chunk_size},
         sort_keys=True,
@@ -230,7 +231,7 @@ def import_image(
     work = functools.partial(
         _do_import, repo, name, source, fmt, expected, chunk_size, allow_devices, progress, on_stored
     )
-    return _run_import(repo, name, kind, spec, str(source), chunk_size, work)
+    return _run_import(repo, name, kind, spec, str(source), chunk_size, given, work)
 
 
 def _run_import(
@@ -240,12 +241,13 @@ def _run_import(
     spec: str,
     source: str,
     chunk_size: int,
+    chunk_given: bool,
     work: Callable[[], None],
 ) -> tuple[ImageInfo, bool]:
     """Claim the name, wait for a job slot, do the work; on failure, unclaim or fail."""
     from casfs.lifecycle.queue import job_slot  # (imports only: not a clone's or a listing's start-up)
 
-    existing = _claim(repo, name, kind, spec, source, chunk_size)
+    existing = _claim(repo, name, kind, spec, source, chunk_size, chunk_given)
     if existing is not None:
         return existing, False
     fault_point("import:after-claim")
@@ -269,7 +271,7 @@ def _oci_job(
     name: str,
     source: str,
     expect: str | None,
-    chunk_size: int,
+    chunk_size: int | None,
     allow_devices: bool,
     progress: Progress | None,
     platform: str | None,
@@ -279,6 +281,7 @@ def _oci_job(
 
     from casfs.importers.oci.reference import parse_reference
 
+    given, chunk_size = chunk_size is not None, chunk_size or VolumeKind.DIR.default_chunk_size
     ref = parse_reference(source)
     request = {"source": str(ref), "format": ref.transport, "expect": expect, "chunk_size": chunk_size}
     spec = json.dumps({**request, "platform": platform, "allow_devices": allow_devices}, sort_keys=True)
@@ -286,7 +289,7 @@ def _oci_job(
     def work() -> None:
         _do_import_oci(repo, name, ref, expect, chunk_size, allow_devices, progress, platform, on_stored)
 
-    return _run_import(repo, name, VolumeKind.DIR, spec, str(ref), chunk_size, work)
+    return _run_import(repo, name, VolumeKind.DIR, spec, str(ref), chunk_size, given, work)
 
 
 def _do_import_oci(
@@ -340,15 +343,16 @@ def _fail(repo: Repository, name: str, reason: str) -> None:
 
 
 def _claim(
-    repo: Repository, name: str, kind: VolumeKind, spec: str, source: str, chunk_size: int
+    repo: Repository, name: str, kind: VolumeKind, spec: str, source: str, chunk_size: int, chunk_given: bool
 ) -> ImageInfo | None:
-    """Record the import (phase queued) before starting; or find it already done."""
+    """Record the import (phase queued) before starting; or find it already done. An
+    import that names no chunk size repeats one done with another (an older default)."""
     conn = repo.conn
     with transaction(conn):
         row = rows.image_row(conn, name)
         if row is not None:
             if row.phase == ImagePhase.READY:
-                if row.spec == spec:
+                if _repeats(row.spec or "{}", spec, chunk_given):
                     return _info(row)
                 raise Conflict(f"image {name!r} already exists with a different source or options")
             if row.phase in IMAGE_IN_PROGRESS and pids.alive(row.owner_pid):
@@ -357,6 +361,18 @@ def _claim(
             rows.delete(conn, name)
         rows.insert_queued(conn, name, kind, chunk_size, source, spec, os.getpid())
     return None
+
+
+def _repeats(done: str, spec: str, chunk_given: bool) -> bool:
+    """Whether an import of `spec` repeats the one done with spec `done`."""
+    if done == spec or chunk_given:
+        return done == spec
+    import json
+
+    done_request, request = json.loads(done), json.loads(spec)
+    done_request.pop("chunk_size", None)
+    request.pop("chunk_size", None)
+    return bool(done_request == request)
 
 
 def _do_import(

@@ -40,3 +40,12 @@ class VolumeKind(StrEnum):
 
     DIR = "dir"
     BLOCK = "block"
+
+    @property
+    def default_chunk_size(self) -> int:
+        """The chunk size of a new image or blank volume of this kind when none is given.
+        A disk is read at random in 4 KiB requests, each of which decodes and hashes its
+        whole chunk: 32 KiB chunks served 30% more cold random reads at queue depth 16
+        than 64 KiB ones (block_ops, issue 8). A tree's files are read whole, and bigger
+        chunks mean fewer blobs and rows."""
+        return 32 << 10 if self is VolumeKind.BLOCK else 64 << 10

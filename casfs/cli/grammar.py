@@ -168,8 +168,7 @@ GRAMMAR = (
             Arg(
                 "--chunk-size",
                 metavar="SIZE",
-                default="64K",
-                help="chunk size, a power of two from 4K to 4M (default: 64K)",
+                help="chunk size, a power of two from 4K to 4M (default: 32K for a disk, 64K for a tree)",
             ),
             Arg("--allow-devices", action="store_true", help="keep device nodes found in a tar archive"),
         ],

@@ -37,7 +37,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from casfs.images import import_image
     from casfs.importers.oci.reference import is_reference
 
-    chunk_size = parse_size(args.chunk_size)
+    chunk_size = None if args.chunk_size is None else parse_size(args.chunk_size)
     source: Path | str = args.source if is_reference(args.source) else Path(args.source)
     stored: list[int] = []
     with open_store(args) as repo:

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from casfs.volumes.create import (
-        DEFAULT_CHUNK_SIZE,
         MAX_BLOCK_SIZE,
         create_volume,
         finish_delete,
@@ -58,7 +57,6 @@ if TYPE_CHECKING:
 # twentieth of its start-up.
 _MODULES = {
     "create": (
-        "DEFAULT_CHUNK_SIZE",
         "MAX_BLOCK_SIZE",
         "create_volume",
         "finish_delete",
@@ -91,7 +89,6 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "DEFAULT_CHUNK_SIZE",
     "MAX_BLOCK_SIZE",
     "SnapshotInfo",
     "Source",

@@ -22,7 +22,6 @@ from casfs.store.ids import ZERO_ID
 from casfs.units import check_name, parse_snapshot_ref
 from casfs.volumes.info import Source, VolumeInfo, get_volume, require_at_rest, volume_row
 
-DEFAULT_CHUNK_SIZE = 64 << 10
 # A blank block volume's map is a list of holes: 10 TiB is 5 MiB of map root.
 MAX_BLOCK_SIZE = 16 << 40
 
@@ -138,8 +137,8 @@ def _create_blank(
     repo: Repository, name: str, source: Source, mode: str, spec: str, grace_s: float | None
 ) -> tuple[VolumeInfo, bool]:
     """Record the volume (phase creating) before writing its base, then publish both."""
-    chunk_size = DEFAULT_CHUNK_SIZE
     kind, size = (VolumeKind.DIR, 0) if source.blank_dir else (VolumeKind.BLOCK, int(source.blank_block or 0))
+    chunk_size = kind.default_chunk_size
     if size > MAX_BLOCK_SIZE:
         raise UsageError(f"a block volume is at most {MAX_BLOCK_SIZE >> 40} TiB")
     conn = repo.conn

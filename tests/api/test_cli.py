@@ -20,11 +20,12 @@ from typing import Any
 
 import pytest
 
+from casfs.kinds import VolumeKind
 from tests.helpers.blobs import stored_files
 from tests.helpers.cli import CLI, TIMEOUT, casfs, env, fails, js, out
 from tests.helpers.fsck import Stores, query
 
-CHUNK = 64 << 10
+CHUNK = VolumeKind.BLOCK.default_chunk_size  # (a raw import's, as the CLI gives none)
 
 
 def state(store: Path) -> tuple[list[tuple[Any, ...]], list[str]]:

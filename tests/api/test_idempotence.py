@@ -199,3 +199,28 @@ def test_io_error_after_the_start_leaves_a_failed_image(store: Path, raw: Path) 
     ok(store, "image", "import", "bad", str(raw))  # a new import of the name replaces a failed one
     assert js(store, "image", "info", "bad")["phase"] == "ready"
     assert_consistent(store)
+
+
+def test_default_chunk_size_by_kind_and_a_repeat_of_an_older_default(
+    store: Path, raw: Path, tmp_path: Path
+) -> None:
+    """A disk image and a blank block volume get 32 KiB chunks, a tree 64 KiB. A repeat
+    that names no chunk size repeats an import made with another one (an older default:
+    64 KiB for disks), where naming a different size is a conflict."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "f").write_bytes(b"x" * 100)
+    ok(store, "image", "import", "disk", str(raw))
+    ok(store, "image", "import", "tree", str(tree))
+    ok(store, "volume", "create", "blank", "--blank-block", "1M")
+    assert js(store, "image", "info", "disk")["chunk_size"] == 32 << 10
+    assert js(store, "image", "info", "tree")["chunk_size"] == 64 << 10
+    assert js(store, "volume", "info", "blank")["chunk_size"] == 32 << 10
+
+    ok(store, "image", "import", "old", str(raw), "--chunk-size", "64K")
+    before = snapshot_of(store)
+    assert "already imported" in ok(store, "image", "import", "old", str(raw)).stdout
+    assert "already imported" in ok(store, "image", "import", "disk", str(raw)).stdout
+    assert snapshot_of(store) == before
+    assert "different source" in conflict(store, "image", "import", "old", str(raw), "--chunk-size", "32K")
+    assert js(store, "image", "info", "old")["chunk_size"] == 64 << 10

@@ -31,6 +31,7 @@ import pytest
 
 from casfs import images, volumes
 from casfs.ids import ChunkNo
+from casfs.kinds import VolumeKind
 from casfs.repo import Repository
 from casfs.snapshots.chunkmap import Content
 from casfs.store.ids import BlobId
@@ -41,7 +42,7 @@ from tests.helpers.mount import Mount, cleanup, mounted, start_daemon, wait_gone
 
 KIB = 1 << 10
 MIB = 1 << 20
-CHUNK = 64 * KIB
+CHUNK = VolumeKind.BLOCK.default_chunk_size  # (the disk images here are imported with the default)
 # dd block sizes: a sector, a page, a chunk, and odd ones that straddle all of them.
 BLOCK_SIZES = (512, 4096, 65536, 777, 5000)
 HOW = ("file", "store")
@@ -403,7 +404,7 @@ def test_qemu_img_and_qemu_io(repo: Repository, tmp_path: Path) -> None:
         with open(ref, "r+b") as r:
             for offset, length, byte in (
                 (0, MIB, 0xAB),
-                (MIB, CHUNK, 0xCD),
+                (MIB, 64 * KIB, 0xCD),  # (qemu-io wrote 64k)
                 (2052096, 5120, 0x5A),
                 (4 * MIB, MIB, 0),
             ):
@@ -547,7 +548,7 @@ def test_a_corrupt_chunk_fails_each_random_read_of_it_until_healed(
                 assert os.preadv(fd, [buf], offset) == len(buf)
                 return bytes(buf)
 
-            blocks = [n * CHUNK + i * 4 * KIB for i in (0, 5, 15)]
+            blocks = [n * CHUNK + i for i in (0, CHUNK // 2, CHUNK - 4 * KIB)]
             for offset in blocks * 2:
                 assert read(offset) == data[offset : offset + 4 * KIB]
             blob_files.corrupt(repo, victim)

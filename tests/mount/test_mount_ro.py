@@ -82,7 +82,7 @@ def populated(repo: Repository, tmp_path: Path) -> Populated:
     raw = disk_bytes()
     (tmp_path / "disk.raw").write_bytes(raw)
     images.import_image(repo, "tree", src)
-    images.import_image(repo, "disk", tmp_path / "disk.raw")
+    images.import_image(repo, "disk", tmp_path / "disk.raw", chunk_size=CHUNK)  # (the geometry above)
     volumes.create_volume(repo, "rov", volumes.Source(image="tree"), read_only=True)
     volumes.create_volume(repo, "blk", volumes.Source(image="disk"), read_only=True)
     volumes.create_volume(repo, "rwv", volumes.Source(blank_dir=True))
