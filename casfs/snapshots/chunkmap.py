@@ -113,6 +113,14 @@ def build_map(put: Put, chunk_ids: Sequence[BlobId], size: int, chunk_size: int)
     return put(MapRoot(1, chunk_size, size, pages).encode(), BlobKind.MAP_ROOT)
 
 
+def blank_map(put: Put, size: int, chunk_size: int) -> BlobId:
+    """build_map() of a disk of holes only, without a list of its chunks (16 TiB of 32
+    KiB chunks are 512M of them): every page of it is a hole."""
+    count = n_chunks(size, chunk_size)
+    depth, entries = (0, count) if count <= PAGE_ENTRIES else (1, -(-count // PAGE_ENTRIES))
+    return put(MapRoot(depth, chunk_size, size, [ZERO_ID] * entries).encode(), BlobKind.MAP_ROOT)
+
+
 def _put_page(put: Put, ids: Sequence[BlobId]) -> BlobId:
     if all(i == ZERO_ID for i in ids):
         return ZERO_ID

@@ -22,8 +22,18 @@ from casfs.store.ids import ZERO_ID
 from casfs.units import check_name, parse_snapshot_ref
 from casfs.volumes.info import Source, VolumeInfo, get_volume, require_at_rest, volume_row
 
-# A blank block volume's map is a list of holes: 10 TiB is 5 MiB of map root.
-MAX_BLOCK_SIZE = 16 << 40
+# A mounted block volume's writes go to one sparse file at their own offsets
+# (vfs.overlay.upper), and ext4's largest file is 16 TiB less one 4 KiB block. (A blank
+# volume's map is then a root of hole pages: 16 MiB at 32 KiB chunks.)
+MAX_BLOCK_SIZE = (16 << 40) - (1 << 20)
+
+
+def check_block_size(size: int) -> None:
+    if size > MAX_BLOCK_SIZE:
+        raise UsageError(
+            f"a block volume is at most 16 TiB less 1 MiB ({MAX_BLOCK_SIZE} bytes; its writes are kept "
+            f"in one file, and ext4's largest is 16 TiB less 4 KiB), not {size}"
+        )
 
 
 def blank_tree(chunk_size: int) -> bytes:
@@ -139,8 +149,7 @@ def _create_blank(
     """Record the volume (phase creating) before writing its base, then publish both."""
     kind, size = (VolumeKind.DIR, 0) if source.blank_dir else (VolumeKind.BLOCK, int(source.blank_block or 0))
     chunk_size = kind.default_chunk_size
-    if size > MAX_BLOCK_SIZE:
-        raise UsageError(f"a block volume is at most {MAX_BLOCK_SIZE >> 40} TiB")
+    check_block_size(size)
     conn = repo.conn
     with transaction(conn):
         if _existing(conn, name, spec):
@@ -169,8 +178,7 @@ def _create_blank(
             else:
                 from casfs.snapshots import chunkmap
 
-                holes = [ZERO_ID] * chunkmap.n_chunks(size, chunk_size)
-                base = chunkmap.build_map(batch.put_kind, holes, size, chunk_size)
+                base = chunkmap.blank_map(batch.put_kind, size, chunk_size)
 
             def finish(c: sqlite3.Connection) -> None:
                 rows.set_base(c, name, base)

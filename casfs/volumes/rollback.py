@@ -14,7 +14,7 @@ from casfs.lifecycle.phases import VolumePhase
 from casfs.refcount import ledger
 from casfs.repo import Repository
 from casfs.store.ids import ZERO_ID, BlobId
-from casfs.volumes.create import MAX_BLOCK_SIZE
+from casfs.volumes.create import check_block_size
 from casfs.volumes.info import require_at_rest, volume_row
 from casfs.volumes.settle import settle
 
@@ -46,8 +46,7 @@ def resize(repo: Repository, volume: str, size: int, allow_shrink: bool = False)
     if row.kind != VolumeKind.BLOCK:
         raise UsageError(f"volume {volume!r} is a directory volume: only block volumes have a size to set")
     require_at_rest(row, name_holder=False)
-    if size > MAX_BLOCK_SIZE:
-        raise UsageError(f"a block volume is at most {MAX_BLOCK_SIZE >> 40} TiB")
+    check_block_size(size)
     old_size, base = row.size, row.base
     if size < old_size and not allow_shrink:
         raise UsageError(

@@ -36,7 +36,7 @@ from casfs.repo import Repository
 from casfs.snapshots.chunkmap import Content
 from casfs.store.ids import BlobId
 from tests.helpers import blobs as blob_files
-from tests.helpers.cli import must, out, run
+from tests.helpers.cli import fails, js, must, out, run
 from tests.helpers.fsck import fsck_clean
 from tests.helpers.mount import Mount, cleanup, mounted, start_daemon, wait_gone
 
@@ -157,6 +157,40 @@ def kernel_mount(dev: str, where: Path, read_only: bool = False) -> Iterator[Pat
 
 def blank_volume(store: Path, name: str, size: str) -> None:
     out(store, "volume", "create", name, "--blank-block", size)
+
+
+def test_the_largest_volume_keeps_writes_at_both_ends(repo: Repository, tmp_path: Path) -> None:
+    """A blank volume of the largest size is created at once, takes O_DIRECT writes at
+    its first and last blocks (its upper file, as large as the volume, fits in ext4,
+    whose largest file is 16 TiB less 4 KiB: a 16 TiB volume took no write at all),
+    keeps them across a snapshot and a remount; a bigger one is refused."""
+    size = volumes.MAX_BLOCK_SIZE
+    assert "at most 16 TiB less 1 MiB" in fails(
+        repo.path, 2, "volume", "create", "big", "--blank-block", "16T"
+    )
+    blank_volume(repo.path, "big", str(size))
+    ends = {0: os.urandom(4 * KIB), size - 4 * KIB: os.urandom(4 * KIB)}
+    buf = mmap.mmap(-1, 4 * KIB)
+    with block_file(repo.path, tmp_path, "big", "file") as (_, path):
+        assert path.stat().st_size == size
+        fd = os.open(path, os.O_RDWR | os.O_DIRECT)
+        try:
+            for offset, data in ends.items():
+                buf[:] = data
+                assert os.pwritev(fd, [buf], offset) == len(data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        must("setfattr", "-n", "user.casfs.snapshot", "-v", "ends", path)
+    with block_file(repo.path, tmp_path, "big", "file") as (_, path):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            for offset, data in ends.items():
+                assert os.preadv(fd, [buf], offset) == len(data) and buf[:] == data
+            assert os.preadv(fd, [buf], size // 2) == len(buf) and buf[:] == bytes(len(buf))
+        finally:
+            os.close(fd)
+    assert [s["n"] for s in js(repo.path, "snapshot", "ls", "big")] == [1]  # (nothing changed after it)
 
 
 # -- dd against a reference ----------------------------------------------------------------

@@ -64,3 +64,22 @@ def test_chunk_run_is_chunk_of_each(n: int) -> None:
             assert cmap.chunk_run(first, count) == want, (first, count)
     single = chunkmap.Content(blobs.__getitem__, ids[0], 100, 1 << 16)  # one direct chunk
     assert single.chunk_run(0, 3) == [ids[0], ZERO_ID, ZERO_ID]
+
+
+@pytest.mark.parametrize("size", [1, 12345, 1 << 20, (chunkmap.PAGE_ENTRIES << 15) + 1, 3 << 30])
+def test_a_blank_map_is_the_map_of_all_holes(size: int) -> None:
+    """blank_map stores what build_map stores for a disk of holes (so a blank volume's
+    base is the same blob either way), without a list of every chunk."""
+    blobs: dict[BlobId, bytes] = {}
+
+    def put(plain: bytes, kind: BlobKind) -> BlobId:
+        blobs[blob_id(plain)] = plain
+        return blob_id(plain)
+
+    holes = [ZERO_ID] * chunkmap.n_chunks(size, 1 << 15)
+    root = chunkmap.blank_map(put, size, 1 << 15)
+    assert root == chunkmap.build_map(put, holes, size, 1 << 15)
+    assert list(blobs) == [root]  # (no page: each is a hole)
+    cmap = chunkmap.ChunkMap(blobs.__getitem__, root)
+    assert (cmap.size, cmap.chunk_size) == (size, 1 << 15)
+    assert cmap.chunk(ChunkNo(len(holes) - 1)) == ZERO_ID
