@@ -25,8 +25,9 @@ from casfs.kinds import BlobKind
 from casfs.store.ids import ID_SIZE, ZERO_ID, BlobId
 
 PAGE_ENTRIES = 1024
-# Map pages a ChunkMap keeps (32 KiB each): 8 MiB covers a 16 GiB disk of 64 KiB chunks.
-_PAGES_KEPT = 256
+# Map pages a ChunkMap keeps (32 KiB each): 16 MiB covers a 16 GiB disk of 32 KiB chunks
+# (a disk's default: VolumeKind.default_chunk_size), so random reads of it find their page.
+_PAGES_KEPT = 512
 _ROOT = struct.Struct("<4sBBIQI")
 _PAGE = struct.Struct("<4sBI")
 _ROOT_MAGIC = b"CMAP"
