@@ -77,3 +77,10 @@ class HostileArchive(CasfsError):
 class UnsupportedFormat(CasfsError):
     errno = _errno.EIO
     exit_code = 1
+
+
+def transient(e: BaseException) -> bool:
+    """Whether a second try may not meet `e`: an I/O error (the S3 store's RemoteError
+    once its retries ran out, a dropped connection, a timeout), not an answer about the
+    blob (Corruption, MissingBlob, a 404's FileNotFoundError) or a refusal (EACCES)."""
+    return isinstance(e, OSError) and not isinstance(e, (FileNotFoundError, PermissionError))

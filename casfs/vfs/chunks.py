@@ -37,7 +37,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -45,7 +45,7 @@ from typing import TypeVar
 import outcome
 import trio
 
-from casfs.errors import Corruption, MissingBlob
+from casfs.errors import Corruption, MissingBlob, transient
 from casfs.ids import ChunkNo
 from casfs.store.cache import LRU
 from casfs.store.ids import ZERO_ID, BlobId
@@ -169,11 +169,7 @@ class ChunkCache:
                 fut = self._inflight[bid] = Load()
         if mine:
             self._load(bid, fut)
-        try:
-            return fut.result()
-        except Corruption:
-            self.count_corrupt(bid)
-            raise
+        return self._results([(bid, fut)], {fut} if mine else ())[bid]
 
     def split(self, pieces: Iterable[Piece]) -> tuple[dict[BlobId, bytes], list[BlobId]]:
         """The chunks a read needs: those in memory, and the ids still to fetch."""
@@ -190,9 +186,10 @@ class ChunkCache:
                 missing.append(bid)
         return have, missing
 
-    def fetch_many(self, bids: Iterable[BlobId]) -> dict[BlobId, bytes]:
+    def fetch_many(self, bids: Iterable[BlobId], retry: bool = True) -> dict[BlobId, bytes]:
         """fetch() of each chunk; those no other thread is loading are read as one run
-        (one read of the store for chunks side by side: _load_many)."""
+        (one read of the store for chunks side by side: _load_many). `retry`: read again
+        the chunks whose joined load failed transiently (_outcomes); False: this is that."""
         out: dict[BlobId, bytes] = {}
         waits: list[tuple[BlobId, Load]] = []
         mine: list[tuple[BlobId, Load]] = []
@@ -212,20 +209,38 @@ class ChunkCache:
                 waits.append((bid, fut))
         if mine:
             self._load_many(mine)
-        out.update(self._results(waits))
+        out.update(self._results(waits, {fut for _, fut in mine} if retry else None))
         return out
 
-    def _results(self, loads: list[tuple[BlobId, Load]]) -> dict[BlobId, bytes]:
+    def _results(self, loads: list[tuple[BlobId, Load]], own: Collection[Load] | None) -> dict[BlobId, bytes]:
+        """The loads' chunks, waiting for each (_outcomes), and those of joined loads
+        that failed transiently read again, once (blocks: a worker's call)."""
+        got, again = self._outcomes(loads, own)
+        if again:
+            got.update(self.fetch_many(again, retry=False))
+        return got
+
+    def _outcomes(
+        self, loads: list[tuple[BlobId, Load]], own: Collection[Load] | None = ()
+    ) -> tuple[dict[BlobId, bytes], list[BlobId]]:
         """The loads' chunks, waiting for each; Corruption (counted) for one that failed
-        its check."""
+        its check. And the ids to load again: those whose load this reader joined (not
+        in `own`; None: none) and that failed with a transient error. Such a load may
+        have been started in an S3 outage and have run out of retries just after the
+        store came back (errors.transient); its originator fails, as its own read did."""
         got: dict[BlobId, bytes] = {}
+        again: list[BlobId] = []
         for bid, fut in loads:
             try:
                 got[bid] = fut.result()
             except Corruption:
                 self.count_corrupt(bid)
                 raise
-        return got
+            except OSError as e:
+                if own is None or fut in own or not transient(e):
+                    raise
+                again.append(bid)
+        return got, again
 
     async def fetch_async(self, bids: Iterable[BlobId]) -> dict[BlobId, bytes]:
         """fetch_many() for the trio thread: chunks that read-ahead is already loading
@@ -244,26 +259,31 @@ class ChunkCache:
                 self._read_here(todo, out)
                 todo = []
         if todo:
-            self._waiting += 1
-            try:
-                await self._fetch_in_workers(todo, out)
-            finally:
-                self._waiting -= 1
+            await self._fetch_in_workers(todo, out)
         if waits:
             out.update(await self.loaded(waits))
         return out
 
-    async def _fetch_in_workers(self, todo: list[BlobId], out: dict[BlobId, bytes]) -> None:
+    async def _fetch_in_workers(
+        self, todo: list[BlobId], out: dict[BlobId, bytes], retry: bool = True
+    ) -> None:
+        self._waiting += 1
+        try:
+            await self._fetch_runs(todo, out, retry)
+        finally:
+            self._waiting -= 1
+
+    async def _fetch_runs(self, todo: list[BlobId], out: dict[BlobId, bytes], retry: bool) -> None:
         runs = [todo[i : i + _PREFETCH_RUN] for i in range(0, len(todo), _PREFETCH_RUN)]
         if len(runs) == 1:
-            out.update(await self._misses.run(functools.partial(self.fetch_many, todo)))
+            out.update(await self._misses.run(functools.partial(self.fetch_many, todo, retry)))
             return
 
         errors: list[Exception] = []
 
         async def one(run: list[BlobId]) -> None:
             try:
-                out.update(await self._misses.run(functools.partial(self.fetch_many, run)))
+                out.update(await self._misses.run(functools.partial(self.fetch_many, run, retry)))
             except Exception as e:  # (the first is raised as it is, not in an ExceptionGroup)
                 errors.append(e)
 
@@ -401,9 +421,13 @@ class ChunkCache:
         """The chunks loading() found in flight, awaited together: one wake-up of the
         waiting task for all of them, where one per chunk cost a sequential reader that
         caught up with read-ahead 16 rounds of the trio thread's scheduler for each 1 MiB
-        request. Raises Corruption (counted) for a blob that failed its check."""
+        request. Raises Corruption (counted) for a blob that failed its check; a chunk
+        whose load failed transiently is read again, once, in a worker (_outcomes)."""
         await _wait_all([fut for _, fut in loading if not fut.done()])
-        return self._results(loading)  # (all done: no wait)
+        got, again = self._outcomes(loading)  # (all done: no wait)
+        if again:
+            await self._fetch_in_workers(again, got, retry=False)
+        return got
 
     def forget_stream(self, key: Hashable) -> None:
         self._streams.pop(key, None)

@@ -20,6 +20,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from casfs.errors import transient
 from casfs.store.ids import BlobId
 
 if TYPE_CHECKING:
@@ -49,16 +50,30 @@ class SpanReader:
         be read."""
         if pack is None or self.cache.max_bytes <= 0:
             return remote.get(name, offset, length)
-        cell = offset // SPAN
-        future, owner = self._claim(name, cell)
-        if owner:
-            self._read_ahead(remote, name, pack, cell)
-            self._run(future, remote, name, pack, cell)
-        blobs = future.result()
+        blobs = self._cell(remote, name, pack, offset // SPAN)
         stored = blobs.get(bid)
         if stored is None or len(stored) != length:  # (not this copy's cell: read it alone)
             return remote.get(name, offset, length)
         return stored
+
+    def _cell(self, remote: Remote, name: str, pack: Pack, cell: int) -> dict[BlobId, bytes]:
+        """The cell's blobs: fetched here, or by the request another reader has in
+        flight. If that one fails transiently (errors.transient: a read-ahead started in
+        an outage, out of retries just after the store came back), this reader fetches
+        the cell again, once (with any other reader doing the same); its maker fails."""
+        future, owner = self._claim(name, cell)
+        if owner:
+            self._read_ahead(remote, name, pack, cell)
+            self._run(future, remote, name, pack, cell)
+        try:
+            return future.result()
+        except OSError as e:
+            if owner or not transient(e):
+                raise
+        future, owner = self._claim(name, cell)
+        if owner:
+            self._run(future, remote, name, pack, cell)
+        return future.result()
 
     def _claim(self, name: str, cell: int) -> tuple[Future[dict[BlobId, bytes]], bool]:
         """The cell's request, and whether the caller is to make it (no one else is)."""
