@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from casfs.catalog.schema import FORMAT_VERSION as FORMAT_VERSION
 from casfs.errors import UnsupportedFormat
+from casfs.sqlitewal import enable_wal
 
 if TYPE_CHECKING:
     import os
@@ -66,7 +67,7 @@ def connect(path: "str | os.PathLike[str]") -> sqlite3.Connection:
     conn = sqlite3.connect(
         path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False, factory=OwnedConnection
     )
-    conn.execute("PRAGMA journal_mode = WAL")
+    enable_wal(conn, BUSY_TIMEOUT_S)
     # FULL: a transaction that returned is on disk, which fsync's promise to users needs.
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute("PRAGMA foreign_keys = ON")

@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from casfs.sqlitewal import enable_wal
 from casfs.store.ids import BlobId
 from casfs.store.located import Located
 from casfs.store.packfile import Entry
@@ -125,7 +126,7 @@ class PackIndex:
         conn = sqlite3.connect(
             self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )
-        conn.execute("PRAGMA journal_mode = WAL")
+        enable_wal(conn, BUSY_TIMEOUT_S)
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute(f"PRAGMA cache_size = -{PAGE_CACHE_KIB}")
         if not self._created:
