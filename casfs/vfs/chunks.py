@@ -66,7 +66,11 @@ _SEQUENTIAL_AFTER = 2
 # own read-ahead sends several requests at once and they may arrive out of order.
 _SEQ_SLACK = 1 << 20
 _MAX_STREAMS = 1024
-_MAX_INFLIGHT = 256
+# Chunks read-ahead may have loading at once, in bytes (two windows: the cache's size).
+# Counted in chunks (256) it left a window of 16 KiB chunks half asked for: the other
+# half of each top-up went unloaded, every chunk of it a miss of the reader's own.
+_MAX_INFLIGHT_BYTES = 16 << 20
+_MIN_CHUNK_BYTES = 4 << 10  # (the unit counted for smaller pieces: a small file's)
 _PREFETCH_WORKERS = 4
 _PREFETCH_RUN = 4
 # Misses served on the trio thread: at most this many chunks per request (a bigger read
@@ -385,7 +389,8 @@ class ChunkCache:
         if start - st.next_offset >= window // 2:
             return
         st.ahead = st.next_offset + window
-        self.prefetch(p.blob for p in plan(start, st.ahead - start) if p.data is None and p.blob != ZERO_ID)
+        pieces = [p for p in plan(start, st.ahead - start) if p.data is None and p.blob != ZERO_ID]
+        self.prefetch([p.blob for p in pieces], max((p.end - p.start for p in pieces), default=0))
 
     def loading(self, bids: list[BlobId]) -> tuple[list[tuple[BlobId, Load]], list[BlobId]]:
         """Of chunks missing from the cache: those already being loaded (by read-ahead,
@@ -408,8 +413,9 @@ class ChunkCache:
     def forget_stream(self, key: Hashable) -> None:
         self._streams.pop(key, None)
 
-    def prefetch(self, bids: Iterable[BlobId]) -> None:
-        """Start loading chunks in the background (skipping those cached or loading).
+    def prefetch(self, bids: Iterable[BlobId], chunk_bytes: int = 64 << 10) -> None:
+        """Start loading chunks of at most `chunk_bytes` each in the background (skipping
+        those cached or loading), as long as at most _MAX_INFLIGHT_BYTES are loading.
         Chunks go to the pool in runs, one per worker: fewer hand-offs between threads
         means less contention for the GIL, which the trio thread needs to serve. (One
         pass under the lock: a sequential reader's window asks for 64 chunks at a time.)"""
@@ -418,7 +424,7 @@ class ChunkCache:
         wanted = list(bids)  # (planned before the lock: a plan may read a map page)
         todo: list[tuple[BlobId, Load]] = []
         with self._lock:
-            room = _MAX_INFLIGHT - len(self._inflight)
+            room = _MAX_INFLIGHT_BYTES // max(chunk_bytes, _MIN_CHUNK_BYTES) - len(self._inflight)
             for bid in wanted:
                 if len(todo) >= room:
                     break
