@@ -24,7 +24,6 @@ daemon) wait on SQLite's lock, up to BUSY_TIMEOUT_S.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sqlite3
 import threading
@@ -215,6 +214,8 @@ class PackIndex:
         sqlite3 lets go of the GIL for every row it steps to, and on a busy daemon each
         row then waited to have it back (a cold read of a 32 KiB-chunk image: 0.9 ms a
         run of 64 in the read-ahead threads' lookups, 0.11 of it CPU)."""
+        import json  # (here: a CLI command that reads no blob skips it)
+
         out: dict[BlobId, Location] = {}
         for i in range(0, len(bids), _IN):
             part = bids[i : i + _IN]
