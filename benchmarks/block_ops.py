@@ -12,8 +12,9 @@ restarted, page cache dropped), or with --warm after one sequential read of the
 whole disk (the store in the page cache: the request machinery without the disk).
 Besides IOPS, the daemon's CPU time per request (user and system, from /proc/PID/stat):
 on a machine shared with other work, IOPS follow the load, CPU per request much less.
-A "seq write" test (block_bench's order: after the random writes, on the same disk)
-gives MB/s over the wall time, its fsync in it, and the daemon's CPU per GiB instead.
+The sequential tests give MB/s and the daemon's CPU per GiB instead: "seq read cold"
+fio's MB/s (as block_bench's), "seq write+fsync" (block_bench's order: after the random
+writes, on the same disk) MB/s over the wall time, its fsync in it.
 The question it answers: did a change make each request cheaper? (block_bench.py
 answers how casfs compares with qemu's daemon.) With several --chunk-sizes, the image
 is imported once at each, and every tree runs on a clone of each (rows "tree@size").
@@ -45,7 +46,7 @@ def cpu_s(pid: int | None) -> tuple[float, float]:
 
 def _sequential(test: str) -> bool:
     """A test whose figures are MB/s and CPU per GiB (in "iops" and "*_us"), not per request."""
-    return test.startswith("seq write")
+    return test.startswith("seq")
 
 
 def _cell(test: str, fig: dict[str, float]) -> str:
@@ -72,8 +73,8 @@ def run_tree(
         got = fio(cas.mnt, [*TESTS[test], *timed], size)
         wall = time.perf_counter() - t
         u1, s1 = cpu_s(pid)
-        if _sequential(test):  # (block_bench's figure: MB/s over the wall time, the fsync in it)
-            rate, ops = size / wall / 1e6, got["bytes"] / (1 << 30)
+        if _sequential(test):  # (block_bench's figures: a write's over the wall time, the fsync in it)
+            rate, ops = (size / wall / 1e6 if "write" in test else got["mbps"]), got["bytes"] / (1 << 30)
         else:
             rate, ops = got["iops"], got["bytes"] / 4096
         out[test] = {"iops": rate, "user_us": (u1 - u0) / ops * 1e6, "sys_us": (s1 - s0) / ops * 1e6}
@@ -139,7 +140,7 @@ def main() -> int:
     heading = (
         f"{args.size} mixed image, casfs clone{' (warm)' if args.warm else ''}, 4 KiB O_DIRECT, fio; "
         f"median of {args.reps} interleaved runs; CPU = the daemon's user+system time per request "
-        "(per GiB for a seq write, MB/s over its wall time); "
+        "(per GiB for the sequential tests, in MB/s: a write's over its wall time); "
         f"load {os.getloadavg()[0]:.1f} at the end"
     )
     emit(

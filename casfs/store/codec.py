@@ -79,6 +79,57 @@ def _incompressible(c: zstandard.ZstdCompressor, view: memoryview) -> bool:
     return all(len(c.compress(view[at : at + _PROBE])) > _PROBE - _PROBE // _GAIN for at in (0, mid))
 
 
+def decode_many(stored: list[memoryview]) -> list[bytes | None]:
+    """decode() of the zstd blobs among `stored` in one call of zstd (one pass of the GIL
+    for them all, where decode() makes one a blob), as long as each is one whole frame
+    (its block headers end where the blob does: decode() refuses trailing bytes) with its
+    size declared and within MAX_PLAIN_SIZE; None for every other blob, and for all of
+    them if zstd refuses one: decode() those one by one (raw ones cost no pass; a
+    malformed one gets its own error)."""
+    out: list[bytes | None] = [None] * len(stored)
+    frames: list[bytes | bytearray | memoryview] = []
+    at: list[int] = []
+    for i, blob in enumerate(stored):
+        if len(blob) > 1 and blob[0] == ZSTD and _whole_frame(frame := blob[1:]):
+            frames.append(frame)
+            at.append(i)
+    if len(frames) < 2:
+        return out
+    import zstandard
+
+    try:
+        plains = _decompressor().multi_decompress_to_buffer(frames)
+    except (zstandard.ZstdError, ValueError):
+        return out
+    for k, i in enumerate(at):
+        out[i] = plains[k].tobytes()
+    return out
+
+
+def _whole_frame(frame: memoryview) -> bool:
+    """Whether `frame` is exactly one zstd frame (header, blocks, checksum) declaring a
+    size within MAX_PLAIN_SIZE, read from its headers without decoding it."""
+    import zstandard
+
+    try:
+        declared = zstandard.frame_content_size(frame)
+        pos = zstandard.frame_header_size(frame)
+    except zstandard.ZstdError:
+        return False
+    if not 0 <= declared <= MAX_PLAIN_SIZE:
+        return False
+    end = len(frame)
+    while pos + 3 <= end:
+        head = frame[pos] | frame[pos + 1] << 8 | frame[pos + 2] << 16
+        kind = head >> 1 & 3  # raw, RLE (one byte stored), compressed, reserved
+        if kind == 3:
+            return False
+        pos += 3 + (1 if kind == 1 else head >> 3)
+        if head & 1:  # the last block; then the checksum, if the descriptor says so
+            return pos + (4 if frame[4] & 4 else 0) == end
+    return False
+
+
 def decode(stored: bytes | bytearray | memoryview, what: str = "blob") -> bytes:
     """Plaintext of an encoded blob; raises Corruption on any malformation. (A
     bytearray, as a read into a buffer gives, costs no copy more than bytes.)"""

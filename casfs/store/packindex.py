@@ -23,6 +23,7 @@ daemon) wait on SQLite's lock, up to BUSY_TIMEOUT_S.
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import threading
@@ -59,6 +60,19 @@ CREATE INDEX IF NOT EXISTS blobs_pack ON blobs (pack);
 """
 
 Location = tuple[str, int, int]  # pack name, offset, stored length
+
+
+@functools.lru_cache(maxsize=64)
+def _locate_query(n: int) -> str:
+    """locate_many's query for n ids: their places in one row (the ids joined by index)."""
+    ids = ",".join(f"({i},?)" for i in range(n))
+    return (
+        f"WITH q(i, id) AS (VALUES {ids}) SELECT "
+        "json_group_array(json_array(q.i, b.pack, b.offset, b.length)) "
+        "FROM q JOIN blobs b ON b.id = q.id"
+    )
+
+
 _BITS = 40  # a remembered location: pack id, offset, length in one int, 40 bits each
 _MASK = (1 << _BITS) - 1
 
@@ -196,16 +210,21 @@ class PackIndex:
 
     def locate_many(self, bids: Sequence[BlobId]) -> dict[BlobId, Location]:
         """locate() of each id, in one query per _IN ids (a read-ahead run's: one round
-        trip into SQLite instead of one per chunk); ids not found are left out."""
+        trip into SQLite instead of one per chunk); ids not found are left out. The
+        answer is one row (a JSON array of [index in the part, pack, offset, length]):
+        sqlite3 lets go of the GIL for every row it steps to, and on a busy daemon each
+        row then waited to have it back (a cold read of a 32 KiB-chunk image: 0.9 ms a
+        run of 64 in the read-ahead threads' lookups, 0.11 of it CPU)."""
+        import json  # (here: a CLI command that reads no blob skips it)
+
         out: dict[BlobId, Location] = {}
         for i in range(0, len(bids), _IN):
             part = bids[i : i + _IN]
-            marks = ",".join("?" * len(part))
-            query = f"SELECT id, pack, offset, length FROM blobs WHERE id IN ({marks})"
-            for bid, pack, offset, length in self._rows(query, tuple(part)):
+            (found,) = self._row(_locate_query(len(part)), tuple(part))
+            for at, pack, offset, length in json.loads(found):
                 name = self._name(pack)
                 if name is not None:
-                    out[BlobId(bid)] = (name, offset, length)
+                    out[part[at]] = (name, offset, length)
         return out
 
     def _name(self, pack: int) -> str | None:

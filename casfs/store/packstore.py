@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from casfs.errors import Corruption, MissingBlob
-from casfs.store import BlobStore, Domain
+from casfs.store import BlobStore, Domain, codec
 from casfs.store.around import ReadAround
 from casfs.store.damaged import DamagedMarks
 from casfs.store.fdcache import FdCache
@@ -145,10 +145,11 @@ class PackBlobStore(DamagedMarks, BlobStore):
                     failed = True
                 else:
                     failed = False
-                    for bid, offset, length in span:
-                        at = offset - start
-                        try:  # (a short read leaves the blob short: it fails its check)
-                            yield bid, self._checked(bid, view[at : min(at + length, got)], domain)
+                    # (a short read leaves a blob short: it fails its check)
+                    stored = [view[o - start : min(o - start + n, got)] for _, o, n in span]
+                    for (bid, _, _), blob, plain in zip(span, stored, codec.decode_many(stored), strict=True):
+                        try:
+                            yield bid, self._checked(bid, blob, domain, plain)
                         except Corruption as e:
                             yield bid, e
             if failed:
@@ -201,11 +202,13 @@ class PackBlobStore(DamagedMarks, BlobStore):
             return None
         return self._checked(bid, buf, domain)
 
-    def _checked(self, bid: BlobId, stored: Stored, domain: Domain | None) -> bytes:
+    def _checked(
+        self, bid: BlobId, stored: Stored, domain: Domain | None, plain: bytes | None = None
+    ) -> bytes:
         """checked(); a blob that fails it is looked up in the index again next time (a
         copy stored again, healed, is elsewhere)."""
         try:
-            return checked(self, bid, stored, domain)
+            return checked(self, bid, stored, domain, plain)
         except Corruption:
             self.index.forget(bid)
             raise

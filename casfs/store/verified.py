@@ -26,11 +26,13 @@ _HASHES: dict[Domain | None, tuple[Callable[[bytes], BlobId], Callable[[bytes], 
 Stored = bytes | bytearray | memoryview  # (a memoryview: a blob's slice of a run's read)
 
 
-def verified(bid: BlobId, stored: Stored, domain: Domain | None) -> bytes:
+def verified(bid: BlobId, stored: Stored, domain: Domain | None, plain: bytes | None = None) -> bytes:
     """The plaintext of `stored`, the encoded form of blob `bid`; Corruption if it does
-    not decode or does not hash to `bid` (in `domain` first; None: data first)."""
+    not decode or does not hash to `bid` (in `domain` first; None: data first). `plain`:
+    `stored` already decoded (codec.decode_many), still to be checked."""
     try:
-        plain = codec.decode(stored)
+        if plain is None:
+            plain = codec.decode(stored)
     except Corruption as e:  # (named here, not for every read: the hex costs as much as the check)
         raise Corruption(f"blob {bid.hex()}{str(e).removeprefix('blob')}") from None
     first, other = _HASHES[domain]
@@ -39,10 +41,12 @@ def verified(bid: BlobId, stored: Stored, domain: Domain | None) -> bytes:
     raise Corruption(f"blob {bid.hex()} is corrupt: its content hashes to {first(plain).hex()}")
 
 
-def checked(store: BlobStore, bid: BlobId, stored: Stored, domain: Domain | None) -> bytes:
+def checked(
+    store: BlobStore, bid: BlobId, stored: Stored, domain: Domain | None, plain: bytes | None = None
+) -> bytes:
     """verified(); a blob that fails it is first recorded damaged in `store` (get's promise)."""
     try:
-        return verified(bid, stored, domain)
+        return verified(bid, stored, domain, plain)
     except Corruption:
         store.mark_damaged(bid)
         raise

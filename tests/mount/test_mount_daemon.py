@@ -158,7 +158,7 @@ async def test_read_ahead_follows_a_sequential_reader() -> None:
         # A random reader gets no read-ahead: no prefetch is even asked for (checked at
         # the call, not by the count, which loads still in flight may yet move).
         asked: list[list[BlobId]] = []
-        cache.prefetch = lambda bids: asked.append(list(bids))  # type: ignore[method-assign]
+        cache.prefetch = lambda bids, chunk_bytes=0: asked.append(list(bids))  # type: ignore[method-assign]
         for n in (40, 5, 60):
             cache.readahead("g", n * cs, cs, plan)
         assert asked == []

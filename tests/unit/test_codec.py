@@ -7,6 +7,7 @@ import os
 import random
 
 import pytest
+import zstandard
 
 from casfs.errors import Corruption
 from casfs.store import codec
@@ -62,3 +63,35 @@ def test_decode_refuses_trailing_bytes_and_unknown_codecs() -> None:
         codec.decode(bytes((7,)) + stored[1:])
     with pytest.raises(Corruption):
         codec.decode(b"")
+
+
+def test_decode_many_decodes_whole_frames_together_and_leaves_the_rest_to_decode() -> None:
+    """A span's zstd blobs are decoded by one call (their plaintexts, as decode() gives
+    them); a raw blob, and a frame that is not exactly one whole frame within the size
+    limit, get None: decode() alone says what is wrong with it."""
+    plains = [text(CHUNK, seed=n) for n in range(4)]
+    good = [codec.encode(p) for p in plains]
+    assert all(g[0] == codec.ZSTD for g in good)
+    undeclared = bytes((codec.ZSTD,)) + zstandard.ZstdCompressor(write_content_size=False).compress(plains[0])
+    checksummed = bytes((codec.ZSTD,)) + zstandard.ZstdCompressor(write_checksum=True).compress(plains[1])
+    odd = {
+        "raw": codec.encode(os.urandom(CHUNK)),
+        "trailing": good[0] + b"x",
+        "truncated": good[1][:-5],
+        "undeclared": undeclared,
+        "empty": b"",
+    }
+    stored = [*good[:2], *odd.values(), *good[2:], checksummed]
+    got = codec.decode_many([memoryview(s) for s in stored])
+    assert got[:2] == plains[:2] and got[-3:] == [*plains[2:], plains[1]]
+    assert got[2 : 2 + len(odd)] == [None] * len(odd)
+    for blob in odd.values():
+        if blob[:1] == bytes((codec.ZSTD,)) and blob is not undeclared:
+            with pytest.raises(Corruption):
+                codec.decode(blob)
+    # zstd refusing a frame whose headers look whole (its declared size is not what its
+    # blocks hold): every blob is left to decode()
+    bad = good[3][:6] + bytes((good[3][6] ^ 0x01,)) + good[3][7:]
+    assert codec.decode_many([memoryview(good[0]), memoryview(bad)]) == [None, None]
+    with pytest.raises(Corruption):
+        codec.decode(bad)

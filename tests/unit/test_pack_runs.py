@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from casfs.errors import Corruption, MissingBlob
+from casfs.store import packindex
 from casfs.store.fdcache import FdCache
 from casfs.store.ids import BlobId, blob_id
 from casfs.store.packspans import spans
@@ -108,6 +109,17 @@ def test_a_run_reads_what_blob_by_blob_reads(
             assert store.damaged() == corrupt & set(wanted)
         finally:
             store.close()
+
+
+def test_locate_many_places_each_id_found_as_locate_does(tmp_path: Path) -> None:
+    """One query per _IN ids, each answered in one row: every id found is where locate()
+    says, whichever query it fell in; ids not stored are left out, repeats are one."""
+    store = _store(tmp_path / "store", 1 << 20)
+    ids = _publish(store, [os.urandom(100) for _ in range(packindex._IN + 20)])
+    absent = [BlobId(os.urandom(32)) for _ in range(3)]
+    got = store.index.locate_many([absent[0], *ids, *absent[1:], *ids[:5]])
+    assert got == {bid: store.index.locate(bid) for bid in ids}
+    store.close()
 
 
 def test_spans_cover_each_blob_once_within_their_limits() -> None:
