@@ -3,9 +3,11 @@ inside a function; `if TYPE_CHECKING:` blocks aside, as they never run) must poi
 
     no cycles among casfs's modules
     casfs.ids, casfs.kinds  (the numbers and kinds every layer names) import nothing of casfs
-    casfs.store      imports only casfs.errors and casfs.store
+    casfs.sqlitewal  (opening a SQLite file, for the store and the catalog) neither
+    casfs.store      imports only casfs.errors, casfs.sqlitewal and casfs.store
     casfs.snapshots  imports only casfs.errors, casfs.ids, casfs.kinds, casfs.store and casfs.snapshots
-    casfs.catalog    imports only casfs.errors, casfs.ids, casfs.kinds, casfs.store (ids) and casfs.catalog
+    casfs.catalog    imports only casfs.errors, casfs.ids, casfs.kinds, casfs.sqlitewal, casfs.store (ids)
+                     and casfs.catalog
     casfs.vfs        never imports casfs.fuse, casfs.volumes, casfs.images or casfs.cli
     only casfs.fuse imports pyfuse3; trio only casfs.fuse and casfs.vfs
     commands that do not mount import neither trio nor pyfuse3 (checked by running them)
@@ -124,9 +126,20 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     [
         ("casfs.ids", ()),
         ("casfs.kinds", ()),
-        ("casfs.store", ("casfs.errors", "casfs.store")),
+        ("casfs.sqlitewal", ()),
+        ("casfs.store", ("casfs.errors", "casfs.sqlitewal", "casfs.store")),
         ("casfs.snapshots", ("casfs.errors", "casfs.ids", "casfs.kinds", "casfs.store", "casfs.snapshots")),
-        ("casfs.catalog", ("casfs.errors", "casfs.ids", "casfs.kinds", "casfs.store.ids", "casfs.catalog")),
+        (
+            "casfs.catalog",
+            (
+                "casfs.errors",
+                "casfs.ids",
+                "casfs.kinds",
+                "casfs.sqlitewal",
+                "casfs.store.ids",
+                "casfs.catalog",
+            ),
+        ),
     ],
 )
 def test_low_layers_import_only_below(package: str, allowed: tuple[str, ...]) -> None:
