@@ -346,7 +346,7 @@ def _claim(
     repo: Repository, name: str, kind: VolumeKind, spec: str, source: str, chunk_size: int, chunk_given: bool
 ) -> ImageInfo | None:
     """Record the import (phase queued) before starting; or find it already done. An
-    import that names no chunk size repeats one done with another (an older default)."""
+    import that names no chunk size repeats one done with any (an older default's too)."""
     conn = repo.conn
     with transaction(conn):
         row = rows.image_row(conn, name)

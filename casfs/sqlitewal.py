@@ -26,6 +26,7 @@ def enable_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
             conn.execute("PRAGMA journal_mode = WAL")
             return
         except sqlite3.OperationalError as e:
-            if "locked" not in str(e) or time.monotonic() >= deadline:
+            busy = e.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+            if not busy or time.monotonic() >= deadline:
                 raise
             time.sleep(_RETRY_S)

@@ -370,15 +370,25 @@ class ChunkCache:
 
     def _load(self, bid: BlobId, fut: Load) -> None:
         try:
-            data = self._get(bid)
+            data: bytes | BaseException = self._get(bid)
         except BaseException as e:
-            fut.set_exception(e)
+            data = e
+        self._settle(bid, fut, data)
+
+    def _settle(self, bid: BlobId, load: Load, got: bytes | BaseException) -> None:
+        """Give a load its outcome, after it has left the in-flight map (a plaintext
+        first goes to the cache): a reader that retries a load that failed (_outcomes)
+        must find a new one to start, not join the same failed one again, which the
+        rest of a run may keep in the map a while longer."""
+        if not isinstance(got, BaseException):
+            self._lru.put(bid, got, len(got))
+        with self._lock:
+            if self._inflight.get(bid) is load:
+                del self._inflight[bid]
+        if isinstance(got, BaseException):
+            load.set_exception(got)
         else:
-            self._lru.put(bid, data, len(data))
-            fut.set_result(data)
-        finally:
-            with self._lock:
-                self._inflight.pop(bid, None)
+            load.set_result(got)
 
     def count_corrupt(self, bid: BlobId) -> None:
         """Count a blob that failed its check (data here; metadata via repo.on_corrupt)."""
@@ -488,22 +498,15 @@ class ChunkCache:
                 load = left.get(bid)
                 if load is None:
                     continue
-                if isinstance(got, Exception):
-                    load.set_exception(got)
-                else:
-                    self._lru.put(bid, got, len(got))
-                    load.set_result(got)
+                self._settle(bid, load, got)
                 del left[bid]  # (after its outcome: one that failed to get it gets the error)
         except Exception as e:  # (the run's own: every chunk it did not report fails with it)
-            for fut in left.values():
-                fut.set_exception(e)
+            for bid, fut in left.items():
+                self._settle(bid, fut, e)
             left.clear()
         finally:
             for bid, fut in left.items():  # (interrupted, or a store that skipped one)
-                fut.set_exception(MissingBlob(f"blob {bid.hex()} was not read"))
-            with self._lock:
-                for bid, _ in run:
-                    self._inflight.pop(bid, None)
+                self._settle(bid, fut, MissingBlob(f"blob {bid.hex()} was not read"))
 
 
 class _Workers:

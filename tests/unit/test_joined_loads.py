@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 import trio
@@ -147,5 +147,43 @@ async def test_an_answer_about_the_blob_fails_the_joiner_at_once(
         with pytest.raises(error):
             await cache.loaded(loading)
         assert held.gets == 1 and cache.corrupt_reads == counted
+    finally:
+        cache.close()
+
+
+async def test_a_retry_starts_a_new_load_while_the_failed_ones_run_goes_on() -> None:
+    """Read-ahead loads x and y as one run (get_many): x fails with EIO while the run
+    still waits for y. A reader that joined x's load retries with a load of its own,
+    not by joining the failed one again (it stays in flight until the run ends)."""
+    plains = [os.urandom(3000) for _ in range(2)]
+    x, y = (blob_id(p) for p in plains)
+    by_id = dict(zip((x, y), plains, strict=True))
+    entered, go, hold = threading.Event(), threading.Event(), threading.Event()
+
+    def get_many(bids: Sequence[BlobId]) -> Iterator[tuple[BlobId, bytes | Exception]]:
+        assert list(bids) == [x, y]
+        entered.set()
+        assert go.wait(10)
+        yield x, OSError(errno.EIO, "the store went away")
+        hold.wait(10)  # (the rest of the run: still in flight while the reader retries)
+        yield y, by_id[y]
+
+    cache = ChunkCache(by_id.__getitem__, workers=1, get_many=get_many)
+    try:
+        cache.prefetch([x, y])
+        assert await trio.to_thread.run_sync(entered.wait, 10)
+        got: dict[BlobId, bytes] = {}
+
+        async def reader() -> None:
+            got.update(await cache.fetch_async([x]))
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(reader)
+                await trio.testing.wait_all_tasks_blocked()  # (the reader waits for x's load)
+                go.set()
+        finally:
+            hold.set()
+        assert got == {x: by_id[x]}
     finally:
         cache.close()

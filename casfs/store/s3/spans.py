@@ -88,12 +88,17 @@ class SpanReader:
         self, future: Future[dict[BlobId, bytes]], remote: Remote, name: str, pack: Pack, cell: int
     ) -> None:
         try:
-            future.set_result(self._fetch(remote, name, pack, cell))
+            got: dict[BlobId, bytes] | BaseException = self._fetch(remote, name, pack, cell)
         except BaseException as e:
-            future.set_exception(e)  # (a read-ahead's: dropped, the cell is asked again)
-        finally:
-            with self._lock:
-                del self._inflight[(name, cell)]
+            got = e  # (a read-ahead's: dropped, the cell is asked again)
+        # Out of the map before its outcome is known: a joiner that retries after a
+        # failure (_cell) must make a new request, not join this one again.
+        with self._lock:
+            del self._inflight[(name, cell)]
+        if isinstance(got, BaseException):
+            future.set_exception(got)
+        else:
+            future.set_result(got)
 
     def _read_ahead(self, remote: Remote, name: str, pack: Pack, cell: int) -> None:
         """After a miss in the cell following the furthest fetched from this pack, fetch
