@@ -82,5 +82,6 @@ class UnsupportedFormat(CasfsError):
 def transient(e: BaseException) -> bool:
     """Whether a second try may not meet `e`: an I/O error (the S3 store's RemoteError
     once its retries ran out, a dropped connection, a timeout), not an answer about the
-    blob (Corruption, MissingBlob, a 404's FileNotFoundError) or a refusal (EACCES)."""
+    blob (Corruption, MissingBlob, a 404's FileNotFoundError) or a local refusal (EACCES).
+    (An S3 server's refusal, AccessDenied, is a RemoteError too: retried once, in vain.)"""
     return isinstance(e, OSError) and not isinstance(e, (FileNotFoundError, PermissionError))

@@ -19,7 +19,8 @@ _RETRY_S = 0.01
 
 
 def enable_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
-    """Put the connection's database in WAL mode, retrying while another holds a lock."""
+    """Put the connection's database in WAL mode, retrying while another holds a lock.
+    If it cannot, the connection is closed (it is of no use) and the error raised."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -28,5 +29,9 @@ def enable_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
         except sqlite3.OperationalError as e:
             busy = e.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
             if not busy or time.monotonic() >= deadline:
+                conn.close()
                 raise
             time.sleep(_RETRY_S)
+        except BaseException:
+            conn.close()
+            raise

@@ -5,6 +5,7 @@ handler when another process holds a lock, and casfs retries it (casfs.sqlitewal
 from __future__ import annotations
 
 import multiprocessing
+import sqlite3
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from casfs import catalog
+from casfs.sqlitewal import enable_wal
 from casfs.store.ids import blob_id
 from casfs.store.packindex import PackIndex
 
@@ -51,3 +53,13 @@ def test_four_processes_open_a_new_database_at_once(tmp_path: Path, opener: Call
             p.join(60)
         assert [p.exitcode for p in procs] == [0] * 4
         assert errors.empty(), errors.get()
+
+
+def test_a_file_that_is_no_database_is_refused_and_its_connection_closed(tmp_path: Path) -> None:
+    path = tmp_path / "not-a-db"
+    path.write_bytes(b"this is not a SQLite file" * 200)
+    conn = sqlite3.connect(path)
+    with pytest.raises(sqlite3.DatabaseError):
+        enable_wal(conn, 1.0)
+    with pytest.raises(sqlite3.ProgrammingError):  # (closed: its file is let go)
+        conn.execute("SELECT 1")
