@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple, TypeVar
 
+from casfs.catalog.overlay import PENDING_INODE
 from casfs.errors import MissingBlob
 from casfs.kinds import BlobKind, VolumeKind
 from casfs.store.ids import ZERO_ID, BlobId
@@ -173,8 +174,9 @@ _SIZED = {
     ),
     # Volumes with an overlay are skipped: their size is the overlay's until the next fold.
     "volumes": (
-        "SELECT 'volume ' || name, name, kind, base, size FROM volumes WHERE phase IN ('ready', 'mounted') "
-        "AND NOT EXISTS (SELECT 1 FROM overlay_inodes o WHERE o.volume = volumes.name)",
+        "SELECT 'volume ' || v.name, v.name, v.kind, v.base, v.size FROM volumes v "
+        "WHERE v.phase IN ('ready', 'mounted') "
+        f"AND NOT EXISTS (SELECT 1 FROM overlay_inodes o WHERE o.volume = v.name AND {PENDING_INODE})",
         "UPDATE volumes SET size = ? WHERE name = ?",
     ),
     "snapshots": (

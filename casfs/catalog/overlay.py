@@ -14,8 +14,14 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from casfs.ids import ChunkNo, InodeNo, SnapshotNo
+from casfs.ids import ROOT_INO, ChunkNo, InodeNo, SnapshotNo
+from casfs.kinds import VolumeKind
 from casfs.store.ids import BlobId
+
+# An overlay_inodes row `o` of volume `v` that is a change not yet folded: every row but
+# a block volume's disk file's, which holds the volume's attributes for good (fold's
+# `keep`; no part of its snapshots).
+PENDING_INODE = f"(o.ino != {ROOT_INO} OR v.kind != '{VolumeKind.BLOCK.value}')"
 
 
 class OverlayRows(NamedTuple):

@@ -13,7 +13,8 @@ import sqlite3
 import time
 from typing import Any, NamedTuple
 
-from casfs.ids import ROOT_INO, InodeNo, SnapshotNo
+from casfs.catalog.overlay import PENDING_INODE
+from casfs.ids import InodeNo, SnapshotNo
 from casfs.kinds import VolumeKind
 from casfs.store.ids import ZERO_ID, BlobId
 
@@ -318,13 +319,12 @@ def has_overlay(conn: sqlite3.Connection, volume: str) -> bool:
     """Whether a read/write mount left changes not yet folded into the base. (A block
     volume's disk file keeps the row of its attributes: no part of its snapshots.)"""
     query = (
-        "SELECT 1 FROM overlay_inodes WHERE volume = ? AND (ino != ? OR "
-        "(SELECT kind FROM volumes WHERE name = ?) != ?) "
+        "SELECT 1 FROM overlay_inodes o JOIN volumes v ON v.name = o.volume "
+        f"WHERE o.volume = ? AND {PENDING_INODE} "
         "UNION ALL SELECT 1 FROM overlay_chunks WHERE volume = ? "
         "UNION ALL SELECT 1 FROM uppers WHERE volume = ? LIMIT 1"
     )
-    args = (volume, ROOT_INO, volume, VolumeKind.BLOCK.value, volume, volume)
-    return conn.execute(query, args).fetchone() is not None
+    return conn.execute(query, (volume, volume, volume)).fetchone() is not None
 
 
 def overlay_chunks(conn: sqlite3.Connection, volume: str) -> list[BlobId]:

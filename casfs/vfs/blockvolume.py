@@ -304,7 +304,7 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
         frozen, so this snapshot too is O(1) instead of a fold that would wait for the
         ones queued before it. The disk file's own attributes are no part of a snapshot
         (its root is a chunk map): their row, flushed, stays over the freeze and the
-        fold that follows (a fold in the calling thread drops it, as before)."""
+        fold that follows (any fold keeps it: overlay.fold's `keep`)."""
         if self.chunk_ids:
             return None
         new = None

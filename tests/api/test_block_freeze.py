@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from casfs import images, volumes
+from casfs.catalog import blobs as blob_rows
 from casfs.catalog import overlay as overlay_rows
 from casfs.catalog import volumes as volume_rows
 from casfs.exporters import export_raw
@@ -278,3 +279,5 @@ def test_the_disk_file_s_attributes_are_the_volume_s_not_a_change_to_snapshot(
     assert (st.mode & 0o777, st.mtime_ns, st.size) == (0o600, written, SIZE)
     assert whole(again) == bytes(ref)
     assert again.close() is None  # nothing changed
+    # Its logical size is still checked (fsck): the row is no pending change.
+    assert "volume vm" in {r.what for r in blob_rows.sized(repo.conn)}
