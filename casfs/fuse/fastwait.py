@@ -106,7 +106,7 @@ def make_wait(fd: int, stock: Callable[[], Awaitable[bool]]) -> Callable[[], Awa
 
     async def wait_fuse_readable() -> bool:
         nonlocal in_stock, queued, burst, since
-        if queued and in_stock and burst < _BURST and poll(0) and clock() - since < _BURST_S:
+        if queued and in_stock and burst < _BURST and clock() - since < _BURST_S and poll(0):
             burst += 1
             return True
         await checkpoint()  # (others run between requests, however many are queued)

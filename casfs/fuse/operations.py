@@ -48,8 +48,8 @@ DIRTY_LIMIT_BYTES = 64 << 20
 
 _STATFS_TTL_S = 2.0
 
-# What a setattr may change: (SetattrFields flag, the view's name, EntryAttributes field)
 _KERNEL_MTIMES = 8  # the mtimes of a block file's entries remembered (Operations._kernel_mtime_restated)
+# What a setattr may change: (SetattrFields flag, the view's name, EntryAttributes field)
 _SETATTR = tuple(
     (f"update_{flag}", key, f"st_{key}")
     for flag, key in (

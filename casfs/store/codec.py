@@ -87,6 +87,8 @@ def decode_many(stored: list[memoryview]) -> list[bytes | None]:
     them if zstd refuses one: decode() those one by one (raw ones cost no pass; a
     malformed one gets its own error)."""
     out: list[bytes | None] = [None] * len(stored)
+    if sum(len(blob) > 1 and blob[0] == ZSTD for blob in stored) < 2:
+        return out  # (a random read's span of one: no header parsed for nothing)
     frames: list[bytes | bytearray | memoryview] = []
     at: list[int] = []
     for i, blob in enumerate(stored):

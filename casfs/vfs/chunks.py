@@ -374,21 +374,26 @@ class ChunkCache:
         except BaseException as e:
             data = e
         self._settle(bid, fut, data)
+        self._forget([(bid, fut)])
 
     def _settle(self, bid: BlobId, load: Load, got: bytes | BaseException) -> None:
-        """Give a load its outcome, after it has left the in-flight map (a plaintext
-        first goes to the cache): a reader that retries a load that failed (_outcomes)
-        must find a new one to start, not join the same failed one again, which the
-        rest of a run may keep in the map a while longer."""
-        if not isinstance(got, BaseException):
-            self._lru.put(bid, got, len(got))
-        with self._lock:
-            if self._inflight.get(bid) is load:
-                del self._inflight[bid]
+        """Give a load its outcome (a plaintext goes to the cache first). A failed one
+        leaves the in-flight map before: a reader that retries it (_outcomes) must
+        start a new load, not join the failed one again, which the rest of its run would
+        keep in the map a while longer. A done one leaves with its run (_forget)."""
         if isinstance(got, BaseException):
+            self._forget([(bid, load)])
             load.set_exception(got)
         else:
+            self._lru.put(bid, got, len(got))
             load.set_result(got)
+
+    def _forget(self, loads: Iterable[tuple[BlobId, Load]]) -> None:
+        """Take loads out of the in-flight map, each only if it is still the one there."""
+        with self._lock:
+            for bid, load in loads:
+                if self._inflight.get(bid) is load:
+                    del self._inflight[bid]
 
     def count_corrupt(self, bid: BlobId) -> None:
         """Count a blob that failed its check (data here; metadata via repo.on_corrupt)."""
@@ -507,6 +512,7 @@ class ChunkCache:
         finally:
             for bid, fut in left.items():  # (interrupted, or a store that skipped one)
                 self._settle(bid, fut, MissingBlob(f"blob {bid.hex()} was not read"))
+            self._forget(run)
 
 
 class _Workers:
