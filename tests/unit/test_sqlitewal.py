@@ -49,8 +49,14 @@ def test_four_processes_open_a_new_database_at_once(tmp_path: Path, opener: Call
         procs = [ctx.Process(target=_run, args=(opener, path, errors)) for _ in range(4)]
         for p in procs:
             p.start()
-        for p in procs:
-            p.join(60)
+        try:
+            for p in procs:
+                p.join(60)
+        finally:
+            for p in procs:
+                if p.is_alive():  # (hung: not left to outlive the test)
+                    p.kill()
+                    p.join()
         assert [p.exitcode for p in procs] == [0] * 4
         assert errors.empty(), errors.get()
 
