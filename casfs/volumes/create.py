@@ -106,6 +106,8 @@ def create_volume(
             base, kind, chunk_size = snap.root, snap.kind, snap.chunk_size
             size, next_ino = snap.size, snap.next_ino
             origin = f"snapshot:{vol}@{n}"
+        if kind == VolumeKind.BLOCK and mode == "rw":
+            check_block_size(size)  # (a read-only clone keeps no upper file: any size reads)
         ledger.retain(conn, [base])
         rows.insert_volume(
             conn,
@@ -149,11 +151,11 @@ def _create_blank(
     """Record the volume (phase creating) before writing its base, then publish both."""
     kind, size = (VolumeKind.DIR, 0) if source.blank_dir else (VolumeKind.BLOCK, int(source.blank_block or 0))
     chunk_size = kind.default_chunk_size
-    check_block_size(size)
     conn = repo.conn
     with transaction(conn):
         if _existing(conn, name, spec):
-            return get_volume(repo, name), False
+            return get_volume(repo, name), False  # (even one made before the size limit)
+        check_block_size(size)
         # ZERO_ID: a base that holds no reference until the real one is committed.
         rows.insert_volume(
             conn,

@@ -6,10 +6,13 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from casfs import volumes
 from casfs.repo import Repository
 from casfs.vfs.api import ROOT_INO, assemble
 from casfs.vfs.volume import open_volume
+from casfs.volumes import create as volume_create
 from tests.helpers.cli import casfs
 
 
@@ -50,3 +53,26 @@ def test_directory_volumes_have_no_size_to_set(store: Path, repo: Repository) ->
     r = casfs(store, "volume", "resize", "d", "1G")
     assert r.returncode == 2 and "directory volume" in r.stderr
     assert casfs(store, "volume", "resize", "nope", "1G").returncode == 3
+
+
+def test_a_volume_over_the_size_limit_from_an_older_casfs(
+    store: Path, repo: Repository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block volume of 16 TiB (allowed before the limit; ext4 could not hold its upper
+    file): repeating its create still succeeds, a read/write clone of its snapshot is
+    refused up front (its writes would fail with EFBIG), a read-only one is made."""
+    with monkeypatch.context() as older:
+        older.setattr(volume_create, "MAX_BLOCK_SIZE", 16 << 40)
+        volumes.create_volume(repo, "old", volumes.Source(blank_block=16 << 40))
+    volumes.create_snapshot(repo, "old")
+
+    r = casfs(store, "volume", "create", "old", "--blank-block", "16T")
+    assert r.returncode == 0, r.stderr
+    r = casfs(store, "volume", "create", "new", "--blank-block", "16T")
+    assert r.returncode == 2 and "at most 16 TiB less 1 MiB" in r.stderr
+    r = casfs(store, "volume", "create", "rw", "--from", "old@1")
+    assert r.returncode == 2 and "at most 16 TiB less 1 MiB" in r.stderr
+    r = casfs(store, "volume", "create", "ro", "--from", "old@1", "--ro")
+    assert r.returncode == 0, r.stderr
+    names = {v["name"] for v in json.loads(casfs(store, "volume", "ls", "--json").stdout)}
+    assert names == {"old", "ro"}
