@@ -93,6 +93,18 @@ def drop_caches() -> bool:
     return True
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int | None, thread: int | None = None) -> tuple[float, float]:
+    """(user, system) seconds a process (or one of its threads) has used."""
+    if pid is None:
+        return 0.0, 0.0
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
+
+
 def is_mounted(path: Path) -> bool:
     """Anything mounted at `path` (casfs, bindfs, a qsd export), without touching it."""
     return find_mount(str(path)) is not None

@@ -29,19 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import Casfs, arguments, drop_caches, emit, fio, generate, scratch, stop_on_sigterm
+from benchlib import Casfs, arguments, cpu_s, drop_caches, emit, fio, generate, scratch, stop_on_sigterm
 from block_bench import TESTS
 
 RANDOM = [t for t in TESTS if t.startswith("rand")]
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int | None) -> tuple[float, float]:
-    """(user, system) seconds the process has used."""
-    if pid is None:
-        return 0.0, 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
 
 
 def _sequential(test: str) -> bool:

@@ -36,8 +36,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from benchlib import ROOTFS_TREES, Casfs, arguments, emit, scratch, stop_on_sigterm, unmount
-from block_ops import cpu_s
+from benchlib import ROOTFS_TREES, Casfs, arguments, cpu_s, emit, scratch, stop_on_sigterm, unmount
 from dir_bench import Floor, Foreground, count_entries, make_rootfs
 
 STEPS = ("tar -x", "cp -a")

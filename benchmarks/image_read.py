@@ -32,19 +32,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchlib import Casfs, arguments, drop_caches, emit, generate, scratch, sh, stop_on_sigterm, unmount
-
-_TICK = os.sysconf("SC_CLK_TCK")
+from benchlib import (
+    Casfs,
+    arguments,
+    cpu_s,
+    drop_caches,
+    emit,
+    generate,
+    scratch,
+    sh,
+    stop_on_sigterm,
+    unmount,
+)
 
 
 def cpu(pid: int) -> tuple[float, float]:
     """(all threads', the main thread's) user+system CPU seconds of a process."""
-
-    def of(stat: Path) -> float:
-        fields = stat.read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK
-
-    return of(Path(f"/proc/{pid}/stat")), of(Path(f"/proc/{pid}/task/{pid}/stat"))
+    return sum(cpu_s(pid)), sum(cpu_s(pid, thread=pid))
 
 
 def timed_dd(path: Path, pid: int, size: int) -> dict[str, float]:

@@ -28,13 +28,15 @@ from pathlib import Path
 from benchlib import MIB, Casfs, arguments, emit, is_mounted, scratch
 from block_bench import CasfsDisk, write_random
 
+from casfs.units import parse_size
 
-def one_run(tree: Path | None, work: Path, size: int, n: int, snaps: int) -> list[float]:
+
+def one_run(tree: Path | None, work: Path, mnt: Path, size: int, n: int, snaps: int) -> list[float]:
     """Ms of each of `snaps` snapshots, each after n bytes written."""
-    cas = Casfs(work / "store", work / "mnt")
+    cas = Casfs(work / "store", mnt)
     if tree is not None:
         cas.env["PYTHONPATH"] = str(tree)
-    cas.mnt.mkdir()
+    cas.mnt.mkdir(exist_ok=True)
     cas.cli("init")
     cas.cli("volume", "create", "v", "--blank-block", str(size))
     disk = CasfsDisk(Casfs(cas.store, cas.mnt, volume="v"))  # (its snapshot and wait_folded)
@@ -57,23 +59,24 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--trees", default="", help="source trees to compare (comma-separated)")
     args = p.parse_args()
-    sizes = {s: int(s[:-1]) * {"M": MIB, "G": 1024 * MIB}[s[-1]] for s in args.sizes.split(",")}
+    sizes = {s: parse_size(s) // MIB * MIB for s in args.sizes.split(",")}
     trees: list[Path | None] = [Path(t).resolve() for t in args.trees.split(",") if t] or [None]
     disk_size = max(sizes.values())
     found: dict[str, dict[str, list[float]]] = {}
-    with scratch(args.workdir, "wholestore-snap-") as work:
+    with scratch(args.workdir, "wholestore-snap-", mounts=("casfs",)) as work:
+        mnt = work / "casfs"  # (one mount at a time, where scratch() unmounts it if a run fails)
         for rep in range(args.reps):
             for tree in trees[rep % len(trees) :] + trees[: rep % len(trees)]:
                 for label, n in sizes.items():
                     run_dir = work / f"r{rep}-{len(found)}-{label}"
                     run_dir.mkdir()
-                    times = one_run(tree, run_dir, disk_size, n, args.snaps)
+                    times = one_run(tree, run_dir, mnt, disk_size, n, args.snaps)
                     name = str(tree or "this tree")
                     by = found.setdefault(name, {})
                     by.setdefault(f"first, {label} written", []).append(times[0])
                     by.setdefault(f"later, {label} written", []).extend(times[1:])
                     print(f"{name} {label}: {[round(t, 1) for t in times]} ms", file=sys.stderr)
-                    if not is_mounted(run_dir / "mnt"):  # (never delete through a live mount)
+                    if not is_mounted(mnt):  # (never delete a store a daemon still serves)
                         shutil.rmtree(run_dir)
     report = {t: {k: statistics.median(v) for k, v in by.items()} for t, by in found.items()}
     lines = ["snapshot in a whole-store mount, ms (median)"]
