@@ -197,10 +197,6 @@ class ChunkMap:
             self._pages[p] = page
         return page
 
-    def all_chunks(self) -> list[BlobId]:
-        count = n_chunks(self.root.size, self.root.chunk_size)
-        return [self._chunk(n) for n in range(count)]
-
     def data_chunks(self) -> list[ChunkNo]:
         """The numbers of the chunks holding data, in order; a page of holes costs
         nothing (a blank 64 GiB disk is its root alone)."""
