@@ -115,13 +115,17 @@ class _Handle:
     # (A write-only handle is read by the kernel itself, for writeback's partial pages.)
     atime: bool = False
     direct: bool = False  # opened with direct I/O (no page cache)
-    # Made once here, not for every read: the read-ahead stream's key and its planner.
+    # Made once here, not for every read: the read-ahead stream's key, its planner, and
+    # what to tell of an access (None: no atime to keep).
     stream: tuple[int, InodeNo] = field(init=False)
     plan: Plan = field(init=False)
+    accessed: Callable[[InodeNo], None] | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.stream = (id(self.view), self.ino)
         self.plan = functools.partial(self.view.read_plan, self.ino)
+        rw = self.view.rw
+        self.accessed = rw.accessed if self.atime and rw is not None else None
 
 
 class Operations(pyfuse3.Operations):
@@ -429,8 +433,8 @@ class Operations(pyfuse3.Operations):
             except Corruption as e:
                 log.error("reading %s: %s", h.view.describe(h.ino), e)
                 raise
-        if h.atime and h.view.rw is not None:
-            h.view.rw.accessed(h.ino)
+        if h.accessed is not None:
+            h.accessed(h.ino)
         if len(pieces) == 1 and (p := pieces[0]).data is None and p.read is None:
             # A small read (4 KiB): a view of its verified chunk, or of zeros for a hole,
             # not a copy into the reply buffer.
