@@ -23,7 +23,7 @@ import os
 import stat
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import pyfuse3
@@ -36,8 +36,9 @@ from casfs.fuse import rwsession
 from casfs.fuse.inodes import ROOT, InodeTable
 from casfs.fuse.replybuf import ReplyBuffer
 from casfs.ids import InodeNo
-from casfs.vfs.api import ROOT_INO, Fetched, RwView, Stat, View, assemble_into
-from casfs.vfs.chunks import ChunkCache
+from casfs.store.ids import ZERO_ID
+from casfs.vfs.api import ROOT_INO, ZEROS, Fetched, RwView, Stat, View, assemble_into
+from casfs.vfs.chunks import ChunkCache, Plan
 from casfs.vfs.storeview import Subject, entries, resolve
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,17 @@ class _Handle:
     # (A write-only handle is read by the kernel itself, for writeback's partial pages.)
     atime: bool = False
     direct: bool = False  # opened with direct I/O (no page cache)
+    # Made once here, not for every read: the read-ahead stream's key, its planner, and
+    # what to tell of an access (None: no atime to keep).
+    stream: tuple[int, InodeNo] = field(init=False)
+    plan: Plan = field(init=False)
+    accessed: Callable[[InodeNo], None] | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stream = (id(self.view), self.ino)
+        self.plan = functools.partial(self.view.read_plan, self.ino)
+        rw = self.view.rw
+        self.accessed = rw.accessed if self.atime and rw is not None else None
 
 
 class Operations(pyfuse3.Operations):
@@ -411,20 +423,23 @@ class Operations(pyfuse3.Operations):
     async def read(self, fh: FileHandleT, off: int, size: int) -> bytes:
         h = self._handles[fh]
         pieces = h.view.read_plan(h.ino, off, size)
-        have, missing = self.chunks.split(pieces)
+        chunks = self.chunks
+        have, missing = chunks.split(pieces)
         # Before any wait: a sequential reader's window is topped up while this waits.
-        self.chunks.readahead((id(h.view), h.ino), off, size, functools.partial(h.view.read_plan, h.ino))
+        chunks.readahead(h.stream, off, size, h.plan)
         if missing:
             try:
-                have.update(await self.chunks.fetch_async(missing))
+                have.update(await chunks.fetch_async(missing))
             except Corruption as e:
                 log.error("reading %s: %s", h.view.describe(h.ino), e)
                 raise
-        if h.atime and h.view.rw is not None:
-            h.view.rw.accessed(h.ino)
-        if len(pieces) == 1 and (data := have.get(pieces[0].blob)) is not None and pieces[0].data is None:
-            p = pieces[0]  # (a 4 KiB read: a view of the verified chunk itself, not a copy)
-            if len(data) >= p.end:
+        if h.accessed is not None:
+            h.accessed(h.ino)
+        if len(pieces) == 1 and (p := pieces[0]).data is None and p.read is None:
+            # A small read (4 KiB): a view of its verified chunk, or of zeros for a hole,
+            # not a copy into the reply buffer.
+            data = ZEROS if p.blob == ZERO_ID else have.get(p.blob)
+            if data is not None and len(data) >= p.end:
                 return cast(bytes, memoryview(data)[p.start : p.end])
         # (pyfuse3 replies with any buffer; it writes this one before the next read runs)
         return cast(bytes, self._reply.fill(size, functools.partial(assemble_into, pieces, have.__getitem__)))
@@ -444,7 +459,7 @@ class Operations(pyfuse3.Operations):
     @handler
     async def release(self, fh: FileHandleT) -> None:
         h = self._handles.pop(fh)
-        self.chunks.forget_stream((id(h.view), h.ino))
+        self.chunks.forget_stream(h.stream)
 
     @handler
     async def fsync(self, fh: FileHandleT, datasync: bool) -> None:

@@ -73,12 +73,12 @@ class Piece(NamedTuple):
 
 # Zeros to copy from (holes, and the tail of a short chunk) without allocating them for
 # each read: calloc'd, its pages stay the kernel's shared zero page.
-_ZEROS = memoryview(bytes(1 << 20))
+ZEROS = memoryview(bytes(1 << 20))
 
 
 def _zeros(n: int) -> Iterator[memoryview]:
     while n > 0:
-        part = _ZEROS[: min(n, len(_ZEROS))]
+        part = ZEROS[: min(n, len(ZEROS))]
         n -= len(part)
         yield part
 

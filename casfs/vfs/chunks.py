@@ -412,13 +412,16 @@ class ChunkCache:
             return
         end = offset + size
         st = self._streams.get(key)
-        if st is None or abs(offset - st.next_offset) > _SEQ_SLACK:
+        if st is None:
             self._streams[key] = _Stream(end, end)
-            self._streams.move_to_end(key)
             if len(self._streams) > _MAX_STREAMS:
                 self._streams.popitem(last=False)
             return
         self._streams.move_to_end(key)
+        if abs(offset - st.next_offset) > _SEQ_SLACK:  # (a random reader's every read: no new _Stream)
+            st.next_offset = st.ahead = end
+            st.run = 0
+            return
         st.run += 1
         st.next_offset = max(st.next_offset, end)
         if st.run < _SEQUENTIAL_AFTER:
