@@ -5,6 +5,7 @@ the files after the view is dropped (as a kill -9 would leave them)."""
 
 from __future__ import annotations
 
+import random
 import threading
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from casfs.repo import Repository
 from casfs.store.ids import BlobId
 from casfs.vfs.api import Fetched, assemble
 from casfs.vfs.blockvolume import BlockVolume
-from casfs.vfs.overlay.upper import Sync, Upper
+from casfs.vfs.overlay.upper import CLUSTER, Sync, Upper
 from casfs.vfs.volume import open_volume
 
 SIZE = 1 << 20
@@ -88,3 +89,23 @@ def test_writes_go_on_while_the_upper_syncs(
     again = open_volume(repo, "vm")  # from the files, as a crash would leave them
     assert isinstance(again, BlockVolume)
     assert _read(again, 0, 3 * 4096) == b"a" * 4096 + b"b" * 4096 + b"c" * 4096
+
+
+def test_the_zeros_a_write_fills_its_cluster_with_are_never_read(repo: Repository, tmp_path: Path) -> None:
+    """A small write into an empty cluster of the upper file writes the whole cluster
+    (casfs.vfs.overlay.upper.CLUSTER), zeros around it: the blocks around the write
+    still read from below, before the sync and from the files after it."""
+    base = random.Random(8).randbytes(SIZE)
+    (tmp_path / "disk.img").write_bytes(base)
+    images.import_image(repo, "disk", tmp_path / "disk.img")
+    volumes.create_volume(repo, "vm", volumes.Source(image="disk"))
+    v = open_volume(repo, "vm")
+    assert isinstance(v, BlockVolume)
+    at, data = CLUSTER + 3 * 4096, b"x" * 4096
+    v.write_sync(ROOT_INO, at, data)
+    want = base[:at] + data + base[at + len(data) :]
+    assert _read(v, 0, 3 * CLUSTER) == want[: 3 * CLUSTER]
+    v.flush_sync()
+    again = open_volume(repo, "vm")
+    assert isinstance(again, BlockVolume)
+    assert _read(again, 0, SIZE) == want

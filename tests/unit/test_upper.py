@@ -1,6 +1,6 @@
 """A block volume's upper file on its own: the paged present-map, what a sync makes
 durable (and what a torn or missing map write can and cannot lose), zeros punched,
-left-over epochs removed."""
+the file allocated a cluster at a time, left-over epochs removed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from casfs.store.uppers import local_bytes, remove_stale, upper_dir
 from casfs.vfs.overlay.behind import BEHIND, MIN_BYTES
-from casfs.vfs.overlay.upper import _PAGE_BLOCKS, BLOCK, Upper, UpperError
+from casfs.vfs.overlay.upper import _PAGE_BLOCKS, BLOCK, CLUSTER, Upper, UpperError
 
 SIZE = 3 << 30  # three map pages (128 MiB of disk each) and then some
 
@@ -146,3 +146,75 @@ def test_a_large_write_is_handed_to_write_behind_and_reads_back(tmp_path: Path) 
     BEHIND.wait_idle()
     synced(up)
     assert Upper.open(tmp_path, "v", up.epoch, SIZE).pread(64 * BLOCK, MIN_BYTES) == data
+
+
+def allocated(up: Upper) -> list[tuple[int, int]]:
+    """The .data file's allocated ranges (SEEK_DATA/SEEK_HOLE)."""
+    fd, pos = up.data_fd(), 0
+    out: list[tuple[int, int]] = []
+    while True:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError:
+            return out
+        pos = os.lseek(fd, start, os.SEEK_HOLE)
+        out.append((start, pos))
+
+
+def test_a_small_write_into_an_empty_cluster_allocates_the_cluster_and_marks_its_blocks_only(
+    tmp_path: Path,
+) -> None:
+    up = Upper.create(tmp_path, "v", SIZE)
+    per = CLUSTER // BLOCK
+    b = 3 * per + 5  # a block in the middle of the fourth cluster
+    data = os.urandom(2 * BLOCK)
+    assert up.pwrite(b * BLOCK, data) == 2
+    assert allocated(up) == [(3 * CLUSTER, 4 * CLUSTER)]
+    assert up.mask(3 * per, per) == 0b11 << 5  # the zeros around it are not present
+    assert up.pread(b * BLOCK, 2 * BLOCK) == data and up.unsynced_bytes == 2 * BLOCK
+    # A later write into the same cluster never overwrites what is present there.
+    more = os.urandom(BLOCK)
+    assert up.pwrite(3 * per * BLOCK, more) == 1
+    assert up.pread(b * BLOCK, 2 * BLOCK) == data and up.pread(3 * per * BLOCK, BLOCK) == more
+    synced(up)
+    again = Upper.open(tmp_path, "v", up.epoch, SIZE)
+    assert again.mask(3 * per, per) == 0b11 << 5 | 1
+    assert again.pread(b * BLOCK, 2 * BLOCK) == data
+
+
+def test_a_write_across_two_empty_clusters_lands_where_it_was_aimed(tmp_path: Path) -> None:
+    up = Upper.create(tmp_path, "v", SIZE)
+    data = os.urandom(2 * BLOCK)
+    assert up.pwrite(CLUSTER - BLOCK, data) == 2
+    assert up.pread(0, 2 * CLUSTER) == bytes(CLUSTER - BLOCK) + data + bytes(CLUSTER - BLOCK)
+    assert up.mask(0, 2 * CLUSTER // BLOCK) == 0b11 << (CLUSTER // BLOCK - 1)
+
+
+def test_a_write_into_the_last_partial_cluster_stays_within_the_disk(tmp_path: Path) -> None:
+    size = 10 * CLUSTER + 3 * BLOCK  # the last cluster has 3 blocks
+    up = Upper.create(tmp_path, "v", size)
+    assert up.pwrite(size - 2 * BLOCK, os.urandom(BLOCK)) == 1
+    assert os.fstat(up.data_fd()).st_size == size
+    assert allocated(up) == [(10 * CLUSTER, size)]
+    assert up.mask(10 * CLUSTER // BLOCK, 3) == 0b010
+
+
+def test_a_cluster_whose_bits_a_crash_lost_is_filled_again_around_synced_blocks_only(
+    tmp_path: Path,
+) -> None:
+    """A crash loses the bits of unsynced writes, not those a sync acknowledged: a
+    cluster with a synced block is never filled again (its bytes stay), one whose only
+    writes were lost may be (nothing there was acknowledged)."""
+    up = Upper.create(tmp_path, "v", SIZE)
+    kept, lost = os.urandom(BLOCK), os.urandom(BLOCK)
+    up.pwrite(BLOCK, kept)  # cluster 0: filled, synced
+    synced(up)
+    up.pwrite(CLUSTER + BLOCK, lost)  # cluster 1: filled, its bit dies with the process
+    again = Upper.open(tmp_path, "v", up.epoch, SIZE)
+    assert not again.any_in(CLUSTER // BLOCK, CLUSTER // BLOCK)
+    new = os.urandom(BLOCK)
+    again.pwrite(2 * BLOCK, new)  # cluster 0 holds a present block: no zeros
+    again.pwrite(CLUSTER + 2 * BLOCK, new)  # cluster 1 looks empty: filled again
+    assert again.pread(BLOCK, 2 * BLOCK) == kept + new
+    assert again.pread(CLUSTER + BLOCK, 2 * BLOCK) == bytes(BLOCK) + new
+    assert again.mask(0, 2 * CLUSTER // BLOCK) == 0b110 | 0b100 << CLUSTER // BLOCK

@@ -3,7 +3,8 @@ qcow2, dm-snapshot and overlayfs keep theirs, in local files, not blobs.
 
 Two files per epoch, under STORE/upper/<volume>/:
 
-  <epoch>.data  sparse, the volume's size: each written 4 KiB block at its own offset
+  <epoch>.data  sparse, the volume's size: each written 4 KiB block at its own offset,
+                allocated a CLUSTER at a time (zeros around a new cluster's first write)
   <epoch>.map   a 4 KiB header, then one bit per block (bit b of byte b // 8, least
                 significant first): set = that block's current bytes are in .data
 
@@ -50,6 +51,8 @@ _MAP_AT = BLOCK  # the bitmap starts after the header's block
 _NONZERO = re.compile(rb"[^\x00]")
 _PAGE = BLOCK  # the map is kept and written back in pages of this many bytes
 _PAGE_BLOCKS = _PAGE * 8  # blocks a map page covers (128 MiB of disk)
+CLUSTER = 32 << 10  # the upper file is allocated in aligned runs of this many bytes (Upper._cluster_empty)
+_CLUSTER_BLOCKS = CLUSTER // BLOCK  # (a multiple of 8: a cluster is whole bytes of a map page)
 
 
 class UpperError(OSError):
@@ -83,9 +86,12 @@ class Upper:
     memory follows what was written, not the volume's size. The map file trails it by
     what the last sync wrote."""
 
-    def __init__(self, folder: Path, epoch: int, data_fd: int, map_fd: int, pages: dict[int, bytearray]):
+    def __init__(
+        self, folder: Path, epoch: int, size: int, data_fd: int, map_fd: int, pages: dict[int, bytearray]
+    ):
         self.folder = folder
         self.epoch = epoch
+        self.size = size
         self._data = data_fd
         self._map = map_fd
         self._pages = pages
@@ -110,7 +116,7 @@ class Upper:
         map_fd = os.open(folder / f"{epoch}.map", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         header = _HEADER.pack(_MAGIC, _FORMAT, BLOCK, size).ljust(BLOCK, b"\0")
         os.pwrite(map_fd, header, 0)
-        return cls(folder, epoch, data, map_fd, {})
+        return cls(folder, epoch, size, data, map_fd, {})
 
     @classmethod
     def open(cls, store: Path, volume: str, epoch: int, size: int, writable: bool = True) -> Upper:
@@ -133,7 +139,7 @@ class Upper:
         header = os.pread(map_fd, _HEADER.size, 0)
         if len(header) < _HEADER.size or _HEADER.unpack(header) != (_MAGIC, _FORMAT, BLOCK, size):
             raise UpperError(f"upper map {folder / f'{epoch}.map'} does not match its volume ({size} bytes)")
-        upper = cls(folder, epoch, data, map_fd, _read_pages(map_fd))
+        upper = cls(folder, epoch, size, data, map_fd, _read_pages(map_fd))
         upper.registered = True
         return upper
 
@@ -227,17 +233,31 @@ class Upper:
             _punch(self._data, offset, size)
             self.punched = True
         else:
-            done = os.pwrite(self._data, data, offset)
-            if done < size:
-                view = memoryview(data)
-                while done < size:
-                    done += os.pwrite(self._data, view[done:], offset + done)
-            self.unsynced_bytes += size
+            start = offset - offset % CLUSTER
+            tail = min(start + CLUSTER, self.size) - offset - size  # (< 0: across its end)
+            if tail >= 0 and size < CLUSTER and self._cluster_empty(start):
+                # The cluster's first write takes all of it: see _cluster_empty.
+                _write_all(self._data, [_CLUSTER_ZEROS[: offset - start], data, _CLUSTER_ZEROS[:tail]], start)
+            else:
+                _write_all(self._data, [data], offset)
+            self.unsynced_bytes += size  # (the guest's bytes: what a crash could lose)
             if size >= MIN_BYTES:
                 BEHIND.start(self, offset, size)  # (a stream of large writes: see behind.py)
         self.writes += 1
         first = offset // BLOCK
         return self._set(first, first + size // BLOCK)
+
+    def _cluster_empty(self, start: int) -> bool:
+        """No block of the cluster at `start` is present. A write into such a cluster
+        writes all of it, zeros around the data (their bits stay clear: the zeros are
+        never read, and a block with a clear bit holds nothing acknowledged), so the
+        file is allocated a cluster at a time, as qcow2's is, without its copy of the
+        cluster from below. Random 4 KiB writes into a sparse file otherwise leave it
+        allocated block by block, and ext4 pays for that at every later write and
+        writeback over the range (docs/developer-notes.md, "The block write path")."""
+        p, at = divmod(start // BLOCK, _PAGE_BLOCKS)
+        page = self._pages.get(p)
+        return page is None or not any(page[at >> 3 : (at + _CLUSTER_BLOCKS) >> 3])
 
     def data_fd(self) -> int:
         return self._data
@@ -314,6 +334,7 @@ def _read_pages(map_fd: int) -> dict[int, bytearray]:
 
 _ZEROS = bytes(1 << 20)
 _ZERO_BLOCK = bytes(BLOCK)
+_CLUSTER_ZEROS = memoryview(_ZEROS)[:CLUSTER]
 _FALLOC_PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
 
 
@@ -323,6 +344,17 @@ def _is_zero(data: bytes | bytearray | memoryview) -> bool:
     if len(data) <= len(_ZEROS):
         return data == _ZEROS[: len(data)]
     return bytes(data).count(0) == len(data)
+
+
+def _write_all(fd: int, buffers: list[bytes | bytearray | memoryview], offset: int) -> None:
+    if len(buffers) == 1:
+        done, total = os.pwrite(fd, buffers[0], offset), len(buffers[0])
+    else:
+        done, total = os.pwritev(fd, buffers, offset), sum(len(b) for b in buffers)
+    if done < total:
+        view = memoryview(b"".join(buffers))
+        while done < total:
+            done += os.pwrite(fd, view[done:], offset + done)
 
 
 def _punch(fd: int, offset: int, length: int) -> None:
