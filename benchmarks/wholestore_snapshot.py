@@ -37,6 +37,7 @@ def one_run(tree: Path | None, work: Path, mnt: Path, size: int, n: int, snaps: 
     if tree is not None:
         cas.env["PYTHONPATH"] = str(tree)
     cas.mnt.mkdir(exist_ok=True)
+    assert not is_mounted(mnt), f"{mnt} is still mounted by an earlier run"
     cas.cli("init")
     cas.cli("volume", "create", "v", "--blank-block", str(size))
     disk = CasfsDisk(Casfs(cas.store, cas.mnt, volume="v"))  # (its snapshot and wait_folded)

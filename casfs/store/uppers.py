@@ -51,8 +51,9 @@ def remove_unknown(store: Path, volumes: set[str]) -> int:
 
 def local_bytes(store: Path, volume: str, epochs: Iterable[int]) -> int:
     """Disk space the data written into the volume's upper files takes: a block
-    volume's of these epochs, and a directory volume's files (allocated, not size; the
-    maps are bookkeeping, as catalog rows are)."""
+    volume's of these epochs (whole clusters: a first write into one fills it), and a
+    directory volume's files (allocated, not size; the maps are bookkeeping, as catalog
+    rows are)."""
     folder = upper_dir(store, volume)
     names = [f"{epoch}.data" for epoch in epochs]
     with contextlib.suppress(FileNotFoundError):

@@ -4,7 +4,12 @@ the file allocated a cluster at a time, left-over epochs removed."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -186,6 +191,7 @@ def test_a_write_across_two_empty_clusters_lands_where_it_was_aimed(tmp_path: Pa
     up = Upper.create(tmp_path, "v", SIZE)
     data = os.urandom(2 * BLOCK)
     assert up.pwrite(CLUSTER - BLOCK, data) == 2
+    assert allocated(up) == [(CLUSTER - BLOCK, CLUSTER + BLOCK)]  # (as it came: no fill)
     assert up.pread(0, 2 * CLUSTER) == bytes(CLUSTER - BLOCK) + data + bytes(CLUSTER - BLOCK)
     assert up.mask(0, 2 * CLUSTER // BLOCK) == 0b11 << (CLUSTER // BLOCK - 1)
 
@@ -218,3 +224,40 @@ def test_a_cluster_whose_bits_a_crash_lost_is_filled_again_around_synced_blocks_
     assert again.pread(BLOCK, 2 * BLOCK) == kept + new
     assert again.pread(CLUSTER + BLOCK, 2 * BLOCK) == bytes(BLOCK) + new
     assert again.mask(0, 2 * CLUSTER // BLOCK) == 0b110 | 0b100 << CLUSTER // BLOCK
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path, size: int) -> Iterator[Path]:
+    """A tmpfs of `size` bytes mounted at `where` (root), unmounted afterwards."""
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", where], check=True, timeout=60)
+    try:
+        yield where
+    finally:
+        gc.collect()  # (an Upper closes its files from a thread once it is collected)
+        deadline = time.monotonic() + 10
+        while subprocess.run(["umount", where], capture_output=True, timeout=60).returncode != 0:
+            if time.monotonic() > deadline:
+                subprocess.run(["umount", "-l", where], timeout=60)
+                break
+            time.sleep(0.05)
+
+
+def test_a_write_the_fill_has_no_room_for_is_written_alone(tmp_path: Path) -> None:
+    """On a nearly full disk, a 4 KiB write into an empty cluster fits where the
+    cluster's zeros do not: it is written alone, as without the fill."""
+    with small_tmpfs(tmp_path / "fs", 1 << 20) as fs:
+        up = Upper.create(fs, "v", 16 * CLUSTER)
+        filler = os.open(fs / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        with contextlib.suppress(OSError):  # the disk full, then two blocks freed
+            while True:
+                os.write(filler, bytes(BLOCK))
+        os.ftruncate(filler, os.fstat(filler).st_size - 2 * BLOCK)
+        os.close(filler)
+        data = os.urandom(BLOCK)
+        assert up.pwrite(5 * CLUSTER + BLOCK, data) == 1
+        assert up.pread(5 * CLUSTER + BLOCK, BLOCK) == data
+        assert up.mask(5 * CLUSTER // BLOCK, CLUSTER // BLOCK) == 0b10
+        synced(up)
+        assert Upper.open(fs, "v", up.epoch, 16 * CLUSTER).pread(5 * CLUSTER + BLOCK, BLOCK) == data
+        del up

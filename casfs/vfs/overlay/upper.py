@@ -9,7 +9,8 @@ Two files per epoch, under STORE/upper/<volume>/:
                 significant first): set = that block's current bytes are in .data
 
 A write is one pwrite of whole blocks into .data (a partly written block is completed
-from below first) and sets bits in memory. A sync makes them durable in this order:
+from below first; the first write into an empty cluster is one pwritev of the whole
+cluster, zeros around it) and sets bits in memory. A sync makes them durable in this order:
 fdatasync .data, write the map pages whose bits changed, fdatasync .map. Bits are only
 ever set within an epoch, so a torn map page can only miss bits whose blocks were
 never acknowledged: each block reads back its old bytes or its new ones, and every
@@ -21,8 +22,8 @@ transaction that publishes its snapshot, and the files go after it. Files the ca
 does not name are left-overs (of a crash before the first sync, or after a fold):
 casfs.store.uppers.remove_stale deletes them.
 
-Trio-free; the writing view calls pwrite/pread on its thread and sync from a worker
-while it is frozen (casfs.vfs.overlay.writeback).
+Trio-free; the writing view calls pwrite/pread on its thread, and sync from a worker
+beside its writes (casfs.vfs.overlay.writeback: capture() takes the pages to write).
 """
 
 from __future__ import annotations
@@ -236,8 +237,7 @@ class Upper:
             start = offset - offset % CLUSTER
             tail = min(start + CLUSTER, self.size) - offset - size  # (< 0: across its end)
             if tail >= 0 and size < CLUSTER and self._cluster_empty(start):
-                # The cluster's first write takes all of it: see _cluster_empty.
-                _write_all(self._data, [_CLUSTER_ZEROS[: offset - start], data, _CLUSTER_ZEROS[:tail]], start)
+                self._fill(start, offset, data, tail)
             else:
                 _write_all(self._data, [data], offset)
             self.unsynced_bytes += size  # (the guest's bytes: what a crash could lose)
@@ -246,6 +246,23 @@ class Upper:
         self.writes += 1
         first = offset // BLOCK
         return self._set(first, first + size // BLOCK)
+
+    def _fill(self, start: int, offset: int, data: bytes | bytearray | memoryview, tail: int) -> None:
+        """The cluster's first write takes all of it (see _cluster_empty); where the
+        disk has no room for the zeros, the data alone, as a write without the fill
+        (a nearly full store must take what fits: the zeros only spare ext4 work)."""
+        end = offset + len(data)
+        try:
+            _write_all(self._data, [_CLUSTER_ZEROS[: offset - start], data, _CLUSTER_ZEROS[:tail]], start)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # The zeros that did land go again (their blocks are absent: nothing to keep),
+            # so their space serves the data and the map's page.
+            for at, length in ((start, offset - start), (end, tail)):
+                if length:
+                    _punch(self._data, at, length)
+            _write_all(self._data, [data], offset)
 
     def _cluster_empty(self, start: int) -> bool:
         """No block of the cluster at `start` is present. A write into such a cluster
