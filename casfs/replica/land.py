@@ -147,6 +147,10 @@ def check(
     source's snapshots (None for a stream, which names only its base `since`)."""
     row = rows.volume_row(conn, name)
     if row is None:
+        if offer.kind == VolumeKind.BLOCK and offer.mode == "rw":
+            from casfs.volumes.create import check_block_size  # (pulls only)
+
+            check_block_size(offer.size)  # (an older casfs's: its writes would fail here)
         return Plan.NEW
     if (row.kind, row.chunk_size) != (offer.kind, offer.chunk_size):
         raise Conflict(f"volume {name} exists here as another kind or chunk size: use --as NAME")

@@ -3,13 +3,17 @@ incremental streams, and streams that must be refused with nothing of them visib
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
 
 import pytest
 
+from casfs import volumes
 from casfs.kinds import BlobKind
+from casfs.repo import Repository
+from casfs.volumes import create as volume_create
 from tests.api.test_roundtrip import make_tree
 from tests.helpers.trees import compare
 from tests.replica.helpers import (
@@ -135,3 +139,19 @@ def test_an_incremental_stream_needs_its_base(two: tuple[Path, Path], tmp_path: 
     assert "incremental from vm1@1" in refused(b, incremental, 4)
     assert "diverged" in refused(b, send(a, "vm1@1"), 4)
     assert receive(b, send(a, "vm1@1"), "--as", "vm1-a").returncode == 0
+
+
+def test_a_volume_over_the_size_limit_is_refused_before_it_lands(
+    two: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 16 TiB block volume an older casfs made (ext4 cannot hold its upper file): a
+    stream of it is refused as a read/write replica with a clear error, and nothing lands."""
+    a, b = two
+    with contextlib.closing(Repository.open(a)) as repo:
+        with monkeypatch.context() as older:
+            older.setattr(volume_create, "MAX_BLOCK_SIZE", 16 << 40)
+            volumes.create_volume(repo, "big", volumes.Source(blank_block=16 << 40))
+        volumes.create_snapshot(repo, "big")
+    p = receive(b, send(a, "big@1"))
+    assert p.returncode == 2 and b"at most 16 TiB less 1 MiB" in p.stderr, p.stderr
+    assert json.loads(cli(b, "volume", "ls", "--json").stdout) == []
