@@ -49,3 +49,19 @@ class VolumeKind(StrEnum):
         than 64 KiB ones (block_ops, issue 8). A tree's files are read whole, and bigger
         chunks mean fewer blobs and rows."""
         return 32 << 10 if self is VolumeKind.BLOCK else 64 << 10
+
+
+# A mounted block volume's writes go to one sparse file at their own offsets
+# (vfs.overlay.upper), and ext4's largest file is 16 TiB less one 4 KiB block. (A blank
+# volume's map is then a root of hole pages: 16 MiB at 32 KiB chunks.)
+MAX_BLOCK_SIZE = (16 << 40) - (1 << 20)
+
+
+def block_size_refusal(size: int) -> str | None:
+    """Why a read/write block volume cannot be `size` bytes, or None if it can."""
+    if size <= MAX_BLOCK_SIZE:
+        return None
+    return (
+        f"a block volume is at most 16 TiB less 1 MiB ({MAX_BLOCK_SIZE} bytes; its writes are kept "
+        f"in one file, and ext4's largest is 16 TiB less 4 KiB), not {size}"
+    )

@@ -26,9 +26,9 @@ from typing import Any
 
 from casfs.catalog import meta_value, set_meta, transaction
 from casfs.catalog import volumes as rows
-from casfs.errors import Busy, Conflict, NotFound
+from casfs.errors import Busy, Conflict, NotFound, UsageError
 from casfs.ids import InodeNo, SnapshotNo
-from casfs.kinds import BlobKind, VolumeKind
+from casfs.kinds import BlobKind, VolumeKind, block_size_refusal
 from casfs.lifecycle.phases import VolumePhase
 from casfs.refcount import ledger
 from casfs.repo import Repository
@@ -147,10 +147,9 @@ def check(
     source's snapshots (None for a stream, which names only its base `since`)."""
     row = rows.volume_row(conn, name)
     if row is None:
-        if offer.kind == VolumeKind.BLOCK and offer.mode == "rw":
-            from casfs.volumes.create import check_block_size  # (pulls only)
-
-            check_block_size(offer.size)  # (an older casfs's: its writes would fail here)
+        too_big = block_size_refusal(offer.size) if offer.kind == VolumeKind.BLOCK else None
+        if too_big is not None and offer.mode == "rw":
+            raise UsageError(too_big)  # (an older casfs's: its writes would fail here)
         return Plan.NEW
     if (row.kind, row.chunk_size) != (offer.kind, offer.chunk_size):
         raise Conflict(f"volume {name} exists here as another kind or chunk size: use --as NAME")

@@ -12,7 +12,8 @@ from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, Conflict, NotFound, UsageError
 from casfs.ids import FIRST_FREE_INO, ROOT_INO
-from casfs.kinds import BlobKind, VolumeKind
+from casfs.kinds import MAX_BLOCK_SIZE as MAX_BLOCK_SIZE  # (casfs.volumes names it here)
+from casfs.kinds import BlobKind, VolumeKind, block_size_refusal
 from casfs.lifecycle import pids
 from casfs.lifecycle.faults import fault_point
 from casfs.lifecycle.phases import VolumePhase, give_volume, take_volume
@@ -22,18 +23,11 @@ from casfs.store.ids import ZERO_ID
 from casfs.units import check_name, parse_snapshot_ref
 from casfs.volumes.info import Source, VolumeInfo, get_volume, require_at_rest, volume_row
 
-# A mounted block volume's writes go to one sparse file at their own offsets
-# (vfs.overlay.upper), and ext4's largest file is 16 TiB less one 4 KiB block. (A blank
-# volume's map is then a root of hole pages: 16 MiB at 32 KiB chunks.)
-MAX_BLOCK_SIZE = (16 << 40) - (1 << 20)
-
 
 def check_block_size(size: int) -> None:
-    if size > MAX_BLOCK_SIZE:
-        raise UsageError(
-            f"a block volume is at most 16 TiB less 1 MiB ({MAX_BLOCK_SIZE} bytes; its writes are kept "
-            f"in one file, and ext4's largest is 16 TiB less 4 KiB), not {size}"
-        )
+    why = block_size_refusal(size)
+    if why is not None:
+        raise UsageError(why)
 
 
 def blank_tree(chunk_size: int) -> bytes:

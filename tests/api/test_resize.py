@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from casfs import volumes
+from casfs import kinds, volumes
 from casfs.repo import Repository
 from casfs.vfs.api import ROOT_INO, assemble
 from casfs.vfs.volume import open_volume
-from casfs.volumes import create as volume_create
 from tests.helpers.cli import casfs
 
 
@@ -62,7 +61,7 @@ def test_a_volume_over_the_size_limit_from_an_older_casfs(
     file): repeating its create still succeeds, a read/write clone of its snapshot is
     refused up front (its writes would fail with EFBIG), a read-only one is made."""
     with monkeypatch.context() as older:
-        older.setattr(volume_create, "MAX_BLOCK_SIZE", 16 << 40)
+        older.setattr(kinds, "MAX_BLOCK_SIZE", 16 << 40)
         volumes.create_volume(repo, "old", volumes.Source(blank_block=16 << 40))
     volumes.create_snapshot(repo, "old")
 

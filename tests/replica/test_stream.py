@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from casfs import volumes
+from casfs import kinds, volumes
 from casfs.kinds import BlobKind
 from casfs.repo import Repository
-from casfs.volumes import create as volume_create
 from tests.api.test_roundtrip import make_tree
 from tests.helpers.trees import compare
 from tests.replica.helpers import (
@@ -149,7 +148,7 @@ def test_a_volume_over_the_size_limit_is_refused_before_it_lands(
     a, b = two
     with contextlib.closing(Repository.open(a)) as repo:
         with monkeypatch.context() as older:
-            older.setattr(volume_create, "MAX_BLOCK_SIZE", 16 << 40)
+            older.setattr(kinds, "MAX_BLOCK_SIZE", 16 << 40)
             volumes.create_volume(repo, "big", volumes.Source(blank_block=16 << 40))
         volumes.create_snapshot(repo, "big")
     p = receive(b, send(a, "big@1"))
