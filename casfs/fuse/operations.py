@@ -422,7 +422,7 @@ class Operations(pyfuse3.Operations):
     @handler
     async def read(self, fh: FileHandleT, off: int, size: int) -> bytes:
         h = self._handles[fh]
-        pieces = h.view.read_plan(h.ino, off, size)
+        pieces = h.plan(off, size)
         chunks = self.chunks
         have, missing = chunks.split(pieces)
         # Before any wait: a sequential reader's window is topped up while this waits.

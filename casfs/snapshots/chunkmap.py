@@ -151,7 +151,7 @@ class ChunkMap:
 
     def _chunk(self, n: int) -> BlobId:
         """chunk(), for the arithmetic on indices below."""
-        if n < 0 or n >= n_chunks(self.root.size, self.root.chunk_size):
+        if n < 0 or n >= self._count:
             return ZERO_ID
         if self.root.depth == 0:
             return self.root.ids[n]
@@ -195,7 +195,7 @@ class ChunkMap:
         if page is None:
             pid = self.root.ids[p]
             if pid == ZERO_ID:
-                count = min(PAGE_ENTRIES, n_chunks(self.root.size, self.root.chunk_size) - p * PAGE_ENTRIES)
+                count = min(PAGE_ENTRIES, self._count - p * PAGE_ENTRIES)
                 page = ZERO_ID * count
             else:
                 page = page_ids(self.get(pid))
@@ -207,7 +207,7 @@ class ChunkMap:
     def data_chunks(self) -> list[ChunkNo]:
         """The numbers of the chunks holding data, in order; a page of holes costs
         nothing (a blank 64 GiB disk is its root alone)."""
-        count = n_chunks(self.root.size, self.root.chunk_size)
+        count = self._count
         if self.root.depth == 0:
             return [ChunkNo(n) for n, bid in enumerate(self.root.ids[:count]) if bid != ZERO_ID]
         found: list[ChunkNo] = []
@@ -223,7 +223,7 @@ class ChunkMap:
         """Store the map with `changes` applied and the size set; only touched pages
         (and the root) are written. Chunks past the new end are dropped."""
         cs = self.root.chunk_size
-        old_count = n_chunks(self.root.size, cs)
+        old_count = self._count
         new_count = n_chunks(new_size, cs)
         if self.root.depth == 0 or new_count <= PAGE_ENTRIES:
             ids = [self._chunk(n) if n < old_count else ZERO_ID for n in range(new_count)]
