@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
     fuse3 libfuse3-dev pkg-config attr bindfs fio qemu-utils e2fsprogs sqlite3 zstd bzip2 xz-utils
-    python3 python3-venv python3-dev gcc   # pyfuse3 builds from source against libfuse3
+    python3 python3-venv python3-dev gcc patch   # pyfuse3 builds from source against libfuse3
     umoci skopeo runc                      # OCI images: tests build them offline and run them
     openssh-server openssh-client rsync    # replicas over ssh: the tests start their own sshd
 )
@@ -28,6 +28,9 @@ if [[ ! -x .venv/bin/python ]]; then
     echo "install.sh: creating .venv with $("$PYTHON" --version)"
     "$PYTHON" -m venv .venv
 fi
+
+# pyfuse3 first, patched (see the script), so casfs's install finds it in place.
+./scripts/build-pyfuse3.sh .venv/bin/python
 
 # compat: a plain path .pth; the default (an import hook, setuptools' editable finder)
 # costs every `casfs` command 20-40 ms of start-up (pathlib, urllib, importlib.util).

@@ -25,7 +25,8 @@ its request then queues in the wait), else its tasks grew to max_tasks, each kee
 buffer as large as the biggest request it took (a block volume's peak RSS after 1 MiB
 writes went from 40 MiB to 139). The session's fd is not exported by pyfuse3; it is the
 process's one open /dev/fuse (none or several: nothing is installed). Any other pyfuse3
-version keeps its own wait (its loop may differ).
+version keeps its own wait (its loop may differ); a local build of 3.5.0 (casfs's
+patched one, scripts/build-pyfuse3.sh) counts as 3.5.0.
 """
 
 from __future__ import annotations
@@ -131,13 +132,20 @@ def make_wait(fd: int, stock: Callable[[], Awaitable[bool]]) -> Callable[[], Awa
     return wait_fuse_readable
 
 
+def checked(version: str) -> bool:
+    """Whether pyfuse3 `version` has the session loop this wait was checked against: its
+    public version is VERSION (a local label, casfs's patched build "3.5.0+casfs.1",
+    changes only the read reply)."""
+    return version.partition("+")[0] == VERSION
+
+
 @contextlib.contextmanager
 def installed() -> Iterator[bool]:
     """The cheaper wait in place for the session pyfuse3.init() opened, while inside;
     yields False (pyfuse3's own wait) where the version or the fd is not the expected."""
     version = metadata.version("pyfuse3")
     fd = fuse_fd()
-    if version != VERSION or _STOCK is None or fd is None:
+    if not checked(version) or _STOCK is None or fd is None:
         log.info("pyfuse3 %s: its own wait for requests (fuse fd %s)", version, fd)
         yield False
         return

@@ -7,7 +7,9 @@ Replies are assembled into this buffer instead, whose pages stay mapped.
 
 Reuse is safe because pyfuse3 (3.5.0, and the fastwait module pins that version) writes
 the reply to /dev/fuse in the same step as the handler returns: no other task runs
-between `return` and the write, so the next handler finds the buffer free. Should a
+between `return` and the write, so the next handler finds the buffer free. (casfs's
+build of pyfuse3 makes that write without the GIL: other threads run meanwhile, but
+only the trio thread, which is in the write, touches this buffer.) Should a
 pyfuse3 ever keep the reply longer, the buffer is seen to be still referenced and the
 next reply gets a new one: the check is a reference count, not an assumption.
 """

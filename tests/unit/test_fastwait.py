@@ -225,3 +225,13 @@ def test_without_a_session_pyfuse3_keeps_its_own_wait() -> None:
         assert fast is False
         assert pyfuse3._wait_fuse_readable is stock  # type: ignore[attr-defined]
     assert pyfuse3._wait_fuse_readable is stock  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("version", "fits"), [("3.5.0", True), ("3.5.0+casfs.1", True), ("3.5.1", False), ("3.4.0", False)]
+)
+def test_the_wait_is_put_in_place_only_for_the_session_loop_it_was_checked_against(
+    version: str, fits: bool
+) -> None:
+    """casfs's patched build (a local label on 3.5.0) has 3.5.0's session loop."""
+    assert fastwait.checked(version) is fits
