@@ -70,7 +70,14 @@ class MapRoot:
         magic, version, depth, chunk_size, size, count = _ROOT.unpack_from(plain)
         if magic != _ROOT_MAGIC or version != _VERSION or depth > 1 or chunk_size == 0:
             raise Corruption("not a chunk-map root")
-        return MapRoot(depth, chunk_size, size, _unpack_ids(plain[_ROOT.size :], count, "chunk-map root"))
+        ids = _unpack_ids(plain[_ROOT.size :], count, "chunk-map root")
+        # Every encoder writes one id per chunk (depth 0) or per page of them (depth 1):
+        # any other count would read as holes past its ids, or fail an index (EIO).
+        chunks = n_chunks(size, chunk_size)
+        if count != (-(-chunks // PAGE_ENTRIES) if depth else chunks):
+            what = "page" if depth else "chunk"
+            raise Corruption(f"chunk-map root: {count} {what} ids for {chunks} chunks of {chunk_size} bytes")
+        return MapRoot(depth, chunk_size, size, ids)
 
 
 def encode_page(ids: Sequence[bytes]) -> bytes:

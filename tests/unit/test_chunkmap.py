@@ -1,4 +1,5 @@
-"""ChunkMap's page cache: bounded, oldest page out first, never a wrong id."""
+"""ChunkMap's page cache: bounded, oldest page out first, never a wrong id; a root
+that does not hold one id per chunk (or per page of them) is refused as Corruption."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 
 import pytest
 
+from casfs.errors import Corruption
 from casfs.ids import ChunkNo
 from casfs.kinds import BlobKind
 from casfs.snapshots import chunkmap
@@ -83,3 +85,52 @@ def test_a_blank_map_is_the_map_of_all_holes(size: int) -> None:
     cmap = chunkmap.ChunkMap(blobs.__getitem__, root)
     assert (cmap.size, cmap.chunk_size) == (size, 1 << 15)
     assert cmap.chunk(ChunkNo(len(holes) - 1)) == ZERO_ID
+
+
+PE = chunkmap.PAGE_ENTRIES
+
+
+@pytest.mark.parametrize(
+    ("depth", "count", "chunks"),
+    [(0, 2, 3), (0, 4, 3), (0, 1, 0), (1, 1, PE + 1), (1, 3, PE + 1), (1, 2, 2 * PE + 1)],
+)
+def test_a_root_whose_id_count_disagrees_with_its_size_is_refused(
+    depth: int, count: int, chunks: int
+) -> None:
+    """A root cut to fewer ids, or padded with more, its count and bytes agreeing: read,
+    it gave holes past its ids, or an IndexError (EIO with no word of why)."""
+    plain = chunkmap.MapRoot(depth, 1 << 16, chunks << 16, [ZERO_ID] * count).encode()
+    with pytest.raises(Corruption, match=f"{count} (chunk|page) ids for {chunks} chunks"):
+        chunkmap.MapRoot.decode(plain)
+
+
+def test_a_root_whose_bytes_disagree_with_its_count_is_refused() -> None:
+    plain = chunkmap.MapRoot(0, 1 << 16, 3 << 16, [ZERO_ID] * 3).encode()
+    assert chunkmap.MapRoot.decode(plain).ids == [ZERO_ID] * 3
+    for wrong in (plain[:-1], plain[:-32], plain + b"\0", plain + bytes(32)):
+        with pytest.raises(Corruption, match="expected 3 ids"):
+            chunkmap.MapRoot.decode(wrong)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"), [(3, 5), (5, 2), (PE, PE + 1), (PE + 1, PE), (2 * PE + 1, PE + 2), (PE + 2, 3 * PE)]
+)
+def test_every_encoder_writes_roots_that_decode(old: int, new: int) -> None:
+    """build_map, blank_map and rewrite (growing, shrinking, across a page and across
+    depth 0/1), with sizes ending inside a chunk: decode takes what each wrote."""
+    cs = 4096
+    blobs: dict[BlobId, bytes] = {}
+
+    def put(plain: bytes, kind: BlobKind) -> BlobId:
+        blobs[blob_id(plain)] = plain
+        return blob_id(plain)
+
+    ids = [blob_id(n.to_bytes(4, "little")) for n in range(old)]
+    cmap = chunkmap.ChunkMap(blobs.__getitem__, chunkmap.build_map(put, ids, old * cs - 100, cs))
+    changes = {ChunkNo(new - 1): blob_id(b"last")}
+    grown = chunkmap.ChunkMap(blobs.__getitem__, cmap.rewrite(put, changes, new * cs - 7))
+    want = [*ids[:new], *[ZERO_ID] * (new - old)]
+    want[new - 1] = blob_id(b"last")
+    assert grown.chunk_run(0, new) == want
+    blank = chunkmap.ChunkMap(blobs.__getitem__, chunkmap.blank_map(put, new * cs - 7, cs))
+    assert blank.chunk_run(0, new) == [ZERO_ID] * new

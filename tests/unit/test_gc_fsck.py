@@ -179,6 +179,29 @@ def test_flipped_byte_in_data_blob_is_corrupt(repo: Repository) -> None:
     assert not fsck(repo).clean
 
 
+@pytest.mark.no_fsck("a map root written wrong (its hash right), which fsck reports and cannot repair")
+def test_a_map_root_short_of_ids_is_corrupt_and_its_chunks_are_kept(
+    repo: Repository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two chunk ids for a size of three chunks: read, the third was a hole (and a one-chunk
+    # read of it an IndexError). No encoder writes one, and a batch refuses to store one:
+    # it is stored here as a writer with that bug would have (decode counting 2 chunks).
+    _, good = block_image(repo, "good", rand_chunks(3))
+    with repo.batch() as b, monkeypatch.context() as bug:
+        bug.setattr(chunkmap, "n_chunks", lambda size, chunk_size: 2)
+        ids = [b.put(c) for c in rand_chunks(2)]
+        plain = chunkmap.MapRoot(0, CS, 3 * CS, ids).encode()
+        root = b.put_kind(plain, BlobKind.MAP_ROOT)
+        b.commit({root: 1}, then=_add_image_row("short", "block", root, 3 * CS))
+    report = fsck(repo)
+    [bad] = report.of_kind("corrupt")
+    assert bad.blob == root.hex() and "2 chunk ids for 3 chunks" in bad.message
+    fsck(repo, repair=True)
+    assert repo.get(root) == plain  # nothing is dropped: the root, its chunks, the other image
+    assert all(refs(repo, c) == 1 for c in [*ids, *good])
+    assert [p.blob for p in fsck(repo).of_kind("corrupt")] == [root.hex()]
+
+
 @pytest.mark.no_fsck("a flipped byte in a map page, which fsck reports and cannot repair")
 def test_flipped_byte_in_map_page_is_corrupt_and_counts_are_not_lowered(repo: Repository) -> None:
     # > PAGE_ENTRIES chunks: a two-level map. Distinct chunks make the page incompressible,
