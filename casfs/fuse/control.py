@@ -117,6 +117,7 @@ class ControlPlane:
         mountpoint: str,
         owner_uid: int,
         held: set[str],
+        on_file: bool = False,
     ) -> None:
         self.repo = repo  # reads, on the trio thread
         self.writer = writer
@@ -124,6 +125,7 @@ class ControlPlane:
         self.mountpoint = mountpoint
         self.owner_uid = owner_uid
         self.held = held  # volumes this daemon holds read/write (phase mounted)
+        self.on_file = on_file  # mounted on a file (a block volume): no kernel cache to sync
         self.table: dict[bytes, Control] = {
             PREFIX + b"phase": Control(self._phase, None, Who.OWNER),
             PREFIX + b"origin": Control(self._origin, None, Who.OWNER),
@@ -272,7 +274,7 @@ class ControlPlane:
     async def _flush(self, t: Target, value: bytes) -> None:
         if not t.is_mount_root:
             raise OSError(errno.EINVAL, "flush is asked of the mount root")
-        await trio.to_thread.run_sync(syncfs_path, self.mountpoint)  # the kernel's cache first
+        await self._sync_kernel()
         if self.flush_all is not None:
             await self.flush_all()
 
@@ -283,13 +285,18 @@ class ControlPlane:
         label = parse_label(value)
         rw = t.view.rw
         if rw is not None:
-            # Writes still in the kernel's writeback cache must reach the view first
-            # (as S3QL's s3qlcp does): syncfs from a worker, while the loop serves them.
-            await trio.to_thread.run_sync(syncfs_path, self.mountpoint)
+            await self._sync_kernel()  # (as S3QL's s3qlcp does)
             await rwsession.take_snapshot(rw, label)
             return
         held = s.name in self.held
         await self.writer.run(lambda repo: volumes.snapshot_at_rest(repo, s.name, label, held))
+
+    async def _sync_kernel(self) -> None:
+        """Writes still in the kernel's writeback cache reach the views first: syncfs
+        from a worker, while the loop serves them. A mount on a file has no such cache
+        (daemon.py) and syncfs_path nothing to do: no trip through a worker thread."""
+        if not self.on_file:
+            await trio.to_thread.run_sync(syncfs_path, self.mountpoint)
 
     async def _clone(self, t: Target, value: bytes) -> None:
         """A new read/write volume NAME from the image or snapshot asked, as `casfs

@@ -198,7 +198,8 @@ async def serve(cfg: Config) -> int:
             stack.push_async_callback(_release_claims, writer, mounted)
             stack.callback(_close_views, mounted)
             root, subject = _root_view(cfg, repo, mounted)
-            controls = ControlPlane(repo, writer, chunks, cfg.mountpoint, os.getuid(), mounted.held)
+            on_file = _is_file(root)
+            controls = ControlPlane(repo, writer, chunks, cfg.mountpoint, os.getuid(), mounted.held, on_file)
             controls.flush_all = mounted.flush_all
             options = MountOptions(cfg.mountpoint, str(cfg.store), cfg.read_only, owner_uid=os.getuid())
             if cfg.zero_timeouts:
@@ -207,7 +208,7 @@ async def serve(cfg: Config) -> int:
             # The kernel's writeback cache owns a regular file's size and mtime once the
             # inode exists, and the root inode exists before any getattr: a block volume
             # mounted on a file would show size 0 for ever. Off there, and where nothing writes.
-            ops.enable_writeback_cache = not cfg.read_only and not _is_file(root)
+            ops.enable_writeback_cache = not cfg.read_only and not on_file
             pyfuse3.init(ops, cfg.mountpoint, _fuse_options(cfg))
             stack.callback(_close_session, cfg.mountpoint)
             chunks.idle = _fuse_idle()
