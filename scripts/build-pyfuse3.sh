@@ -14,15 +14,26 @@ PY=${1:-.venv/bin/python}
 VERSION=3.5.0   # casfs/fuse/fastwait.py was checked against this version's session loop
 SHA256=88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24
 PATCH=$PWD/scripts/pyfuse3-read-reply-nogil.patch
-LABEL=$VERSION+casfs.1  # a local version: `pip list` shows which build is installed
+# A local version, so `pip list` shows which build is installed. Bump N whenever the
+# patch, VERSION or SHA256 changes: an installed build of the same label is kept.
+LABEL=$VERSION+casfs.1
 
 have=$("$PY" -c 'from importlib import metadata; print(metadata.version("pyfuse3"))' 2>/dev/null || true)
 [[ $have == "$LABEL" ]] && exit 0
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$PY" -m pip download --quiet --no-deps --no-binary :all: --dest "$work" "pyfuse3==$VERSION"
-echo "$SHA256  $work/pyfuse3-$VERSION.tar.gz" | sha256sum --check --quiet
+# The hash is checked by pip before anything of the sdist runs (its metadata step does).
+echo "pyfuse3==$VERSION --hash=sha256:$SHA256" > "$work/pin.txt"
+if ! "$PY" -m pip download --quiet --no-deps --no-binary pyfuse3 --require-hashes \
+        -r "$work/pin.txt" --dest "$work"; then
+    echo "build-pyfuse3.sh: could not fetch pyfuse3 $VERSION with SHA-256 $SHA256" >&2
+    exit 1
+fi
 tar -xzf "$work/pyfuse3-$VERSION.tar.gz" -C "$work"
-patch --quiet --directory "$work/pyfuse3-$VERSION" -p1 < "$PATCH"
-SETUPTOOLS_SCM_PRETEND_VERSION=$LABEL "$PY" -m pip install --quiet --no-deps "$work/pyfuse3-$VERSION"
+src=$work/pyfuse3-$VERSION
+patch --quiet --batch --forward --directory "$src" -p1 < "$PATCH"
+# The sdist ships the C file Cython made from the unpatched source: without it, a build
+# that cannot run Cython fails instead of quietly compiling the stock reply.
+rm "$src/src/pyfuse3/__init__.c"
+SETUPTOOLS_SCM_PRETEND_VERSION_FOR_PYFUSE3=$LABEL "$PY" -m pip install --quiet --no-deps "$src"
 echo "build-pyfuse3.sh: installed pyfuse3 $LABEL"

@@ -27,6 +27,7 @@ PYTHON=${PYTHON:-python3}
 if [[ ! -x .venv/bin/python ]]; then
     echo "install.sh: creating .venv with $("$PYTHON" --version)"
     "$PYTHON" -m venv .venv
+    .venv/bin/python -m pip install --quiet --upgrade pip  # (the venv's own may be old)
 fi
 
 # pyfuse3 first, patched (see the script), so casfs's install finds it in place.

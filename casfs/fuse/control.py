@@ -125,7 +125,7 @@ class ControlPlane:
         self.mountpoint = mountpoint
         self.owner_uid = owner_uid
         self.held = held  # volumes this daemon holds read/write (phase mounted)
-        self.on_file = on_file  # mounted on a file (a block volume): no kernel cache to sync
+        self.on_file = on_file  # mounted on a file (a block volume): no writeback cache to sync
         self.table: dict[bytes, Control] = {
             PREFIX + b"phase": Control(self._phase, None, Who.OWNER),
             PREFIX + b"origin": Control(self._origin, None, Who.OWNER),
@@ -293,8 +293,9 @@ class ControlPlane:
 
     async def _sync_kernel(self) -> None:
         """Writes still in the kernel's writeback cache reach the views first: syncfs
-        from a worker, while the loop serves them. A mount on a file has no such cache
-        (daemon.py) and syncfs_path nothing to do: no trip through a worker thread."""
+        from a worker, while the loop serves them. A mount on a file has the writeback cache
+        off (daemon.py; a shared mapping's dirty pages are its writer's to msync) and
+        syncfs_path nothing to do: no trip through a worker thread."""
         if not self.on_file:
             await trio.to_thread.run_sync(syncfs_path, self.mountpoint)
 

@@ -25,8 +25,8 @@ its request then queues in the wait), else its tasks grew to max_tasks, each kee
 buffer as large as the biggest request it took (a block volume's peak RSS after 1 MiB
 writes went from 40 MiB to 139). The session's fd is not exported by pyfuse3; it is the
 process's one open /dev/fuse (none or several: nothing is installed). Any other pyfuse3
-version keeps its own wait (its loop may differ); a local build of 3.5.0 (casfs's
-patched one, scripts/build-pyfuse3.sh) counts as 3.5.0.
+version keeps its own wait (its loop may differ); casfs's patched build of 3.5.0
+(scripts/build-pyfuse3.sh) counts as 3.5.0.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import select
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -133,10 +134,10 @@ def make_wait(fd: int, stock: Callable[[], Awaitable[bool]]) -> Callable[[], Awa
 
 
 def checked(version: str) -> bool:
-    """Whether pyfuse3 `version` has the session loop this wait was checked against: its
-    public version is VERSION (a local label, casfs's patched build "3.5.0+casfs.1",
-    changes only the read reply)."""
-    return version.partition("+")[0] == VERSION
+    """Whether pyfuse3 `version` has the session loop this wait was checked against:
+    VERSION itself, or casfs's build of it (scripts/build-pyfuse3.sh: "VERSION+casfs.N",
+    whose patch changes only the read reply). Any other local build may differ."""
+    return re.fullmatch(re.escape(VERSION) + r"(\+casfs\.\d+)?", version) is not None
 
 
 @contextlib.contextmanager

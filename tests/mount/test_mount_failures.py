@@ -189,6 +189,7 @@ def test_a_snapshot_waiting_for_a_job_slot_does_not_stall_writers(store: Path, t
     with mounted(store, tmp_path / "mnt", volume="v") as m:
         fd = os.open(m.path / "f", os.O_WRONLY)
         snap = subprocess.Popen(["setfattr", "-n", "user.casfs.snapshot", "-v", "x", str(m.path)])
+        dd: subprocess.Popen[bytes] | None = None
         try:
             deadline = time.monotonic() + 60
             while not list((store / "queue").glob("wait-*")) and time.monotonic() < deadline:
@@ -204,11 +205,12 @@ def test_a_snapshot_waiting_for_a_job_slot_does_not_stall_writers(store: Path, t
             assert not stalled, f"a write waited for the snapshot's job slot:\n{m.log()}"
             assert snap.wait(timeout=60) == 0, m.log()
         finally:
-            os.close(fd)
             release_slots()
-            if snap.poll() is None:
-                snap.kill()
-                snap.wait()
+            for proc in (dd, snap):
+                if proc is not None and proc.poll() is None:
+                    proc.kill()  # (neither keeps the mount busy past the test)
+                    proc.wait()
+            os.close(fd)
         assert (m.path / "f").stat().st_size == 16 << 16
     with contextlib.closing(Repository.open(store)) as repo:
         labels = [s.label for s in volumes.list_snapshots(repo, "v")]

@@ -228,7 +228,14 @@ def test_without_a_session_pyfuse3_keeps_its_own_wait() -> None:
 
 
 @pytest.mark.parametrize(
-    ("version", "fits"), [("3.5.0", True), ("3.5.0+casfs.1", True), ("3.5.1", False), ("3.4.0", False)]
+    ("version", "fits"),
+    [
+        ("3.5.0", True),
+        ("3.5.0+casfs.1", True),
+        ("3.5.0+casfs.12", True),
+        ("3.5.0+other", False),
+        ("3.5.1", False),
+    ],
 )
 def test_the_wait_is_put_in_place_only_for_the_session_loop_it_was_checked_against(
     version: str, fits: bool

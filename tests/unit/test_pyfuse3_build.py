@@ -23,7 +23,7 @@ def _script_value(name: str) -> str:
 def test_the_installed_pyfuse3_is_the_patched_build() -> None:
     version = _script_value("VERSION")
     label = _script_value("LABEL").replace("$VERSION", version)
-    assert metadata.version("pyfuse3") == label
+    assert metadata.version("pyfuse3") == label, "run scripts/build-pyfuse3.sh (install.sh does)"
 
 
 def test_the_patched_build_is_of_the_version_the_fast_wait_was_checked_against() -> None:
