@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from casfs.ids import InodeNo
-from casfs.store.local import remove_quietly, syncfs
+from casfs.store.local import fsync_dir, remove_quietly, syncfs
 from casfs.store.uppers import upper_dir
 
 Key = tuple[InodeNo, int]  # (ino, generation)
@@ -276,11 +276,3 @@ def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
     while view:
         n = os.pwrite(fd, view, offset)
         view, offset = view[n:], offset + n
-
-
-def fsync_dir(path: Path | str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

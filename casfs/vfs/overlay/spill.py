@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from casfs.ids import InodeNo
-from casfs.vfs.overlay.files import copy_in, fsync_dir, pwrite_all
+from casfs.store.local import fsync_dir
+from casfs.vfs.overlay.files import copy_in, pwrite_all
 
 Writes = list[tuple[int, bytes]]  # (offset, data), oldest first
 

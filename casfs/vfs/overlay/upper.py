@@ -40,7 +40,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from casfs.store.local import libc
+from casfs.store.local import fsync_dir, libc
 from casfs.store.uppers import upper_dir
 from casfs.vfs.overlay.behind import BEHIND, MIN_BYTES
 
@@ -317,8 +317,8 @@ class Upper:
                 os.pwrite(self._map, raw, _MAP_AT + page * _PAGE)
             os.fdatasync(self._map)
         if job.first:
-            _fsync_dir(self.folder)
-            _fsync_dir(self.folder.parent)
+            fsync_dir(self.folder)
+            fsync_dir(self.folder.parent)
 
     def synced(self, job: Sync) -> None:
         self.synced_writes = job.writes
@@ -396,11 +396,3 @@ def _close_all(*fds: int) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
