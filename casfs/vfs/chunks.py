@@ -460,7 +460,7 @@ class ChunkCache:
     def forget_stream(self, key: Hashable) -> None:
         self._streams.pop(key, None)
 
-    def prefetch(self, bids: Iterable[BlobId], chunk_bytes: int = 64 << 10) -> None:
+    def prefetch(self, bids: Iterable[BlobId], chunk_bytes: int) -> None:
         """Start loading chunks of at most `chunk_bytes` each in the background (skipping
         those cached or loading), as long as at most _MAX_INFLIGHT_BYTES are loading.
         Chunks go to the pool in runs, one per worker: fewer hand-offs between threads

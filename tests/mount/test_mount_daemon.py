@@ -158,7 +158,7 @@ async def test_read_ahead_follows_a_sequential_reader() -> None:
         # A random reader gets no read-ahead: no prefetch is even asked for (checked at
         # the call, not by the count, which loads still in flight may yet move).
         asked: list[list[BlobId]] = []
-        cache.prefetch = lambda bids, chunk_bytes=0: asked.append(list(bids))  # type: ignore[method-assign]
+        cache.prefetch = lambda bids, chunk_bytes: asked.append(list(bids))  # type: ignore[method-assign]
         for n in (40, 5, 60):
             cache.readahead("g", n * cs, cs, plan)
         assert asked == []
@@ -181,7 +181,7 @@ async def test_a_reader_waits_for_read_ahead_and_gets_its_checks() -> None:
     blobs.bad.add(ids[7])
     cache = ChunkCache(get, workers=2)
     try:
-        cache.prefetch(ids[:8])
+        cache.prefetch(ids[:8], 4096)
         loading, rest = cache.loading(ids[:6] + ids[8:])
         assert [bid for bid, _ in loading] == ids[:6] and rest == ids[8:]
         bad, _ = cache.loading([ids[7]])

@@ -63,7 +63,7 @@ async def test_a_reader_joining_read_ahead_that_failed_transiently_loads_again()
     x = held.ids[0]
     cache = ChunkCache(held.get, workers=1)
     try:
-        cache.prefetch([x])
+        cache.prefetch([x], 4096)
         assert await trio.to_thread.run_sync(held.entered.wait, 10)
         load = cache.loading([x])[0][0][1]
         got: dict[BlobId, bytes] = {}
@@ -139,7 +139,7 @@ async def test_an_answer_about_the_blob_fails_the_joiner_at_once(
     x = blob_id(b"not stored") if absent else held.ids[0]
     cache = ChunkCache(held.get, workers=1)
     try:
-        cache.prefetch([x])
+        cache.prefetch([x], 4096)
         assert await trio.to_thread.run_sync(held.entered.wait, 10)
         loading, rest = cache.loading([x])
         assert rest == []
@@ -170,7 +170,7 @@ async def test_a_retry_starts_a_new_load_while_the_failed_ones_run_goes_on() -> 
 
     cache = ChunkCache(by_id.__getitem__, workers=1, get_many=get_many)
     try:
-        cache.prefetch([x, y])
+        cache.prefetch([x, y], 4096)
         assert await trio.to_thread.run_sync(entered.wait, 10)
         got: dict[BlobId, bytes] = {}
 

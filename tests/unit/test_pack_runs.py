@@ -200,7 +200,7 @@ def test_the_chunk_cache_loads_a_run_and_fails_only_its_corrupt_chunk(tmp_path: 
 
     cache = ChunkCache(store.get, workers=2, get_many=held)
     try:
-        cache.prefetch(ids)
+        cache.prefetch(ids, 4096)
         loading, rest = cache.loading(ids)
         assert rest == [] and [bid for bid, _ in loading] == ids
         gate.set()
