@@ -256,6 +256,30 @@ def mounted(
                 force_cleanup(m)
 
 
+@contextlib.contextmanager
+def kernel_mounted(where: Path, *args: str | Path, settle_s: float = 10.0) -> Iterator[Path]:
+    """`mount ARGS WHERE` (a loop device's filesystem, a tmpfs) for the body, always
+    unmounted after it: umount is retried for `settle_s` (a file the body held may close
+    late, as an object's closed from a thread once collected), then done lazily, and a
+    body that passed fails (one that raised keeps its own error)."""
+    where.mkdir(exist_ok=True)
+    done = run(["mount", *args, where])
+    assert done.returncode == 0, f"mount {where}: {done.stderr}"
+    passed = False
+    try:
+        yield where
+        passed = True
+    finally:
+        deadline = time.monotonic() + settle_s
+        while (done := run(["umount", where])).returncode != 0:
+            if time.monotonic() > deadline:
+                run(["umount", "-l", where])
+                if passed:
+                    pytest.fail(f"umount {where}: {done.stderr}")
+                break
+            time.sleep(0.05)
+
+
 def fsync(path: Path) -> None:
     """fsync(2) of a file by path (opened read-only: fsync needs no write access)."""
     fd = os.open(path, os.O_RDONLY)

@@ -38,7 +38,7 @@ from casfs.store.ids import BlobId
 from tests.helpers import blobs as blob_files
 from tests.helpers.cli import fails, js, must, out, run
 from tests.helpers.fsck import fsck_clean
-from tests.helpers.mount import Mount, cleanup, mounted, start_daemon, wait_gone
+from tests.helpers.mount import Mount, cleanup, kernel_mounted, mounted, start_daemon, wait_gone
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -140,19 +140,6 @@ def loop_device(path: Path, read_only: bool = False) -> Iterator[str]:
     finally:
         done = run(["losetup", "-d", dev], timeout=60)
         assert done.returncode == 0, f"losetup -d {dev}: {done.stderr}"
-
-
-@contextlib.contextmanager
-def kernel_mount(dev: str, where: Path, read_only: bool = False) -> Iterator[Path]:
-    where.mkdir(exist_ok=True)
-    must("mount", *(["-o", "ro"] if read_only else []), dev, where)
-    try:
-        yield where
-    finally:
-        done = run(["umount", where], timeout=60)
-        if done.returncode != 0:
-            run(["umount", "-l", where], timeout=60)
-            pytest.fail(f"umount {where}: {done.stderr}")
 
 
 def blank_volume(store: Path, name: str, size: str) -> None:
@@ -402,14 +389,14 @@ def test_losetup_mkfs_ext4_mount_and_back(repo: Repository, tmp_path: Path, how:
     populate(ref, seed=5)
     with block_file(repo.path, tmp_path, "b", how) as (_, path), loop_device(path) as dev:
         must("mkfs.ext4", "-q", "-F", dev, timeout=120)
-        with kernel_mount(dev, tmp_path / "ext") as ext:
+        with kernel_mounted(tmp_path / "ext", dev) as ext:
             populate(ext, seed=5)
             same_tree(ref, ext)
         must("e2fsck", "-fn", dev, timeout=120)
     assert volume_info(repo.path, "b")["snapshots"] == [1]
     with block_file(repo.path, tmp_path, "b", how) as (_, path), loop_device(path, read_only=True) as dev:
         must("e2fsck", "-fn", dev, timeout=120)
-        with kernel_mount(dev, tmp_path / "ext", read_only=True) as ext:
+        with kernel_mounted(tmp_path / "ext", "-o", "ro", dev) as ext:
             same_tree(ref, ext)
     assert volume_info(repo.path, "b")["snapshots"] == [1]  # read only: nothing changed
 

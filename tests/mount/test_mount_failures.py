@@ -25,7 +25,7 @@ from casfs.lifecycle.queue import acquire_slot, queue_limit
 from casfs.repo import Repository
 from tests.helpers.cli import casfs, run
 from tests.helpers.fsck import fsck_clean
-from tests.helpers.mount import fsync, is_mounted, mounted, running, wait_gone
+from tests.helpers.mount import fsync, is_mounted, kernel_mounted, mounted, running, wait_gone
 
 
 @pytest.fixture
@@ -227,13 +227,8 @@ def small_disk(tmp_path: Path, mib: int = 48) -> Iterator[Path]:
     with open(image, "wb") as f:
         f.truncate(mib << 20)
     subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
-    point.mkdir()
-    subprocess.run(["mount", "-o", "loop", str(image), str(point)], check=True)
-    try:
+    with kernel_mounted(point, "-o", "loop", image):
         yield point
-    finally:
-        if subprocess.run(["umount", str(point)]).returncode != 0:
-            subprocess.run(["umount", "-l", str(point)])
 
 
 def fill(path: Path) -> None:

@@ -7,9 +7,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +14,7 @@ import pytest
 from casfs.store.uppers import local_bytes, remove_stale, upper_dir
 from casfs.vfs.overlay.behind import BEHIND, MIN_BYTES
 from casfs.vfs.overlay.upper import _PAGE_BLOCKS, BLOCK, CLUSTER, Upper, UpperError
+from tests.helpers.mount import kernel_mounted
 
 SIZE = 3 << 30  # three map pages (128 MiB of disk each) and then some
 
@@ -226,27 +224,10 @@ def test_a_cluster_whose_bits_a_crash_lost_is_filled_again_around_synced_blocks_
     assert again.mask(0, 2 * CLUSTER // BLOCK) == 0b110 | 0b100 << CLUSTER // BLOCK
 
 
-@contextlib.contextmanager
-def small_tmpfs(where: Path, size: int) -> Iterator[Path]:
-    """A tmpfs of `size` bytes mounted at `where` (root), unmounted afterwards."""
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", where], check=True, timeout=60)
-    try:
-        yield where
-    finally:
-        gc.collect()  # (an Upper closes its files from a thread once it is collected)
-        deadline = time.monotonic() + 10
-        while subprocess.run(["umount", where], capture_output=True, timeout=60).returncode != 0:
-            if time.monotonic() > deadline:
-                subprocess.run(["umount", "-l", where], timeout=60)
-                break
-            time.sleep(0.05)
-
-
 def test_a_write_the_fill_has_no_room_for_is_written_alone(tmp_path: Path) -> None:
     """On a nearly full disk, a 4 KiB write into an empty cluster fits where the
     cluster's zeros do not: it is written alone, as without the fill."""
-    with small_tmpfs(tmp_path / "fs", 1 << 20) as fs:
+    with kernel_mounted(tmp_path / "fs", "-t", "tmpfs", "-o", "size=1M", "tmpfs") as fs:
         up = Upper.create(fs, "v", 16 * CLUSTER)
         filler = os.open(fs / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
         with contextlib.suppress(OSError):  # the disk full, then two blocks freed
@@ -261,3 +242,4 @@ def test_a_write_the_fill_has_no_room_for_is_written_alone(tmp_path: Path) -> No
         synced(up)
         assert Upper.open(fs, "v", up.epoch, 16 * CLUSTER).pread(5 * CLUSTER + BLOCK, BLOCK) == data
         del up
+        gc.collect()  # (an Upper closes its files from a thread once it is collected)
