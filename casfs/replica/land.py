@@ -147,9 +147,10 @@ def check(
     source's snapshots (None for a stream, which names only its base `since`)."""
     row = rows.volume_row(conn, name)
     if row is None:
-        too_big = block_size_refusal(offer.size) if offer.kind == VolumeKind.BLOCK else None
-        if too_big is not None and offer.mode == "rw":
-            raise UsageError(too_big)  # (an older casfs's: its writes would fail here)
+        if offer.kind == VolumeKind.BLOCK and offer.mode == "rw":
+            too_big = block_size_refusal(offer.size)  # (an older casfs's: writes would fail here)
+            if too_big is not None:
+                raise UsageError(too_big)
         return Plan.NEW
     if (row.kind, row.chunk_size) != (offer.kind, offer.chunk_size):
         raise Conflict(f"volume {name} exists here as another kind or chunk size: use --as NAME")

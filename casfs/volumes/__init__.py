@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from casfs.volumes.create import (
-        MAX_BLOCK_SIZE,
         create_volume,
         finish_delete,
         mark_deleting,
@@ -57,7 +56,6 @@ if TYPE_CHECKING:
 # twentieth of its start-up.
 _MODULES = {
     "create": (
-        "MAX_BLOCK_SIZE",
         "create_volume",
         "finish_delete",
         "mark_deleting",
@@ -89,7 +87,6 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "MAX_BLOCK_SIZE",
     "SnapshotInfo",
     "Source",
     "VolumeInfo",

@@ -12,7 +12,6 @@ from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, Conflict, NotFound, UsageError
 from casfs.ids import FIRST_FREE_INO, ROOT_INO
-from casfs.kinds import MAX_BLOCK_SIZE as MAX_BLOCK_SIZE  # (casfs.volumes names it here)
 from casfs.kinds import BlobKind, VolumeKind, block_size_refusal
 from casfs.lifecycle import pids
 from casfs.lifecycle.faults import fault_point

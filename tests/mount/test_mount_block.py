@@ -31,7 +31,7 @@ import pytest
 
 from casfs import images, volumes
 from casfs.ids import ChunkNo
-from casfs.kinds import VolumeKind
+from casfs.kinds import MAX_BLOCK_SIZE, VolumeKind
 from casfs.repo import Repository
 from casfs.snapshots.chunkmap import Content
 from casfs.store.ids import BlobId
@@ -151,7 +151,7 @@ def test_the_largest_volume_keeps_writes_at_both_ends(repo: Repository, tmp_path
     its first and last blocks (its upper file, as large as the volume, fits in ext4,
     whose largest file is 16 TiB less 4 KiB: a 16 TiB volume took no write at all),
     keeps them across a snapshot and a remount; a bigger one is refused."""
-    size = volumes.MAX_BLOCK_SIZE
+    size = MAX_BLOCK_SIZE
     assert "at most 16 TiB less 1 MiB" in fails(
         repo.path, 2, "volume", "create", "big", "--blank-block", "16T"
     )
