@@ -50,10 +50,10 @@ from casfs.kinds import VolumeKind
 from casfs.lifecycle.claims import claim_volume, release_volume
 from casfs.lifecycle.recovery import recover
 from casfs.repo import Repository
+from casfs.store.filecache import FileCache, cache_root
 from casfs.store.ids import BlobId
 from casfs.vfs.api import ROOT_INO, View
 from casfs.vfs.chunks import DEFAULT_CACHE_BYTES, ChunkCache
-from casfs.vfs.filecache import FileCache
 from casfs.vfs.storeview import OpenRw, StoreView, Subject, static_view
 from casfs.vfs.volume import Volume, open_volume
 
@@ -212,7 +212,7 @@ async def serve(cfg: Config) -> int:
             ops.enable_writeback_cache = not cfg.read_only and not on_file
             why_not = passthrough.refusal(cfg.passthrough, cfg.read_only)
             ops.enable_passthrough = why_not is None  # (pyfuse3 asks the kernel at INIT)
-            files = FileCache(cfg.store / "cache" / "files")
+            files = FileCache(cache_root(cfg.store))
             ops.on_init = functools.partial(_start_passthrough, ops, controls, files, repo.get, why_not)
             pyfuse3.init(ops, cfg.mountpoint, _fuse_options(cfg))
             stack.callback(_close_session, cfg.mountpoint)

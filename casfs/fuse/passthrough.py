@@ -25,15 +25,16 @@ import struct
 from collections.abc import Callable, Hashable
 from pathlib import Path
 
+import blake3
 import pyfuse3
 import trio
 
 from casfs.errors import CasfsError
 from casfs.fuse.fastwait import fuse_fd
 from casfs.ids import InodeNo
+from casfs.store.filecache import MAX_FILE_BYTES, FileCache, Part
 from casfs.store.ids import BlobId
-from casfs.vfs.api import View
-from casfs.vfs.filecache import MAX_FILE_BYTES, FileCache, content_key
+from casfs.vfs.api import Piece, View
 
 log = logging.getLogger("casfs.daemon")
 
@@ -60,6 +61,19 @@ def refusal(asked: bool, read_only: bool) -> str | None:
     if os.geteuid() != 0:
         return "not root (registering a backing file needs CAP_SYS_ADMIN)"
     return None
+
+
+def content_key(size: int, pieces: list[Piece]) -> str | None:
+    """The whole-file cache's key of a file whose read plan is `pieces`: the BLAKE3 of
+    its size and each piece's chunk id and range (the same bytes under the same chunking,
+    the same key); None when its bytes are not all in blobs (an upper file's, memory)."""
+    h = blake3.blake3(size.to_bytes(8, "little"))
+    for p in pieces:
+        if p.data is not None or p.read is not None:
+            return None
+        h.update(p.blob)
+        h.update(p.start.to_bytes(4, "little") + p.end.to_bytes(4, "little"))
+    return h.hexdigest()
 
 
 class Backings:
@@ -156,7 +170,8 @@ class PassthroughOpens:
             async with lock:  # one fill of a file at a time, the others then find it
                 path = self.cache.lookup(key)
                 if path is None:
-                    path = await trio.to_thread.run_sync(self.cache.fill, key, pieces, self.fetch)
+                    parts: list[Part] = [(p.blob, p.start, p.end) for p in pieces]
+                    path = await trio.to_thread.run_sync(self.cache.fill, key, parts, self.fetch)
                 return path
         finally:
             if not lock.locked() and not lock.statistics().tasks_waiting:

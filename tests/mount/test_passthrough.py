@@ -11,11 +11,12 @@ import pytest
 
 from casfs import images
 from casfs.ids import ChunkNo
+from casfs.refcount.fsck import fsck
 from casfs.repo import Repository
 from casfs.snapshots.chunkmap import Content
 from casfs.snapshots.tree import Tree
+from casfs.store.filecache import MAX_FILE_BYTES
 from casfs.store.ids import ZERO_ID, BlobId
-from casfs.vfs.filecache import MAX_FILE_BYTES
 from tests.helpers import blobs as blob_files
 from tests.helpers.cli import run
 from tests.helpers.mount import mounted
@@ -76,6 +77,12 @@ def test_a_read_only_mount_reads_through_the_kernel(
             f.write(b"X")
         drop_caches()
         assert (m.path / "images/tree/sub/big.bin").read_bytes()[:1] == b"X"
+        # fsck re-hashes the cache: the changed file goes, and the next open fills it again
+        report = fsck(repo)
+        assert [(p.kind, p.blob, p.repaired) for p in report.problems] == [("cache", big.name, True)]
+        assert not big.exists()
+        assert (m.path / "images/tree/sub/big.bin").read_bytes() == tree["sub/big.bin"]
+        assert big.exists()
 
 
 def test_two_readers_of_one_file_share_its_backing_file(
