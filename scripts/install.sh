@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
     fuse3 libfuse3-dev pkg-config attr bindfs fio qemu-utils e2fsprogs sqlite3 zstd bzip2 xz-utils
     python3 python3-venv python3-dev gcc patch   # pyfuse3 builds from source against libfuse3
+    meson dpkg-dev                         # libfuse 3.17+ (passthrough) from Debian's source
     umoci skopeo runc                      # OCI images: tests build them offline and run them
     openssh-server openssh-client rsync    # replicas over ssh: the tests start their own sshd
 )

@@ -441,9 +441,17 @@ GRAMMAR = (
             Arg("--ro", action="store_true", help="mount read-only"),
             Arg("--allow-other", action="store_true", help="let other users access the mount"),
             Arg("--foreground", action="store_true", help="stay in the foreground"),
+            Arg(
+                "--no-passthrough",
+                action="store_true",
+                help="serve every read through the daemon, re-hashed (no kernel passthrough)",
+            ),
         ],
         "Mount the whole store (images/, volumes/, snapshots/) at MOUNTPOINT, or with --volume\n"
-        "one volume: its root directory, or a regular file for a block volume.",
+        "one volume: its root directory, or a regular file for a block volume.\n"
+        "A read-only mount (--ro) hands files of images and snapshots up to 64 MiB to the\n"
+        "kernel (FUSE passthrough), from verified copies in STORE/cache/files/; getfattr -n\n"
+        "user.casfs.passthrough MOUNTPOINT says whether it is on, or why not.",
     ),
     Row(
         "umount", None, mounts.cmd_umount, "unmount a casfs mount", [Arg("mountpoint", metavar="MOUNTPOINT")]

@@ -12,6 +12,7 @@
     user.casfs.corrupt_reads   the mount root                  get             owner
     user.casfs.corrupt_ids     the mount root                  get             owner
     user.casfs.flush           the mount root                  set             owner
+    user.casfs.passthrough     the mount root                  get             anyone
 
 "A volume" is a volume's root: the mount root of a single-volume mount (the file, for
 a block volume), or volumes/<name> in a whole-store mount. The owner is root or the
@@ -138,7 +139,11 @@ class ControlPlane:
             PREFIX + b"corrupt_reads": Control(self._corrupt_reads, None, Who.OWNER),
             PREFIX + b"corrupt_ids": Control(self._corrupt_ids, None, Who.OWNER),
             PREFIX + b"flush": Control(None, self._flush, Who.OWNER),
+            PREFIX + b"passthrough": Control(self._passthrough, None, Who.ANYONE),
         }
+        # "on", or "off: why" (the daemon sets it at the kernel's INIT).
+        self.passthrough_mode: Callable[[], str] = lambda: "off: not started"
+
         # Saves every read/write volume of this mount (the daemon sets it): `casfs umount`
         # asks for it before unmounting, and refuses to unmount if it fails.
         self.flush_all: Callable[[], Awaitable[None]] | None = None
@@ -263,6 +268,11 @@ class ControlPlane:
         if not t.is_mount_root:
             raise nodata()
         return str(self.chunks.corrupt_reads).encode()
+
+    async def _passthrough(self, t: Target) -> bytes:
+        if not t.is_mount_root:
+            raise nodata()
+        return self.passthrough_mode().encode()
 
     async def _corrupt_ids(self, t: Target) -> bytes:
         if not t.is_mount_root:

@@ -39,7 +39,7 @@ from casfs import volumes
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, CasfsError, NotFound, UsageError
-from casfs.fuse import fastwait, launcher, rwsession
+from casfs.fuse import fastwait, launcher, passthrough, rwsession
 from casfs.fuse.control import CatalogWriter, ControlPlane, syncfs_path
 from casfs.fuse.inodes import InodeTable
 from casfs.fuse.launcher import Config
@@ -50,6 +50,7 @@ from casfs.kinds import VolumeKind
 from casfs.lifecycle.claims import claim_volume, release_volume
 from casfs.lifecycle.recovery import recover
 from casfs.repo import Repository
+from casfs.store.filecache import FileCache, cache_root
 from casfs.store.ids import BlobId
 from casfs.vfs.api import ROOT_INO, View
 from casfs.vfs.chunks import DEFAULT_CACHE_BYTES, ChunkCache
@@ -209,6 +210,10 @@ async def serve(cfg: Config) -> int:
             # inode exists, and the root inode exists before any getattr: a block volume
             # mounted on a file would show size 0 for ever. Off there, and where nothing writes.
             ops.enable_writeback_cache = not cfg.read_only and not on_file
+            why_not = passthrough.refusal(cfg.passthrough, cfg.read_only)
+            ops.enable_passthrough = why_not is None  # (pyfuse3 asks the kernel at INIT)
+            files = FileCache(cache_root(cfg.store))
+            ops.on_init = functools.partial(_start_passthrough, ops, controls, files, repo.get, why_not)
             pyfuse3.init(ops, cfg.mountpoint, _fuse_options(cfg))
             stack.callback(_close_session, cfg.mountpoint)
             chunks.idle = _fuse_idle()
@@ -235,6 +240,25 @@ async def serve(cfg: Config) -> int:
     launcher.write_run_file(cfg, record)
     log.info("unmounted %s%s", cfg.mountpoint, "".join(f"; snapshot {s}" for s in mounted.snapshots))
     return 0 if saved and not mounted.unsnapshotted else 1
+
+
+def _start_passthrough(
+    ops: Operations,
+    controls: ControlPlane,
+    files: FileCache,
+    fetch: Callable[[BlobId], bytes],
+    why_not: str | None,
+) -> None:
+    """At the kernel's INIT: passthrough where it was asked for and granted (its mode is
+    then logged at the first use), else why not, logged now."""
+    if why_not is None and not pyfuse3.passthrough_granted:
+        why_not = "the kernel does not offer passthrough"
+    if why_not is None:
+        ops.passthrough = passthrough.PassthroughOpens(files, fetch)
+        controls.passthrough_mode = ops.passthrough.mode
+        return
+    controls.passthrough_mode = lambda: f"off: {why_not}"
+    log.info("passthrough off: %s", why_not)
 
 
 def _root_view(

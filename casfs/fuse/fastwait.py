@@ -137,7 +137,7 @@ def checked(version: str) -> bool:
     """Whether pyfuse3 `version` has the session loop this wait was checked against:
     VERSION itself, or casfs's build of it (scripts/build-pyfuse3.sh: "VERSION+casfs.N",
     whose patch changes only the read reply). Any other local build may differ."""
-    return re.fullmatch(re.escape(VERSION) + r"(\+casfs\.\d+)?", version) is not None
+    return re.fullmatch(re.escape(VERSION) + r"(\+casfs\.\d+(\.passthrough)?)?", version) is not None
 
 
 @contextlib.contextmanager

@@ -52,6 +52,7 @@ class Config:
     zero_timeouts: bool = False
     ready_fd: int | None = None
     cache_bytes: int | None = None  # None: the chunk cache's default
+    passthrough: bool = True  # where the mount can have it (casfs.fuse.passthrough)
 
 
 def config(args: argparse.Namespace) -> Config:
@@ -67,6 +68,7 @@ def config(args: argparse.Namespace) -> Config:
         zero_timeouts=bool(getattr(args, "zero_timeouts", False)) or os.environ.get(ENV_TEST_TIMEOUTS) == "0",
         ready_fd=getattr(args, "ready_fd", None),
         cache_bytes=int(cache_mb) << 20 if cache_mb else None,
+        passthrough=not getattr(args, "no_passthrough", False),
     )
 
 
@@ -105,6 +107,7 @@ def daemon_command(cfg: Config, ready_fd: int) -> list[str]:
     cmd += ["--ro"] if cfg.read_only else []
     cmd += ["--allow-other"] if cfg.allow_other else []
     cmd += ["--zero-timeouts"] if cfg.zero_timeouts else []
+    cmd += [] if cfg.passthrough else ["--no-passthrough"]
     return [*cmd, "--", cfg.mountpoint]
 
 
@@ -115,6 +118,7 @@ def daemon_parser() -> argparse.ArgumentParser:
     p.add_argument("--ro", action="store_true")
     p.add_argument("--allow-other", action="store_true")
     p.add_argument("--zero-timeouts", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-passthrough", action="store_true")
     p.add_argument("--ready-fd", type=int, default=None, help="write 'ready' or 'error CODE MESSAGE' here")
     p.add_argument("mountpoint")
     return p

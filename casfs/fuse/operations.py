@@ -32,7 +32,7 @@ from pyfuse3 import FileHandleT, FileNameT, FlagT, FUSEError, InodeT, ModeT, Req
 
 from casfs.errors import CasfsError, Corruption
 from casfs.fuse import control as ctl
-from casfs.fuse import rwsession
+from casfs.fuse import passthrough, rwsession
 from casfs.fuse.inodes import ROOT, InodeTable
 from casfs.fuse.replybuf import ReplyBuffer
 from casfs.ids import InodeNo
@@ -115,6 +115,7 @@ class _Handle:
     # (A write-only handle is read by the kernel itself, for writeback's partial pages.)
     atime: bool = False
     direct: bool = False  # opened with direct I/O (no page cache)
+    backing: bool = False  # opened with a backing file: the kernel reads it, not us
     # Made once here, not for every read: the read-ahead stream's key, its planner, and
     # what to tell of an access (None: no atime to keep).
     stream: tuple[int, InodeNo] = field(init=False)
@@ -129,6 +130,9 @@ class _Handle:
 
 
 class Operations(pyfuse3.Operations):
+    # Read by casfs's pyfuse3 build at INIT: ask the kernel for passthrough.
+    enable_passthrough = False
+
     def __init__(
         self,
         table: InodeTable,
@@ -152,6 +156,14 @@ class Operations(pyfuse3.Operations):
         # writeback cache, newest last (_kernel_mtime_restated).
         self._kernel_mtimes: dict[int, list[int]] = {}
         self._reply = ReplyBuffer()
+        # Opens answered with a backing file, where the kernel granted passthrough at
+        # INIT; `on_init` (the daemon's) sets it then.
+        self.passthrough: passthrough.PassthroughOpens | None = None
+        self.on_init: Callable[[], None] | None = None
+
+    def init(self) -> None:
+        if self.on_init is not None:
+            self.on_init()
 
     # -- attributes --------------------------------------------------------------
 
@@ -407,7 +419,17 @@ class Operations(pyfuse3.Operations):
         if flags & os.O_TRUNC:
             # libfuse asks for atomic O_TRUNC: the kernel sends no separate truncate.
             await self._mutate(view, lambda rw, fetched: rw.setattr(ino, size=0, fetched=fetched))
+        if self.passthrough is not None and not flags & _WRITE_FLAGS:
+            backing = await self.passthrough.backing_id(view, ino, lambda: self._served_open(view, ino))
+            if backing:
+                fh = next(self._fh)
+                self._handles[fh] = _Handle(view, ino, inode, backing=True)
+                return pyfuse3.FileInfo(fh=FileHandleT(fh), keep_cache=False, backing_id=backing)
         return self._new_handle(view, ino, inode, flags)
+
+    def _served_open(self, view: View, ino: InodeNo) -> bool:
+        """Whether (view, ino) has a handle whose reads this daemon serves."""
+        return any(h.view is view and h.ino == ino and not h.backing for h in self._handles.values())
 
     @handler
     async def create(
@@ -460,6 +482,8 @@ class Operations(pyfuse3.Operations):
     async def release(self, fh: FileHandleT) -> None:
         h = self._handles.pop(fh)
         self.chunks.forget_stream(h.stream)
+        if h.backing and self.passthrough is not None:
+            self.passthrough.release(h.view, h.ino)
 
     @handler
     async def fsync(self, fh: FileHandleT, datasync: bool) -> None:

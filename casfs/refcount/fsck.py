@@ -53,12 +53,15 @@ from casfs.errors import Corruption, MissingBlob
 from casfs.kinds import BlobKind
 from casfs.refcount import logical
 from casfs.snapshots.children import children
+from casfs.store.filecache import FileCache, cache_root
 from casfs.store.ids import BlobId
 
 if TYPE_CHECKING:
     from casfs.repo import Repository
 
-ProblemKind = Literal["missing", "corrupt", "miscounted", "dangling", "orphan", "size", "kind", "logical"]
+ProblemKind = Literal[
+    "missing", "corrupt", "miscounted", "dangling", "orphan", "size", "kind", "logical", "cache"
+]
 
 READ_WORKERS = 4
 
@@ -139,10 +142,18 @@ def fsck(
         _walk(repo, plan, report, sample, workers)
         plan.findings(report)
         _check_logical(repo, conn, report, repair)
+        _check_file_cache(repo, report)
         if repair and report.problems:
             _repair(repo, conn, plan, report)
     report.problems.sort(key=lambda p: (p.kind, p.blob))
     return report
+
+
+def _check_file_cache(repo: Repository, report: FsckReport) -> None:
+    """The whole files passthrough hands the kernel: one that fails its digest is removed
+    whatever `repair` says (a cache; the next open fills it again from verified chunks)."""
+    for name, why in FileCache(cache_root(repo.path)).check():
+        report.problems.append(Problem("cache", name, f"cached file removed: {why}", repaired=True))
 
 
 def _snapshot(

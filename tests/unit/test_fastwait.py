@@ -233,6 +233,8 @@ def test_without_a_session_pyfuse3_keeps_its_own_wait() -> None:
         ("3.5.0", True),
         ("3.5.0+casfs.1", True),
         ("3.5.0+casfs.12", True),
+        ("3.5.0+casfs.2.passthrough", True),
+        ("3.5.0+casfs.2.other", False),
         ("3.5.0+other", False),
         ("3.5.1", False),
     ],
