@@ -91,7 +91,8 @@ def test_umount_refuses_when_it_cannot_save_and_loses_nothing(store: Path, tmp_p
             (mnt / "unsynced").write_bytes(data)  # no fsync: kept in the daemon's memory
             done = casfs(store, "umount", mnt)
             assert done.returncode == 1, done
-            assert "not unmounting" in done.stderr and "Operation not permitted" in done.stderr
+            assert "not unmounting" in done.stderr and "EPERM (Operation not permitted)" in done.stderr
+            assert "free space" not in done.stderr  # (issue 32: the disk is not full)
             assert len(done.stderr.strip().splitlines()) == 1
             assert is_mounted(mnt)
             assert (mnt / "unsynced").read_bytes() == data
@@ -305,6 +306,33 @@ def test_a_block_volume_on_a_full_disk_refuses_the_write_and_loses_nothing(tmp_p
         for at in range(0, 4 * mib, 4096):  # a refused write leaves each block old or new
             assert got[8 * mib + at : 8 * mib + at + 4096] in (bytes(4096), refused[at : at + 4096])
         fsck_clean(store)
+
+
+def test_umount_on_a_full_disk_refuses_and_says_to_free_space(tmp_path: Path) -> None:
+    """Issue 32: the refusal names the error (ENOSPC) and, for a full disk only, says to
+    free space; once there is room, the unmount saves everything."""
+    with small_disk(tmp_path) as disk:
+        store = disk / "store"
+        with contextlib.closing(Repository.init(store)) as repo:
+            volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
+        mnt = tmp_path / "mnt"
+        data = os.urandom(2_000_000)
+        with running(store, mnt, volume="v") as m:
+            fill(disk / "filler")
+            (mnt / "unsynced").write_bytes(data)  # no fsync: kept in the daemon's memory
+            done = casfs(store, "umount", mnt)
+            assert done.returncode == 1, done
+            assert "ENOSPC (No space left on device)" in done.stderr, done.stderr
+            assert "free space in the store" in done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1
+            assert is_mounted(mnt)
+            (disk / "filler").unlink()
+            done = casfs(store, "umount", mnt)
+            assert done.returncode == 0, done.stderr
+            assert wait_gone(m.pid, m.proc, 30)
+        with mounted(store, mnt, volume="v") as m:
+            assert (m.path / "unsynced").read_bytes() == data
+        fsck_clean(store)  # here: the small disk is gone when the test ends
 
 
 def test_import_on_a_full_disk_says_so_and_leaves_nothing_behind(tmp_path: Path) -> None:
