@@ -13,12 +13,22 @@ from dataclasses import dataclass
 
 from casfs.catalog import meta_value, set_meta, transaction
 from casfs.errors import UsageError
+from casfs.store.reserve import DEFAULT_BYTES
 
 
 def _positive_int(key: str, text: str) -> str:
     if not text.strip().isdigit() or int(text) < 1:
         raise UsageError(f"invalid {key} {text!r}: expected an integer >= 1")
     return str(int(text))
+
+
+def _size_or_zero(key: str, text: str) -> str:
+    from casfs.units import parse_size
+
+    try:
+        return "0" if text.strip() == "0" else str(parse_size(text))
+    except UsageError:
+        raise UsageError(f"invalid {key} {text!r}: expected a size (e.g. 16M) or 0") from None
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,13 @@ SETTINGS = {
             "CASFS_QUEUE_LIMIT",
             "heavy jobs (imports, snapshot folds, fsck, gc) running at once on this store",
             _positive_int,
+        ),
+        Setting(
+            "store.reserve",
+            str(DEFAULT_BYTES),
+            "CASFS_STORE_RESERVE",
+            "room kept on the store's disk (STORE/reserve) for rm and gc to work on a full disk; 0: none",
+            _size_or_zero,
         ),
     ]
 }
