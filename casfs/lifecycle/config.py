@@ -22,6 +22,15 @@ def _positive_int(key: str, text: str) -> str:
     return str(int(text))
 
 
+def _size(key: str, text: str) -> str:
+    from casfs.units import parse_size
+
+    try:
+        return str(parse_size(text))
+    except UsageError:
+        raise UsageError(f"invalid {key} {text!r}: expected a size (e.g. 1G)") from None
+
+
 def _size_or_zero(key: str, text: str) -> str:
     from casfs.units import parse_size
 
@@ -56,6 +65,20 @@ SETTINGS = {
             "CASFS_STORE_RESERVE",
             "room kept on the store's disk (STORE/reserve) for rm and gc to work on a full disk; 0: none",
             _size_or_zero,
+        ),
+        Setting(
+            "import.layer_entries",
+            "500000",
+            "CASFS_IMPORT_LAYER_ENTRIES",
+            "entries one image layer may hold; an import of a larger one is refused",
+            _positive_int,
+        ),
+        Setting(
+            "import.layer_memory",
+            str(1 << 30),
+            "CASFS_IMPORT_LAYER_MEMORY",
+            "memory applying one image layer may take; an import of a larger one is refused",
+            _size,
         ),
     ]
 }

@@ -160,3 +160,22 @@ def test_entries_that_escape_the_root(
     build.write_image(layout, [build.tar_of(*entries) for entries in layers], "hostile")
     line = refused(store, 2, f"oci:{layout}:hostile")
     assert match in line.replace('"', "'"), line
+
+
+def test_a_layer_over_the_entry_or_memory_limit_is_refused(store: Path, layout: Path) -> None:
+    """Issue 32: a layer's entries and the memory its application takes are bounded by
+    store settings; past either the import is refused (exit 2), naming the layer and
+    the setting; under them it imports."""
+    files = [(f"d{i // 1000}/f{i}", REG, str(i)) for i in range(20_000)]
+    dirs = [(f"d{n}", DIR, "") for n in range(20)]
+    build.write_image(layout, [build.tar_of(*dirs, *files)], "many")
+    ok(store, "config", "set", "import.layer_entries", "1000")
+    line = refused(store, 2, f"oci:{layout}:many")
+    assert "layer 1 of 1" in line and "more than 1000 entries" in line and "import.layer_entries" in line
+    ok(store, "config", "set", "import.layer_entries", "30000")
+    ok(store, "config", "set", "import.layer_memory", "1M")
+    line = refused(store, 2, f"oci:{layout}:many")
+    assert "more than 1.0 MiB of memory" in line and "import.layer_memory" in line
+    ok(store, "config", "unset", "import.layer_memory")
+    ok(store, "image", "import", "many", f"oci:{layout}:many")
+    assert js(store, "image", "info", "many")["phase"] == "ready"

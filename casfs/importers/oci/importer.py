@@ -36,7 +36,7 @@ from typing import Any
 from casfs.errors import DigestMismatch, HostileArchive, UsageError
 from casfs.importers import Built, Readable
 from casfs.importers.oci.digests import Hasher, check, check_stream, digest_of
-from casfs.importers.oci.layers import LayerApplier
+from casfs.importers.oci.layers import LayerApplier, LayerLimits
 from casfs.importers.oci.plan import Layer, Plan
 from casfs.importers.oci.reference import Reference
 from casfs.importers.tarball import check_symlinks, read_tar
@@ -95,6 +95,7 @@ def import_oci(
     allow_devices: bool,
     find_chain: FindChain,
     get_tree: Callable[[BlobId], bytes],
+    limits: LayerLimits,
     progress: Progress | None = None,
 ) -> Imported:
     diff_ids = [layer.diff_id for layer in plan.layers]
@@ -112,7 +113,7 @@ def import_oci(
     kept = [
         (k + 1, chains[k], r) for k, r in enumerate(found[: min(start, len(chains) - 1)]) if r is not None
     ]
-    applier = LayerApplier(b, chunk_size, allow_devices)
+    applier = LayerApplier(b, chunk_size, allow_devices, limits)
     for i, layer in enumerate(plan.layers[start:], start):
         _apply(applier, layer, progress)
         if i + 1 < len(plan.layers):  # (its symlinks are checked where it ends an image)
