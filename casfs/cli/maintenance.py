@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from casfs.cli.output import error, print_json, table, warn
-from casfs.cli.store import keep_reserve, open_store
+from casfs.cli.store import keep_reserve, open_store, reserve_size
 from casfs.errors import UsageError
 from casfs.units import format_size, parse_size
 
@@ -80,11 +80,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from casfs.lifecycle.ephemeral import expire
     from casfs.lifecycle.queue import job_slot
     from casfs.refcount.gc import gc
+    from casfs.store.reserve import short_of_room
 
     kept: list[str] = []
     with open_store(args, frees=True) as repo, job_slot(repo, "gc"):
         expired = expire(repo, kept=kept)  # first: what they held is freed by this gc
-        report = gc(repo)
+        report = gc(repo, small_rounds=short_of_room(repo.path, reserve_size(repo)))
         repacked, reclaimed = _repack(repo, args.repack_below)
         keep_reserve(repo)  # (last: the repack may have needed the room)
     for why in kept:

@@ -55,12 +55,17 @@ class Exit:
     catalog_left_open = False  # a store's catalog was left open for that end
 
 
+def reserve_size(repo: Repository) -> int:
+    from casfs.lifecycle.config import effective
+
+    return int(effective(repo.conn, "store.reserve").value)
+
+
 def keep_reserve(repo: Repository) -> None:
     """Make the store's reserve (store.reserve) if it is missing and there is room."""
-    from casfs.lifecycle.config import effective
     from casfs.store.reserve import keep
 
-    keep(repo.path, int(effective(repo.conn, "store.reserve").value))
+    keep(repo.path, reserve_size(repo))
 
 
 def _close(repo: Repository) -> None:

@@ -16,6 +16,9 @@ and 8 MiB and worked with 16. Each SQLite file's WAL grows to its autocheckpoint
 pages, ~4 MiB) before it wraps, the catalog's and the pack index's both, and a closed
 one starts again from nothing; pack files free their room only once all their blobs
 are gone. Hence DEFAULT_BYTES, and `casfs config set store.reserve SIZE` (0: none).
+A 100,000-file image (101,001 blobs) failed with the 16 MiB: one gc transaction of
+50,000 decrements wrote a 10 MB WAL; so gc on a disk short of room (short_of_room)
+runs in small rounds (refcount.gc.SMALL_ROUND_*), and then it worked.
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ def free_bytes(root: str | os.PathLike[str]) -> int:
     """What an unprivileged writer may still take on root's filesystem."""
     st = os.statvfs(root)
     return st.f_bavail * st.f_frsize
+
+
+def short_of_room(root: str | os.PathLike[str], size: int) -> bool:
+    """Whether the disk has less free than keep() wants for a reserve of `size` (at
+    least the default's: a store without one is short of room all the same)."""
+    return free_bytes(root) < 2 * max(size, DEFAULT_BYTES)
 
 
 def release_if_full(root: str | os.PathLike[str]) -> bool:
