@@ -42,6 +42,7 @@ from casfs.catalog import volumes as volume_rows
 from casfs.errors import Corruption, MissingBlob
 from casfs.kinds import BlobKind
 from casfs.lifecycle import pids
+from casfs.lifecycle.faults import fault_point
 from casfs.snapshots.children import children
 from casfs.store import uppers
 from casfs.store.ids import ZERO_ID, BlobId
@@ -206,6 +207,7 @@ def _free(
     report.rounds += 1
     report.problems += notes
     # After the commit (see the module docstring): a crash here leaves only orphans.
+    fault_point("gc:after-commit")
     for _ in pool.map(repo.blobs.delete, [g.bid for g in freed]):
         pass
     report.blobs_freed += len(freed)

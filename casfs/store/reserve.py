@@ -43,7 +43,10 @@ def short_of_room(root: str | os.PathLike[str], size: int) -> bool:
 
 
 def release_if_full(root: str | os.PathLike[str]) -> bool:
-    """Remove the reserve if the disk has less free room than it holds; whether it did."""
+    """Remove the reserve if the disk has less free room than it holds; whether it did.
+    (A part-made one left by a crash in keep() goes too, whatever the room.)"""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(root, f"{NAME}.part"))
     path = os.path.join(root, NAME)
     try:
         held = os.stat(path).st_size
@@ -82,5 +85,8 @@ def keep(root: str | os.PathLike[str], size: int) -> bool:
         return False
     finally:
         os.close(fd)
-    os.rename(part, path)
+    try:
+        os.rename(part, path)
+    except FileNotFoundError:  # (a freeing command took it meanwhile: the disk is short)
+        return False
     return True

@@ -387,6 +387,7 @@ def test_rm_and_gc_free_space_on_a_disk_with_0_bytes_free(tmp_path: Path) -> Non
         for name, src in (("files", source), ("disk", raw)):
             assert casfs(store, "image", "import", name, src).returncode == 0
             assert casfs(store, "volume", "create", f"v-{name}", "--from", name).returncode == 0
+        (store / "reserve.part").write_bytes(bytes(1 << 20))  # (as a crash in the making of one leaves)
         fill(disk / "filler")
         assert _free(disk) == 0
         refused = casfs(store, "volume", "create", "more", "--blank-dir")
@@ -397,8 +398,11 @@ def test_rm_and_gc_free_space_on_a_disk_with_0_bytes_free(tmp_path: Path) -> Non
             done = casfs(store, *cmd)
             assert done.returncode == 0, (cmd, done.stderr)
         assert not (store / "reserve").exists()  # (given up by the first rm)
+        assert not (store / "reserve.part").exists()
         done = casfs(store, "image", "rm", "disk")
         assert done.returncode == 0, done.stderr
+        killed = casfs(store, "gc", CASFS_FAULT="gc:after-commit")  # kill -9 between a commit and its deletes
+        assert killed.returncode == -signal.SIGKILL, killed
         gc = casfs(store, "gc")
         assert gc.returncode == 0, gc.stderr
         assert _free(disk) > 8 << 20, gc.stdout  # the images' blobs are gone
