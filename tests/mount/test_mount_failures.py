@@ -390,13 +390,19 @@ def test_rm_and_gc_free_space_on_a_disk_with_0_bytes_free(tmp_path: Path) -> Non
         (store / "reserve.part").write_bytes(bytes(1 << 20))  # (as a crash in the making of one leaves)
         fill(disk / "filler")
         assert _free(disk) == 0
-        refused = casfs(store, "volume", "create", "more", "--blank-dir")
-        assert refused.returncode == 1, refused
-        assert "No space left on device" in refused.stderr and "unexpected" not in refused.stderr
-        assert len(refused.stderr.strip().splitlines()) == 1
-        for cmd in (("volume", "rm", "v-files"), ("volume", "rm", "v-disk"), ("image", "rm", "files")):
-            done = casfs(store, *cmd)
-            assert done.returncode == 0, (cmd, done.stderr)
+        (tmp_path / "mnt").mkdir()
+        for cmd in (
+            ("volume", "create", "more", "--blank-dir"),
+            ("mount", tmp_path / "mnt", "--volume", "v-disk"),
+        ):
+            refused = casfs(store, *cmd)
+            assert refused.returncode == 1, refused
+            assert "No space left on device" in refused.stderr and "unexpected" not in refused.stderr
+            assert len(refused.stderr.strip().splitlines()) == 1
+        assert not is_mounted(tmp_path / "mnt")
+        for rm in (("volume", "rm", "v-files"), ("volume", "rm", "v-disk"), ("image", "rm", "files")):
+            done = casfs(store, *rm)
+            assert done.returncode == 0, (rm, done.stderr)
         assert not (store / "reserve").exists()  # (given up by the first rm)
         assert not (store / "reserve.part").exists()
         done = casfs(store, "image", "rm", "disk")
