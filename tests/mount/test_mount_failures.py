@@ -393,7 +393,7 @@ def test_rm_and_gc_free_space_on_a_disk_with_0_bytes_free(tmp_path: Path) -> Non
         (tmp_path / "mnt").mkdir()
         for cmd in (
             ("volume", "create", "more", "--blank-dir"),
-            ("mount", tmp_path / "mnt", "--volume", "v-disk"),
+            ("mount", tmp_path / "mnt", "--volume", "v-files"),
         ):
             refused = casfs(store, *cmd)
             assert refused.returncode == 1, refused
