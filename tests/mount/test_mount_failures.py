@@ -416,4 +416,10 @@ def test_rm_and_gc_free_space_on_a_disk_with_0_bytes_free(tmp_path: Path) -> Non
         (disk / "filler").unlink()
         assert casfs(store, "gc").returncode == 0
         assert (store / "reserve").stat().st_size == 16 << 20  # made again: there is room
+        for size, held in (("4M", 4 << 20), ("0", 0)):  # (the setting: its size, or none)
+            assert casfs(store, "config", "set", "store.reserve", size).returncode == 0
+            assert casfs(store, "gc").returncode == 0
+            reserve = store / "reserve"
+            assert (reserve.stat().st_size if reserve.exists() else 0) == held
+        assert "expected a size" in casfs(store, "config", "set", "store.reserve", "lots").stderr
         fsck_clean(store)  # here: the small disk is gone when the test ends
