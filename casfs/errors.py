@@ -10,7 +10,11 @@ CasfsError                      errno EIO,     exit 1
 │   └── MissingBlob             EIO,           exit 5
 ├── DigestMismatch              EIO,           exit 5   imported content is not what was expected
 ├── HostileArchive              EINVAL,        exit 2   a tar member that would escape or is refused
+├── NoSpace                     ENOSPC,        exit 1   the store's disk (or its database) is full
 └── UnsupportedFormat           EIO,           exit 1   a store of an unknown (newer) format
+
+of_database() maps SQLite's errors (sqlite3.OperationalError and kin, met anywhere)
+into this tree, so that a locked or full database is one clear line, never "unexpected".
 """
 
 from __future__ import annotations
@@ -74,6 +78,11 @@ class HostileArchive(CasfsError):
     exit_code = 2
 
 
+class NoSpace(CasfsError):
+    errno = _errno.ENOSPC
+    exit_code = 1
+
+
 class UnsupportedFormat(CasfsError):
     errno = _errno.EIO
     exit_code = 1
@@ -85,3 +94,31 @@ def transient(e: BaseException) -> bool:
     blob (Corruption, MissingBlob, a 404's FileNotFoundError) or a local refusal (EACCES).
     (An S3 server's refusal, AccessDenied, is a RemoteError too: retried once, in vain.)"""
     return isinstance(e, OSError) and not isinstance(e, (FileNotFoundError, PermissionError))
+
+
+# SQLite's primary result codes (an extended code's low byte), as sqlite3 names them:
+# spelled here so that this leaf module need not import sqlite3.
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_IOERR = 5, 6, 8, 10
+_SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 11, 13, 26
+
+
+def of_database(e: BaseException, disk_full: bool = False) -> CasfsError | None:
+    """The CasfsError a SQLite error means, or None if `e` is none (or none of these).
+    `disk_full`: the store's disk is known to have no room, which is what an I/O error
+    of SQLite's there means (it cannot grow its -shm or -wal file)."""
+    code = getattr(e, "sqlite_errorcode", None)
+    if not isinstance(code, int) or type(e).__module__ != "sqlite3":
+        return None
+    primary = code & 0xFF
+    if primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
+        return Busy(f"the store's database is locked by another process ({e}): try again")
+    if primary == _SQLITE_FULL or (primary == _SQLITE_IOERR and disk_full):
+        return NoSpace(f"No space left on device: the store's database cannot grow ({e})")
+    if primary == _SQLITE_IOERR:
+        name = getattr(e, "sqlite_errorname", "")
+        return CasfsError(f"the store's database cannot be read or written: {e} ({name})")
+    if primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+        return Corruption(f"the store's database is damaged: {e}")
+    if primary == _SQLITE_READONLY:
+        return ReadOnly(f"the store's database cannot be written: {e}")
+    return None

@@ -45,6 +45,7 @@ from casfs.store.ids import BlobId
 from casfs.units import check_name
 
 if TYPE_CHECKING:  # (imported where an import runs: hashlib is not every command's)
+    from casfs.importers.oci.layers import LayerLimits
     from casfs.importers.oci.reference import Reference
     from casfs.store.verify import HashingReader
 
@@ -313,7 +314,8 @@ def _do_import_oci(
         def find_chain(chain_id: str) -> BlobId | None:
             return rows.chain_root(repo.conn, chain_id, chunk_size, allow_devices)
 
-        done = import_oci(batch, plan, chunk_size, allow_devices, find_chain, repo.get_meta, progress)
+        limits = _layer_limits(repo)
+        done = import_oci(batch, plan, chunk_size, allow_devices, find_chain, repo.get_meta, limits, progress)
         _set_phase(repo, name, ImagePhase.IMPORTING, ImagePhase.VERIFYING)
         built, meta = done.built, done.meta
         digest = plan.manifest_digest or plan.config_digest
@@ -330,6 +332,14 @@ def _do_import_oci(
         batch.commit(roots, then=finish)
     if on_stored is not None:
         on_stored(batch.stored_bytes)
+
+
+def _layer_limits(repo: Repository) -> LayerLimits:
+    from casfs.importers.oci.layers import LayerLimits
+    from casfs.lifecycle.config import effective
+
+    entries = int(effective(repo.conn, "import.layer_entries").value)
+    return LayerLimits(entries, int(effective(repo.conn, "import.layer_memory").value))
 
 
 def _unclaim(repo: Repository, name: str) -> None:

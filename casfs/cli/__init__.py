@@ -25,7 +25,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from casfs.cli.output import error
-from casfs.errors import CasfsError
+from casfs.errors import CasfsError, of_database
 
 if TYPE_CHECKING:
     import argparse
@@ -107,5 +107,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:
         if verbose:
             _traceback()
+        mapped = of_database(e, _disk_full(args))
+        if mapped is not None:
+            error(str(mapped))
+            return mapped.exit_code
         error(f"unexpected {type(e).__name__}: {e} (rerun with -v for the traceback)")
         return 1
+
+
+def _disk_full(args: SimpleNamespace | argparse.Namespace) -> bool:
+    """Whether the store's disk has no room left (asked only of a failed command)."""
+    from casfs.repo import store_path
+    from casfs.store.reserve import free_bytes
+
+    try:
+        return free_bytes(store_path(getattr(args, "store", None))) == 0
+    except Exception:  # (no store named, or none there: not known to be full)
+        return False

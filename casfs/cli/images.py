@@ -164,7 +164,7 @@ def _oci_lines(oci: dict[str, Any] | None) -> list[tuple[str, str | None]]:
 def cmd_rm(args: argparse.Namespace) -> int:
     from casfs.images import remove_image
 
-    with open_store(args) as repo:
+    with open_store(args, frees=True) as repo:
         if remove_image(repo, args.name, if_exists=args.if_exists):
             print(f"removed image {args.name} (`casfs gc` frees its unique blobs)")
         else:

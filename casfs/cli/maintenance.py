@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING
 
 from casfs.cli.output import error, print_json, table, warn
-from casfs.cli.store import open_store
+from casfs.cli.store import keep_reserve, open_store, reserve_size
 from casfs.errors import UsageError
 from casfs.units import format_size, parse_size
 
@@ -27,7 +28,10 @@ def cmd_init(args: argparse.Namespace) -> int:
     cache = getattr(args, "blob_cache", None)
     if cache is not None and blobs is None:
         raise UsageError("--blob-cache needs --blobs")
-    Repository.init(path, blob_url=blobs, blob_cache=parse_size(cache) if cache else None).close()
+    with contextlib.closing(
+        Repository.init(path, blob_url=blobs, blob_cache=parse_size(cache) if cache else None)
+    ) as repo:
+        keep_reserve(repo)
     where = f" with blobs in {blobs}" if blobs else ""
     print(f"casfs store at {path}{where} {'already exists' if existed else 'created'}")
     return 0
@@ -76,12 +80,14 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from casfs.lifecycle.ephemeral import expire
     from casfs.lifecycle.queue import job_slot
     from casfs.refcount.gc import gc
+    from casfs.store.reserve import short_of_room
 
     kept: list[str] = []
-    with open_store(args) as repo, job_slot(repo, "gc"):
+    with open_store(args, frees=True) as repo, job_slot(repo, "gc"):
         expired = expire(repo, kept=kept)  # first: what they held is freed by this gc
-        report = gc(repo)
+        report = gc(repo, small_rounds=short_of_room(repo.path, reserve_size(repo)))
         repacked, reclaimed = _repack(repo, args.repack_below)
+        keep_reserve(repo)  # (last: the repack may have needed the room)
     for why in kept:
         warn(f"ephemeral volume {why}: kept")
     if args.json:
@@ -122,8 +128,23 @@ def _repack(repo: Repository, below: float) -> tuple[int, int]:
         return 0, 0
     try:
         return repo.blobs.compact(below)
+    except Exception as e:
+        if not _no_space(e):
+            raise
+        warn("packs not repacked: No space left on device (gc freed what it could; the next gc repacks)")
+        return 0, 0
     finally:
         lock.release()
+
+
+def _no_space(e: Exception) -> bool:
+    import errno
+
+    from casfs.errors import NoSpace, of_database
+
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(e, NoSpace) or isinstance(of_database(e), NoSpace)
 
 
 def cmd_queue_ls(args: argparse.Namespace) -> int:

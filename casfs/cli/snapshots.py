@@ -58,7 +58,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_rm(args: argparse.Namespace) -> int:
     from casfs.volumes import remove_snapshot
 
-    with open_store(args) as repo:
+    with open_store(args, frees=True) as repo:
         if remove_snapshot(repo, args.ref, if_exists=args.if_exists):
             print(f"removed snapshot {args.ref}")
         else:

@@ -20,12 +20,19 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def open_store(args: argparse.Namespace) -> Iterator[Repository]:
-    """The store, after recovering what dead processes left half done (one stderr line each)."""
+def open_store(args: argparse.Namespace, frees: bool = False) -> Iterator[Repository]:
+    """The store, after recovering what dead processes left half done (one stderr line each).
+    `frees`: the command frees space (rm, gc), so on a full disk it first gives up the
+    store's reserve (store.reserve), without which it could not even open the catalog."""
     from casfs.lifecycle.recovery import recover
     from casfs.repo import Repository, store_path
 
-    repo = Repository.open(store_path(args.store))
+    path = store_path(args.store)
+    if frees:
+        from casfs.store.reserve import release_if_full
+
+        release_if_full(path)
+    repo = Repository.open(path)
     try:
         for message in recover(repo):
             print(f"casfs: recovered: {message}", file=sys.stderr)
@@ -46,6 +53,19 @@ class Exit:
 
     fast = False  # the process ends with os._exit (cli.run)
     catalog_left_open = False  # a store's catalog was left open for that end
+
+
+def reserve_size(repo: Repository) -> int:
+    from casfs.lifecycle.config import effective
+
+    return int(effective(repo.conn, "store.reserve").value)
+
+
+def keep_reserve(repo: Repository) -> None:
+    """Make the store's reserve (store.reserve) if it is missing and there is room."""
+    from casfs.store.reserve import keep
+
+    keep(repo.path, reserve_size(repo))
 
 
 def _close(repo: Repository) -> None:

@@ -155,7 +155,7 @@ def _grace(d: dict[str, Any]) -> str | None:
 def cmd_rm(args: argparse.Namespace) -> int:
     from casfs.volumes import remove_volume
 
-    with open_store(args) as repo:
+    with open_store(args, frees=True) as repo:
         if args.if_replicated is not None:
             _check_replicated(repo, args.name, args.if_replicated)
         if remove_volume(repo, args.name, if_exists=args.if_exists):

@@ -38,7 +38,7 @@ import trio
 from casfs import volumes
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
-from casfs.errors import Busy, CasfsError, NotFound, UsageError
+from casfs.errors import Busy, CasfsError, NotFound, UsageError, of_database
 from casfs.fuse import fastwait, launcher, passthrough, rwsession
 from casfs.fuse.control import CatalogWriter, ControlPlane, syncfs_path
 from casfs.fuse.inodes import InodeTable
@@ -52,6 +52,7 @@ from casfs.lifecycle.recovery import recover
 from casfs.repo import Repository
 from casfs.store.filecache import FileCache, cache_root
 from casfs.store.ids import BlobId
+from casfs.store.reserve import free_bytes
 from casfs.vfs.api import ROOT_INO, View
 from casfs.vfs.chunks import DEFAULT_CACHE_BYTES, ChunkCache
 from casfs.vfs.storeview import OpenRw, StoreView, Subject, static_view
@@ -127,6 +128,10 @@ def run_daemon(cfg: Config) -> int:
         _fail(cfg, e.exit_code, str(e))
         return e.exit_code
     except Exception as e:
+        mapped = of_database(e, free_bytes(cfg.store) == 0)  # (a locked or full catalog: one line)
+        if mapped is not None:
+            _fail(cfg, mapped.exit_code, str(mapped))
+            return mapped.exit_code
         log.exception("the daemon failed")
         _fail(cfg, 1, f"{type(e).__name__}: {e}")
         return 1

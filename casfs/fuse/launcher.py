@@ -287,7 +287,7 @@ def umount_main(args: argparse.Namespace) -> int:
     before = _read_run_file(run_file)
     pid = int(before["pid"]) if before and before.get("state") == "mounted" else None
     if before is not None and not before.get("read_only", True):
-        _save_before_unmount(mountpoint)
+        _save_before_unmount(mountpoint, log_path(store, mountpoint))
     try:
         done = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
@@ -318,7 +318,7 @@ def umount_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _save_before_unmount(mountpoint: str) -> None:
+def _save_before_unmount(mountpoint: str, log: Path) -> None:
     """Ask the daemon to save everything it buffers; if it cannot, refuse to unmount
     (as umount(8) refuses a busy filesystem): unmounting would throw the data away."""
     try:
@@ -326,11 +326,24 @@ def _save_before_unmount(mountpoint: str) -> None:
     except OSError as e:
         if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
             return  # a daemon from before the flush control: its unmount flushes as it can
-        why = os.strerror(e.errno or errno.EIO)
         raise CasfsError(
-            f"not unmounting {mountpoint}: saving its buffered writes failed: {why}; "
-            "it stays mounted and nothing is lost (free space in the store, then run casfs umount again)"
+            f"not unmounting {mountpoint}: saving its buffered writes failed: {_named(e.errno)}; "
+            f"it stays mounted and nothing is lost ({_remedy(e.errno, log)}, then run casfs umount again)"
         ) from None
+
+
+def _named(code: int | None) -> str:
+    """An errno as its name and message: 'EPERM (Operation not permitted)'."""
+    code = code or errno.EIO
+    return f"{errno.errorcode.get(code, f'errno {code}')} ({os.strerror(code)})"
+
+
+def _remedy(code: int | None, log: Path) -> str:
+    """What lets a refused flush through: room for a full disk or quota, else whatever
+    the daemon's log says refused it (a read-only or immutable store, its permissions)."""
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return "free space in the store (casfs gc works while it is mounted)"
+    return f"see {log} for what refused the write and set that right"
 
 
 def wait_pid_gone(pid: int, timeout: float) -> bool:

@@ -30,7 +30,7 @@ import pyfuse3
 import trio
 from pyfuse3 import FileHandleT, FileNameT, FlagT, FUSEError, InodeT, ModeT, RequestContext, XAttrNameT
 
-from casfs.errors import CasfsError, Corruption
+from casfs.errors import CasfsError, Corruption, of_database
 from casfs.fuse import control as ctl
 from casfs.fuse import passthrough, rwsession
 from casfs.fuse.inodes import ROOT, InodeTable
@@ -86,7 +86,11 @@ def handler(fn: Handler[Self, P, R]) -> Handler[Self, P, R]:
             raise FUSEError(e.errno) from None
         except OSError as e:
             raise FUSEError(e.errno or errno.EIO) from None
-        except Exception:
+        except Exception as e:
+            mapped = of_database(e)  # (a full or locked catalog: ENOSPC, EBUSY, not EIO)
+            if mapped is not None:
+                log.error("%s: %s", fn.__name__, mapped)
+                raise FUSEError(mapped.errno) from None
             log.exception("unexpected error in %s%r", fn.__name__, args)
             raise FUSEError(errno.EIO) from None
 

@@ -13,12 +13,31 @@ from dataclasses import dataclass
 
 from casfs.catalog import meta_value, set_meta, transaction
 from casfs.errors import UsageError
+from casfs.store.reserve import DEFAULT_BYTES
 
 
 def _positive_int(key: str, text: str) -> str:
     if not text.strip().isdigit() or int(text) < 1:
         raise UsageError(f"invalid {key} {text!r}: expected an integer >= 1")
     return str(int(text))
+
+
+def _size(key: str, text: str) -> str:
+    from casfs.units import parse_size
+
+    try:
+        return str(parse_size(text))
+    except UsageError:
+        raise UsageError(f"invalid {key} {text!r}: expected a size (e.g. 1G)") from None
+
+
+def _size_or_zero(key: str, text: str) -> str:
+    from casfs.units import parse_size
+
+    try:
+        return "0" if text.strip() == "0" else str(parse_size(text))
+    except UsageError:
+        raise UsageError(f"invalid {key} {text!r}: expected a size (e.g. 16M) or 0") from None
 
 
 @dataclass(frozen=True)
@@ -39,6 +58,27 @@ SETTINGS = {
             "CASFS_QUEUE_LIMIT",
             "heavy jobs (imports, snapshot folds, fsck, gc) running at once on this store",
             _positive_int,
+        ),
+        Setting(
+            "store.reserve",
+            str(DEFAULT_BYTES),
+            "CASFS_STORE_RESERVE",
+            "room kept on the store's disk (STORE/reserve) for rm and gc to work on a full disk; 0: none",
+            _size_or_zero,
+        ),
+        Setting(
+            "import.layer_entries",
+            "500000",
+            "CASFS_IMPORT_LAYER_ENTRIES",
+            "entries one image layer may hold; an import of a larger one is refused",
+            _positive_int,
+        ),
+        Setting(
+            "import.layer_memory",
+            str(1 << 30),
+            "CASFS_IMPORT_LAYER_MEMORY",
+            "memory applying one image layer may take; an import of a larger one is refused",
+            _size,
         ),
     ]
 }

@@ -42,6 +42,7 @@ from casfs.catalog import volumes as volume_rows
 from casfs.errors import Corruption, MissingBlob
 from casfs.kinds import BlobKind
 from casfs.lifecycle import pids
+from casfs.lifecycle.faults import fault_point
 from casfs.snapshots.children import children
 from casfs.store import uppers
 from casfs.store.ids import ZERO_ID, BlobId
@@ -55,6 +56,12 @@ if TYPE_CHECKING:
 # names 1024 chunks), so gc of a large volume never holds one giant write transaction.
 ROUND_ROWS = 1000
 ROUND_CHILDREN = 50_000
+# ... and on a disk short of room (casfs.store.reserve), where each transaction's WAL
+# frames must fit: 50,000 decrements in a 100,000-blob catalog wrote a 10 MB WAL (nearly
+# every page of the blobs table, and the blobs_garbage entries of those reaching zero),
+# and gc failed with 16 MiB free; rounds this small keep each under ~2 MB.
+SMALL_ROUND_ROWS = 250
+SMALL_ROUND_CHILDREN = 500
 # Threads reading metadata and unlinking files: unlinks wait on the filesystem journal,
 # and several in flight overlap those waits (20k files: 9 s with 1, 2.2 s with 8).
 IO_WORKERS = 8
@@ -104,8 +111,11 @@ class _SlicedLock:
         self.lock.release()
 
 
-def gc(repo: Repository, timeout: float = 30.0, lock_slice: float = LOCK_SLICE_S) -> GcReport:
+def gc(
+    repo: Repository, timeout: float = 30.0, lock_slice: float = LOCK_SLICE_S, small_rounds: bool = False
+) -> GcReport:
     """Free every unreferenced blob, then orphan files and dead staging dirs.
+    `small_rounds`: the disk is short of room, so each transaction is kept small.
 
     Raises Busy when writers keep the store's lock for more than `timeout` seconds
     (before any work, or between rounds: what was freed stays freed and consistent)."""
@@ -116,15 +126,18 @@ def gc(repo: Repository, timeout: float = 30.0, lock_slice: float = LOCK_SLICE_S
     try:
         conn = repo.conn
         with ThreadPoolExecutor(max_workers=IO_WORKERS, thread_name_prefix="casfs-gc") as pool:
+            round_rows, round_children = (
+                (SMALL_ROUND_ROWS, SMALL_ROUND_CHILDREN) if small_rounds else (ROUND_ROWS, ROUND_CHILDREN)
+            )
             while True:
-                rows = [_Garbage(*row) for row in blob_rows.garbage(conn, ROUND_ROWS)]
+                rows = [_Garbage(*row) for row in blob_rows.garbage(conn, round_rows)]
                 if not rows:
                     break
                 # Read before the transaction, not in it: blobs are immutable, and the
                 # DELETE re-checks refs = 0 under the catalog's write lock.
                 meta = {g.bid: pool.submit(_children, repo, g) for g in rows if g.kind != BlobKind.DATA}
                 kids = [meta[g.bid].result() if g.kind != BlobKind.DATA else Counter[BlobId]() for g in rows]
-                for part in _parts(rows, kids):
+                for part in _parts(rows, kids, round_children):
                     _free(repo, conn, pool, part, report)
                 lock.checkpoint()
             _sweep_orphans(repo, conn, lock, report)
@@ -147,14 +160,14 @@ def _children(repo: Repository, g: _Garbage) -> Counter[BlobId] | str:
 
 
 def _parts(
-    rows: Sequence[_Garbage], kids: Sequence[Counter[BlobId] | str]
+    rows: Sequence[_Garbage], kids: Sequence[Counter[BlobId] | str], most: int
 ) -> Iterator[list[tuple[_Garbage, Counter[BlobId] | str]]]:
     part: list[tuple[_Garbage, Counter[BlobId] | str]] = []
     n_children = 0
     for g, k in zip(rows, kids, strict=True):
         part.append((g, k))
         n_children += len(k) if isinstance(k, Counter) else 0
-        if n_children >= ROUND_CHILDREN:
+        if n_children >= most:
             yield part
             part, n_children = [], 0
     if part:
@@ -194,6 +207,7 @@ def _free(
     report.rounds += 1
     report.problems += notes
     # After the commit (see the module docstring): a crash here leaves only orphans.
+    fault_point("gc:after-commit")
     for _ in pool.map(repo.blobs.delete, [g.bid for g in freed]):
         pass
     report.blobs_freed += len(freed)

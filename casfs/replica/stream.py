@@ -14,6 +14,12 @@ The receiver verifies each blob as it arrives (exit 5 if one is not what its id 
 and lands the snapshot (replica.land) in one transaction only after the trailer's
 counts and hash matched: a truncated or tampered stream leaves nothing visible (blobs
 that arrived verified may stay, unreferenced, for the next try; gc frees them).
+
+Every format, this one and any later one, starts with the magic and the u16 format and
+ends with the BLAKE3-256 of every byte before it. So a refusal the header decides (a
+format this casfs cannot read, an invalid name, a base this store lacks, a snapshot
+held already) is given only once the rest of the stream is read and found intact: a
+damaged stream exits 5 whichever byte was hit, as any other corruption does.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 from casfs.catalog import volumes as rows
-from casfs.errors import Conflict, Corruption, NotFound, UnsupportedFormat
+from casfs.errors import CasfsError, Conflict, Corruption, NotFound, UnsupportedFormat
 from casfs.ids import SnapshotNo
 from casfs.replica.assemble import Assembler
 from casfs.replica.land import Moved, Offer, Plan, check, land, offer_of, root_kind, store_id
@@ -126,24 +132,18 @@ def _records(r: Reader) -> Iterator[list[Record]]:
 def receive(repo: Repository, inp: BinaryIO, as_name: str | None = None) -> Moved:
     """Read a stream and land its snapshot as volume `as_name` (default: its name)."""
     r = Reader(inp, "the stream", hashing=True, role="receiver")
-    offer, since = _header(r)
-    name = check_name(as_name or offer.volume, "volume")
-    mine = store_id(repo)
-    base: SnapshotNo | None = None
-    if since is not None:
-        base = SnapshotNo(int(since["n"]))
-        held = rows.snapshot_row(repo.conn, name, base)
-        if held is None:
-            raise NotFound(f"the stream is incremental from {name}@{base}, which this store does not hold")
-        if held.root.hex() != since["root"]:
-            raise Conflict(
-                f"the stream is incremental from {name}@{base} of root {since['root']}; "
-                f"{name}@{base} here is {held.root.hex()}"
-            )
-    moved = Moved(name, offer.n, offer.root.hex(), check(repo.conn, name, offer, None, mine, base))
+    try:
+        name, offer, base, moved = _plan(repo, r, as_name, mine := store_id(repo))
+    except CasfsError as e:
+        if e.exit_code != Corruption.exit_code and not _rest_intact(r):
+            raise Corruption(
+                f"the stream is damaged: its hash does not match (its header read as: {e})"
+            ) from None
+        raise
     if moved.plan == Plan.HAVE:
-        while inp.read(1 << 20):  # (a pipeline's sender finishes: `set -o pipefail` holds)
-            pass
+        # (the rest read to its end: a pipeline's sender finishes, `set -o pipefail` holds)
+        if not _rest_intact(r):
+            raise Corruption("stream hash mismatch: the stream was changed or damaged on the way")
         return moved
     with ThreadPoolExecutor(2) as pool, Assembler(repo, offer.root, root_kind(offer.kind), pool) as asm:
         asm.start()
@@ -158,3 +158,44 @@ def receive(repo: Repository, inp: BinaryIO, as_name: str | None = None) -> Move
         asm.finish({}, then)
     moved.bytes = r.meter.bytes
     return moved
+
+
+def _plan(
+    repo: Repository, r: Reader, as_name: str | None, mine: str
+) -> tuple[str, Offer, SnapshotNo | None, Moved]:
+    """What the header asks of this store: the volume's name, the offer, its base, and
+    what landing it would do; refused (Corruption, or what the header made of it) if it
+    cannot be done."""
+    offer, since = _header(r)
+    name = check_name(as_name or offer.volume, "volume")
+    base: SnapshotNo | None = None
+    if since is not None:
+        try:
+            base, root = SnapshotNo(int(since["n"])), str(since["root"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise Corruption(f"stream header is malformed: {e}") from None
+        held = rows.snapshot_row(repo.conn, name, base)
+        if held is None:
+            raise NotFound(f"the stream is incremental from {name}@{base}, which this store does not hold")
+        if held.root.hex() != root:
+            raise Conflict(
+                f"the stream is incremental from {name}@{base} of root {root}; "
+                f"{name}@{base} here is {held.root.hex()}"
+            )
+    moved = Moved(name, offer.n, offer.root.hex(), check(repo.conn, name, offer, None, mine, base))
+    return name, offer, base, moved
+
+
+def _rest_intact(r: Reader) -> bool:
+    """Read the stream to its end: whether its last 32 bytes are the BLAKE3-256 of every
+    byte before them, as every stream format's are. What a header decided (another
+    format, a name, a base this store lacks) is said only of an intact stream: a damaged
+    one is refused as such (exit 5), whatever byte was hit."""
+    assert r.hasher is not None
+    tail = b""
+    while part := r.f.read(1 << 20):
+        tail += part
+        if len(tail) > 32:
+            r.hasher.update(tail[:-32])
+            tail = tail[-32:]
+    return len(tail) == 32 and r.hasher.digest() == tail

@@ -91,7 +91,8 @@ def test_umount_refuses_when_it_cannot_save_and_loses_nothing(store: Path, tmp_p
             (mnt / "unsynced").write_bytes(data)  # no fsync: kept in the daemon's memory
             done = casfs(store, "umount", mnt)
             assert done.returncode == 1, done
-            assert "not unmounting" in done.stderr and "Operation not permitted" in done.stderr
+            assert "not unmounting" in done.stderr and "EPERM (Operation not permitted)" in done.stderr
+            assert "free space" not in done.stderr  # (issue 32: the disk is not full)
             assert len(done.stderr.strip().splitlines()) == 1
             assert is_mounted(mnt)
             assert (mnt / "unsynced").read_bytes() == data
@@ -231,14 +232,21 @@ def small_disk(tmp_path: Path, mib: int = 48) -> Iterator[Path]:
         yield point
 
 
+def new_store(store: Path) -> Repository:
+    """A store made as a user makes one (`casfs init`: with its reserve), open."""
+    made = casfs(store, "init")
+    assert made.returncode == 0, made.stderr
+    return Repository.open(store)
+
+
 def fill(path: Path) -> None:
-    """Fill the filesystem holding `path` (a file of that name takes every free block)."""
-    with open(path, "wb") as f:
-        chunk = b"\xff" * (1 << 20)
-        with contextlib.suppress(OSError):
-            while True:
-                f.write(chunk)
-                f.flush()
+    """Fill the filesystem holding `path` (a file of that name takes every free block:
+    0 bytes are left, for root too)."""
+    with open(path, "wb", buffering=0) as f:
+        for chunk in (b"\xff" * (1 << 20), b"\xff" * 4096):
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(chunk)
         with contextlib.suppress(OSError):
             os.fsync(f.fileno())
 
@@ -246,7 +254,7 @@ def fill(path: Path) -> None:
 def test_a_full_disk_is_enospc_and_nothing_acknowledged_is_lost(tmp_path: Path) -> None:
     with small_disk(tmp_path) as disk:
         store = disk / "store"
-        with contextlib.closing(Repository.init(store)) as repo:
+        with contextlib.closing(new_store(store)) as repo:
             volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
         mnt = tmp_path / "mnt"
         kept = os.urandom(200_000)
@@ -276,7 +284,7 @@ def test_a_block_volume_on_a_full_disk_refuses_the_write_and_loses_nothing(tmp_p
     mib = 1 << 20
     with small_disk(tmp_path) as disk:
         store = disk / "store"
-        with contextlib.closing(Repository.init(store)) as repo:
+        with contextlib.closing(new_store(store)) as repo:
             volumes.create_volume(repo, "b", volumes.Source(blank_block=16 * mib))
         image = tmp_path / "b.raw"
         image.touch()
@@ -307,6 +315,33 @@ def test_a_block_volume_on_a_full_disk_refuses_the_write_and_loses_nothing(tmp_p
         fsck_clean(store)
 
 
+def test_umount_on_a_full_disk_refuses_and_says_to_free_space(tmp_path: Path) -> None:
+    """Issue 32: the refusal names the error (ENOSPC) and, for a full disk only, says to
+    free space; once there is room, the unmount saves everything."""
+    with small_disk(tmp_path) as disk:
+        store = disk / "store"
+        with contextlib.closing(new_store(store)) as repo:
+            volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
+        mnt = tmp_path / "mnt"
+        data = os.urandom(2_000_000)
+        with running(store, mnt, volume="v") as m:
+            fill(disk / "filler")
+            (mnt / "unsynced").write_bytes(data)  # no fsync: kept in the daemon's memory
+            done = casfs(store, "umount", mnt)
+            assert done.returncode == 1, done
+            assert "ENOSPC (No space left on device)" in done.stderr, done.stderr
+            assert "free space in the store" in done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1
+            assert is_mounted(mnt)
+            (disk / "filler").unlink()
+            done = casfs(store, "umount", mnt)
+            assert done.returncode == 0, done.stderr
+            assert wait_gone(m.pid, m.proc, 30)
+        with mounted(store, mnt, volume="v") as m:
+            assert (m.path / "unsynced").read_bytes() == data
+        fsck_clean(store)  # here: the small disk is gone when the test ends
+
+
 def test_import_on_a_full_disk_says_so_and_leaves_nothing_behind(tmp_path: Path) -> None:
     """Issue 7, defect 2: ENOSPC is reported as such (not 'Directory not empty'), exit 1,
     the staging directory is emptied and the store's lock is released."""
@@ -314,7 +349,7 @@ def test_import_on_a_full_disk_says_so_and_leaves_nothing_behind(tmp_path: Path)
     source.write_bytes(os.urandom(8 << 20))
     with small_disk(tmp_path) as disk:
         store = disk / "store"
-        Repository.init(store).close()
+        new_store(store).close()
         fill(disk / "filler")
         done = casfs(store, "image", "import", "big", source)
         assert done.returncode == 1, done
@@ -326,4 +361,65 @@ def test_import_on_a_full_disk_says_so_and_leaves_nothing_behind(tmp_path: Path)
         assert gc.returncode == 0, gc.stderr
         again = casfs(store, "image", "import", "big", source)
         assert again.returncode == 0, again.stderr
+        fsck_clean(store)  # here: the small disk is gone when the test ends
+
+
+def _free(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def test_rm_and_gc_free_space_on_a_disk_with_0_bytes_free(tmp_path: Path) -> None:
+    """Issue 32: with not a byte left, `volume rm`, `image rm` and `gc` (which failed
+    with "database or disk is full") work, by the store's reserve, and free the space;
+    gc makes the reserve again once there is room. Commands that need room say so in
+    one line, never "unexpected"."""
+    source = tmp_path / "src"
+    for i in range(2000):  # (many blobs: each SQLite file's WAL grows with them)
+        (source / f"{i % 20}").mkdir(parents=True, exist_ok=True)
+        (source / f"{i % 20}" / f"f{i}").write_bytes(os.urandom(1000 + i % 3000))
+    raw = tmp_path / "disk.raw"
+    raw.write_bytes(os.urandom(8 << 20))
+    with small_disk(tmp_path, mib=64) as disk:
+        store = disk / "store"
+        new_store(store).close()
+        assert (store / "reserve").stat().st_size == 16 << 20
+        for name, src in (("files", source), ("disk", raw)):
+            assert casfs(store, "image", "import", name, src).returncode == 0
+            assert casfs(store, "volume", "create", f"v-{name}", "--from", name).returncode == 0
+        (store / "reserve.part").write_bytes(bytes(1 << 20))  # (as a crash in the making of one leaves)
+        fill(disk / "filler")
+        assert _free(disk) == 0
+        (tmp_path / "mnt").mkdir()
+        for cmd in (
+            ("volume", "create", "more", "--blank-dir"),
+            ("mount", tmp_path / "mnt", "--volume", "v-files"),
+        ):
+            refused = casfs(store, *cmd)
+            assert refused.returncode == 1, refused
+            assert "No space left on device" in refused.stderr and "unexpected" not in refused.stderr
+            assert len(refused.stderr.strip().splitlines()) == 1
+        assert not is_mounted(tmp_path / "mnt")
+        for rm in (("volume", "rm", "v-files"), ("volume", "rm", "v-disk"), ("image", "rm", "files")):
+            done = casfs(store, *rm)
+            assert done.returncode == 0, (rm, done.stderr)
+        assert not (store / "reserve").exists()  # (given up by the first rm)
+        assert not (store / "reserve.part").exists()
+        done = casfs(store, "image", "rm", "disk")
+        assert done.returncode == 0, done.stderr
+        killed = casfs(store, "gc", CASFS_FAULT="gc:after-commit")  # kill -9 between a commit and its deletes
+        assert killed.returncode == -signal.SIGKILL, killed
+        gc = casfs(store, "gc")
+        assert gc.returncode == 0, gc.stderr
+        assert _free(disk) > 8 << 20, gc.stdout  # the images' blobs are gone
+        fsck_clean(store)
+        (disk / "filler").unlink()
+        assert casfs(store, "gc").returncode == 0
+        assert (store / "reserve").stat().st_size == 16 << 20  # made again: there is room
+        for size, held in (("4M", 4 << 20), ("0", 0)):  # (the setting: its size, or none)
+            assert casfs(store, "config", "set", "store.reserve", size).returncode == 0
+            assert casfs(store, "gc").returncode == 0
+            reserve = store / "reserve"
+            assert (reserve.stat().st_size if reserve.exists() else 0) == held
+        assert "expected a size" in casfs(store, "config", "set", "store.reserve", "lots").stderr
         fsck_clean(store)  # here: the small disk is gone when the test ends

@@ -62,11 +62,33 @@ def test_a_layer_whose_bytes_are_not_its_digest(store: Path, layout: Path) -> No
     damage(layer_path(layout, "v1", 1))
     line = refused(store, 5, f"oci:{layout}:v1")
     assert "digest mismatch: layer 2 of 3" in line and "nothing was stored" in line
-    # A layer the store holds already (here: layer 1, as image `base`) is not read
-    # again: the stored tree, verified when it came in, is what its chain id names.
-    damage(layer_path(layout, "v1", 1))  # (undone)
-    damage(layer_path(layout, "v1", 0))
-    ok(store, "image", "import", "x", f"oci:{layout}:v1")
+
+
+def test_a_layer_the_store_holds_is_checked_too(store: Path, layout: Path, sample: Sample) -> None:
+    """Issue 32: layer 1, held as image `base`, is not applied again, but the source's
+    blob for it is still checked: damaged, or of another size than its descriptor says,
+    the import is refused (it was imported with exit 0, never read)."""
+    path = layer_path(layout, "v1", 0)
+    damage(path)
+    line = refused(store, 5, f"oci:{layout}:v1")
+    assert "digest mismatch: layer 1 of 3" in line and "nothing was stored" in line
+    shutil.copy(sample.layout / path.relative_to(layout), path)  # (undone)
+    manifest = json.loads(build.read_blob(layout, build.tagged(layout, "v1")["digest"]))
+    manifest["layers"][0]["size"] += 1
+    build.write_manifest(layout, manifest, "wrong-size")
+    line = refused(store, 5, f"oci:{layout}:wrong-size")
+    assert "layer 1 of 3" in line and "its descriptor says" in line
+    assert "1 of 3 layers shared" in ok(store, "image", "import", "x", f"oci:{layout}:v1").stdout
+
+
+def test_a_docker_archive_layer_the_store_holds_is_checked_too(
+    store: Path, tmp_path: Path, sample: Sample
+) -> None:
+    ok(store, "image", "import", "held", f"docker-archive:{sample.archive}")
+    archive = tmp_path / "damaged.tar"
+    shutil.copy(sample.archive, archive)
+    _flip_layer_byte(archive, 0)
+    assert "digest mismatch: layer 1 of 3" in refused(store, 5, f"docker-archive:{archive}")
 
 
 def test_a_wrong_diff_id(store: Path, layout: Path) -> None:
@@ -95,14 +117,18 @@ def test_a_manifest_blob_that_is_not_its_digest(store: Path, layout: Path) -> No
 def test_a_docker_archive_layer_that_is_not_its_digest(store: Path, tmp_path: Path, sample: Sample) -> None:
     archive = tmp_path / "damaged.tar"
     shutil.copy(sample.archive, archive)
+    _flip_layer_byte(archive, 0)
+    assert "digest mismatch: layer 1 of 3" in refused(store, 5, f"docker-archive:{archive}")
+
+
+def _flip_layer_byte(archive: Path, n: int) -> None:
     with tarfile.open(archive) as tf:
-        first = tf.getmember(json.loads(tf.extractfile("manifest.json").read())[0]["Layers"][0])  # type: ignore[union-attr]
+        member = tf.getmember(json.loads(tf.extractfile("manifest.json").read())[0]["Layers"][n])  # type: ignore[union-attr]
     with open(archive, "r+b") as f:
-        f.seek(first.offset_data + first.size // 2)
+        f.seek(member.offset_data + member.size // 2)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x01]))
-    assert "digest mismatch: layer 1 of 3" in refused(store, 5, f"docker-archive:{archive}")
 
 
 def test_a_missing_blob(store: Path, layout: Path) -> None:
@@ -134,3 +160,22 @@ def test_entries_that_escape_the_root(
     build.write_image(layout, [build.tar_of(*entries) for entries in layers], "hostile")
     line = refused(store, 2, f"oci:{layout}:hostile")
     assert match in line.replace('"', "'"), line
+
+
+def test_a_layer_over_the_entry_or_memory_limit_is_refused(store: Path, layout: Path) -> None:
+    """Issue 32: a layer's entries and the memory its application takes are bounded by
+    store settings; past either the import is refused (exit 2), naming the layer and
+    the setting; under them it imports."""
+    files = [(f"d{i // 1000}/f{i}", REG, str(i)) for i in range(20_000)]
+    dirs = [(f"d{n}", DIR, "") for n in range(20)]
+    build.write_image(layout, [build.tar_of(*dirs, *files)], "many")
+    ok(store, "config", "set", "import.layer_entries", "1000")
+    line = refused(store, 2, f"oci:{layout}:many")
+    assert "layer 1 of 1" in line and "more than 1000 entries" in line and "import.layer_entries" in line
+    ok(store, "config", "set", "import.layer_entries", "30000")
+    ok(store, "config", "set", "import.layer_memory", "1M")
+    line = refused(store, 2, f"oci:{layout}:many")
+    assert "more than 1.0 MiB of memory" in line and "import.layer_memory" in line
+    ok(store, "config", "unset", "import.layer_memory")
+    ok(store, "image", "import", "many", f"oci:{layout}:many")
+    assert js(store, "image", "info", "many")["phase"] == "ready"

@@ -1,6 +1,7 @@
 """Images that share base layers share their storage, and a later import starts from
-the stored tree of the longest shared stack of layers (its chain id) instead of reading
-those layers again: the same tree as a fresh import, stored once."""
+the stored tree of the longest shared stack of layers (its chain id) instead of applying
+those layers again (their blobs are only checked): the same tree as a fresh import,
+stored once."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def test_a_shared_base_is_read_once_and_stored_once(store: Path, tmp_path: Path,
     # What v1 adds over l1 is a few KiB: the base's chunks are l1's too.
     got = images(store)
     assert got["v1"]["unique"] < 64 << 10 < got["v1"]["stored"]  # type: ignore[operator]
-    # An image of every layer again (the docker-archive) reads none and stores nothing.
+    # An image of every layer again (the docker-archive) applies none and stores nothing.
     before = js(store, "image", "ls")
     said = out(store, "image", "import", "da", f"docker-archive:{sample.archive}")
     assert "3 of 3 layers shared" in said and "stored 0 B new" in said
@@ -40,7 +41,7 @@ def test_a_shared_base_is_read_once_and_stored_once(store: Path, tmp_path: Path,
 
 def test_an_image_of_another_images_first_layers(store: Path, sample: Sample) -> None:
     """v1 keeps the trees of its first one and two layers: l1 and l2 start from them,
-    read nothing and store nothing; removing v1 and gc leaves them whole."""
+    apply nothing and store nothing; removing v1 and gc leaves them whole."""
     ok(store, "image", "import", "v1", f"oci:{sample.layout}:v1")
     for tag, n in (("l2", 2), ("l1", 1)):
         said = out(store, "image", "import", tag, f"oci:{sample.layout}:{tag}")

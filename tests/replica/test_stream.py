@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+import blake3
 import pytest
 
 from casfs import kinds, volumes
@@ -113,6 +114,55 @@ def test_a_changed_trailer_is_refused(two: tuple[Path, Path], stream: bytes) -> 
     assert "hash mismatch" in refused(two[1], bytes(bad), 5)
     assert "after its trailer" in refused(two[1], stream + b"x", 5)
     assert "not a casfs snapshot stream" in refused(two[1], b"hello" * 10, 5)
+
+
+def _places(stream: bytes) -> dict[str, int]:
+    """Offsets of one byte in each part of a stream (replica.stream's format 1)."""
+    header = 18 + int.from_bytes(stream[14:18], "little")
+    volume = stream.index(b'"vm1"') + 1
+    return {
+        "format": 12,
+        "format, high byte": 13,
+        "header length": 15,
+        "header, volume name": volume + 1,
+        "header, root id": stream.index(b'"root"', 18) + 10,
+        "record tag": header,
+        "blob id": header + 5,
+        "blob kind": header + 33,
+        "blob length": header + 34,
+        "blob bytes": header + 60,
+        "last blob": len(stream) - 100,
+        "trailer counts": len(stream) - 40,
+        "trailer hash": len(stream) - 1,
+    }
+
+
+PARTS = ["format", "format, high byte", "header length", "header, volume name", "header, root id"]
+PARTS += ["record tag", "blob id", "blob kind", "blob length", "blob bytes", "last blob"]
+PARTS += ["trailer counts", "trailer hash"]
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_a_byte_flipped_anywhere_exits_5(two: tuple[Path, Path], stream: bytes, part: str) -> None:
+    """Issue 32: also where the header decides a refusal (a format byte, a name): the
+    rest of the stream is read and its hash checked, so the answer is exit 5."""
+    for flip in (0x41, 0x01):  # (0x41 makes the name invalid: "v,1")
+        bad = bytearray(stream)
+        bad[_places(stream)[part]] ^= flip
+        assert "error" in refused(two[1], bytes(bad), 5)
+
+
+def test_an_intact_stream_of_another_format_is_unsupported(two: tuple[Path, Path], stream: bytes) -> None:
+    """A newer casfs's stream, whole (its hash matches), is not called damaged: exit 1."""
+    other = bytearray(stream[:-32])
+    other[12:14] = (2).to_bytes(2, "little")
+    other += blake3.blake3(bytes(other)).digest()
+    assert "stream format 2; this casfs reads format 1" in refused(two[1], bytes(other), 1)
+    # a damaged replay of a snapshot held already is refused too (it read as a no-op)
+    assert receive(two[1], stream).returncode == 0
+    bad = bytearray(stream)
+    bad[len(bad) // 2] ^= 0x40
+    assert "hash mismatch" in refused(two[1], bytes(bad), 5)
 
 
 def test_a_replayed_stream_does_nothing(two: tuple[Path, Path], stream: bytes) -> None:

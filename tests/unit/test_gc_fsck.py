@@ -362,6 +362,28 @@ def test_gc_cascades_root_pages_chunks(repo: Repository) -> None:
     assert fsck(repo).clean
 
 
+def gc_rounds_by_default(repo: Repository, chunks: Sequence[bytes]) -> int:
+    block_image(repo, "again", chunks)
+    delete_image(repo, "again")
+    return gc(repo).rounds
+
+
+def test_gc_in_small_rounds_frees_the_same_in_smaller_transactions(repo: Repository) -> None:
+    """On a disk short of room (cli: casfs.store.reserve) gc keeps each transaction to
+    SMALL_ROUND_CHILDREN decrements and SMALL_ROUND_ROWS rows: more of them, same result."""
+    chunks = rand_chunks(1200, size=64)
+    block_image(repo, "disk", chunks)
+    delete_image(repo, "disk")
+    report = gc(repo, small_rounds=True)
+    assert report.blobs_freed == 1 + 2 + 1200
+    # the root; its 2 pages (1024 and 176 decrements: one part, or two if the larger
+    # comes first, parts being split between rows); then the 1200 chunks 250 at a time
+    assert report.rounds in (1 + 1 + 5, 1 + 2 + 5)
+    assert gc_rounds_by_default(repo, chunks) == 1 + 1 + 2  # (chunks 1000 at a time)
+    assert repo.conn.execute("SELECT count(*) FROM blobs").fetchone() == (0,)
+    assert fsck(repo).clean
+
+
 def test_gc_frees_directory_trees(repo: Repository) -> None:
     dir_image(repo, "keep", {b"f": [b"shared-bytes"]})
     dir_image(repo, "drop", {b"f": [b"shared-bytes"], b"g": rand_chunks(2)})

@@ -14,10 +14,15 @@ DiffID(L1), ChainID(L1..Lk) = sha256(ChainID(L1..Lk-1) + " " + DiffID(Lk))) name
 tree those layers make, whatever image they came in. An image keeps the tree of each
 stack of its first layers (catalog image_chains; all of them is its root), each holding
 a reference. An import whose first k layers have a kept chain id (and the same chunk
-size) starts from that tree, reading only its tree blobs: those layers' blobs are not
-read again. Their bytes were verified when they were first imported, and the chain id
-comes from the verified config. A tree kept per layer costs only the directories that
-differ from the final tree (the rest are the same blobs).
+size) starts from that tree, reading only its tree blobs: those layers are not
+decompressed or applied again. Their content was verified when it was first imported,
+and the chain id comes from the verified config; still, the source's blobs for them
+are checked as an applied layer's are (digest and size; an undigested docker-archive
+layer, its diff_id), so that an import of a damaged source fails whatever the store
+holds. Measured (205 MB of gzip layers, 3 layers, all reused): the check took the
+reuse from 0.35 s to 0.5 s, cold; the first import of those layers took 2.1 s. A tree kept
+per layer costs only the directories that differ from the final tree (the rest are the
+same blobs).
 """
 
 from __future__ import annotations
@@ -31,10 +36,10 @@ from typing import Any
 from casfs.errors import DigestMismatch, HostileArchive, UsageError
 from casfs.importers import Built, Readable
 from casfs.importers.oci.digests import Hasher, check, check_stream, digest_of
-from casfs.importers.oci.layers import LayerApplier
+from casfs.importers.oci.layers import LayerApplier, LayerLimits
 from casfs.importers.oci.plan import Layer, Plan
 from casfs.importers.oci.reference import Reference
-from casfs.importers.tarball import check_symlinks
+from casfs.importers.tarball import check_symlinks, read_tar
 from casfs.importers.treebuilder import TreeBuilder
 from casfs.refcount.ledger import Batch
 from casfs.store.ids import BlobId
@@ -90,6 +95,7 @@ def import_oci(
     allow_devices: bool,
     find_chain: FindChain,
     get_tree: Callable[[BlobId], bytes],
+    limits: LayerLimits,
     progress: Progress | None = None,
 ) -> Imported:
     diff_ids = [layer.diff_id for layer in plan.layers]
@@ -98,6 +104,8 @@ def import_oci(
     start = next((k for k in range(len(found), 0, -1) if found[k - 1] is not None), 0)
     b = TreeBuilder(batch, chunk_size)
     if start:
+        for layer in plan.layers[:start]:
+            _verify(layer)
         root = found[start - 1]
         assert root is not None
         b.load(root, get_tree)
@@ -105,7 +113,7 @@ def import_oci(
     kept = [
         (k + 1, chains[k], r) for k, r in enumerate(found[: min(start, len(chains) - 1)]) if r is not None
     ]
-    applier = LayerApplier(b, chunk_size, allow_devices)
+    applier = LayerApplier(b, chunk_size, allow_devices, limits)
     for i, layer in enumerate(plan.layers[start:], start):
         _apply(applier, layer, progress)
         if i + 1 < len(plan.layers):  # (its symlinks are checked where it ends an image)
@@ -114,6 +122,30 @@ def import_oci(
     built = b.finish()
     meta = {**_meta(plan, chains, allow_devices), "layers_reused": start}
     return Imported(built, meta, start, kept)
+
+
+def _verify(layer: Layer) -> None:
+    """Check a reused layer's blob as an applied one's is checked, without applying it:
+    its digest and size, or where the source names no digest (an older docker save),
+    the digest of its uncompressed bytes (diff_id). A source that says its layer is
+    what the store holds must hold it, intact, too."""
+    with layer.open() as f:
+        if layer.digest is not None:
+            check_stream(f, layer.digest, layer.size, layer.what)
+            return
+        hashed = _Tap()
+        try:
+            read_tar(f, _skip, plain_hook=hashed.wrap)
+        except tarfile.TarError as e:
+            raise DigestMismatch(f"{layer.what} cannot be read: {e}") from None
+        except UsageError as e:  # (a corrupt tar: as _apply says it)
+            raise UsageError(f"{layer.what}: {e}") from None
+    assert hashed.hasher is not None
+    check(hashed.hasher.digest(), layer.diff_id, f"the uncompressed {layer.what} (diff_id)")
+
+
+def _skip(tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
+    """read_tar's visit when only the bytes matter (tarfile skips each member's data)."""
 
 
 def _apply(applier: LayerApplier, layer: Layer, progress: Progress | None) -> None:

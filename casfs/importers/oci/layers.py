@@ -13,18 +13,27 @@
   or '..', nothing beneath a symlink or a non-directory, devices only when allowed; a
   whiteout may not name '.' or '..' or reach through a symlink. Symlinks that leave the
   root are refused once every layer is applied (tarball.check_symlinks).
+
+A layer is bounded (LayerLimits): its entries, whiteouts included, and the memory its
+application takes (the process's resident size grown since the layer began: the tree
+of every entry is held until the image is built, ~1 KiB an entry, measured 130 MiB for
+a 100,000-file layer, 329 MiB reported for 200,000). Past either it is refused
+(HostileArchive, exit 2) before it can take the machine's memory.
 """
 
 from __future__ import annotations
 
+import os
 import stat
 import tarfile
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from casfs.errors import HostileArchive
 from casfs.importers import Readable
 from casfs.importers.tarball import add_member, member_path, read_tar
 from casfs.importers.treebuilder import Dir, Node, Parts, PathConflict, TreeBuilder
+from casfs.units import format_size
 
 Progress = Callable[[int], None]
 
@@ -32,14 +41,29 @@ WHITEOUT = b".wh."
 OPAQUE = b".wh..wh..opq"
 
 
+# How often (in entries) a layer's memory is looked at: a read of /proc/self/statm.
+_MEMORY_EVERY = 1024
+
+
+@dataclass(frozen=True)
+class LayerLimits:
+    """What one layer may hold (settings import.layer_entries, import.layer_memory)."""
+
+    entries: int
+    memory: int  # bytes
+
+
 class LayerApplier:
     """Applies layers in order into one TreeBuilder."""
 
-    def __init__(self, b: TreeBuilder, chunk_size: int, allow_devices: bool) -> None:
+    def __init__(self, b: TreeBuilder, chunk_size: int, allow_devices: bool, limits: LayerLimits) -> None:
         self.b = b
         self.chunk_size = chunk_size
         self.allow_devices = allow_devices
+        self.limits = limits
         self.upper: set[Parts] = set()
+        self.entries = 0
+        self._resident_before = 0
 
     def apply(
         self,
@@ -48,9 +72,26 @@ class LayerApplier:
         progress: Progress | None = None,
     ) -> None:
         self.upper = set()
+        self.entries = 0
+        self._resident_before = resident_bytes()
         read_tar(stream, self._entry, progress, plain_hook)
 
+    def _count(self) -> None:
+        self.entries += 1
+        limits = self.limits
+        if self.entries > limits.entries:
+            raise HostileArchive(
+                f"the layer has more than {limits.entries} entries, the limit "
+                "(`casfs config set import.layer_entries N` raises it)"
+            )
+        if self.entries % _MEMORY_EVERY == 0 and resident_bytes() - self._resident_before > limits.memory:
+            raise HostileArchive(
+                f"the layer takes more than {format_size(limits.memory)} of memory to apply, the limit, "
+                f"after {self.entries} entries (`casfs config set import.layer_memory SIZE` raises it)"
+            )
+
     def _entry(self, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
+        self._count()
         parts = member_path(m.name, m.name)
         if parts and parts[-1].startswith(WHITEOUT):
             self._whiteout(m, parts[:-1], parts[-1])
@@ -106,3 +147,9 @@ class LayerApplier:
                 continue
             if isinstance(n, Dir):
                 stack.extend(((*p, name), child, False) for name, child in n.entries.items())
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (Linux: /proc/self/statm's second field)."""
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
