@@ -60,6 +60,7 @@ images = _Module("casfs.cli.images")
 maintenance = _Module("casfs.cli.maintenance")
 mounts = _Module("casfs.cli.mounts")
 replica = _Module("casfs.cli.replica")
+scrubbing = _Module("casfs.cli.scrub")
 snapshots = _Module("casfs.cli.snapshots")
 volumes = _Module("casfs.cli.volumes")
 
@@ -465,6 +466,23 @@ GRAMMAR = (
         ],
         "Walk every root, recount every reference and re-hash blobs. Exits 0 when clean (or\n"
         "everything found was repaired), 5 when problems remain.",
+    ),
+    Row(
+        "scrub",
+        None,
+        scrubbing.cmd_scrub,
+        "re-hash every blob in use, name what holds each damaged one; exit 5 if any remain",
+        [
+            Arg("--volume", metavar="NAME", help="only this volume (its base and snapshots)"),
+            Arg("--image", metavar="NAME", help="only this image"),
+            Arg("--rate", metavar="SIZE", help="read at most SIZE a second (100M)"),
+            Arg("--heal-from", metavar="SOURCE", help="fetch good copies from this store (a path or ssh://)"),
+            Arg("--json", action="store_true", help="print the report as one JSON object"),
+        ],
+        "Read and re-hash every blob reachable from images, volumes and snapshots (safe while\n"
+        "mounted). Each damaged or missing blob is reported with the image, volume or\n"
+        "snapshot, file and byte range that hold it; --heal-from stores good copies from\n"
+        "another store. An interrupted scrub resumes where it stopped.",
     ),
     Row(
         "gc",
