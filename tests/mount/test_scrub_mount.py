@@ -7,6 +7,8 @@ import contextlib
 import errno
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -62,3 +64,48 @@ def test_a_heal_reaches_a_mounted_reader(repo: Repository, tmp_path: Path) -> No
         assert "1 healed" in healed.stdout
         drop_caches()
         assert path.read_bytes() == data  # the same mount, the healed copy
+
+
+def test_scrub_beside_writes_snapshots_gc_and_imports_finds_nothing(repo: Repository, tmp_path: Path) -> None:
+    """A healthy store stays clean under scrub while everything else goes on."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(8):
+        (src / f"f{i}").write_bytes(os.urandom(3 * CHUNK))
+    images.import_image(repo, "base", src, chunk_size=CHUNK)
+    ok(repo.path, "volume", "create", "vol", "--from", "base")
+    stop = threading.Event()
+    errors: list[str] = []
+    rounds: list[int] = []
+
+    def churn(mnt: Path) -> None:
+        n = 0
+        try:
+            while not stop.is_set():
+                n += 1
+                (mnt / f"w{n % 5}").write_bytes(os.urandom(CHUNK + n))
+                os.setxattr(mnt, "user.casfs.snapshot", f"s{n}".encode())
+                other = tmp_path / f"imp{n}"
+                other.mkdir()
+                (other / "x").write_bytes(os.urandom(CHUNK))
+                ok(repo.path, "image", "import", f"imp{n}", other)
+                ok(repo.path, "image", "rm", f"imp{n}")
+                ok(repo.path, "gc")
+                rounds.append(n)
+        except Exception as e:  # (reported by the test, not lost in the thread)
+            errors.append(repr(e))
+
+    with mounted(repo.path, tmp_path / "mnt", volume="vol") as m:
+        worker = threading.Thread(target=churn, args=(m.path,))
+        worker.start()
+        try:
+            deadline = time.monotonic() + 120
+            while len(rounds) < 3 and not errors and time.monotonic() < deadline:  # three rounds
+                done = casfs(repo.path, "scrub", "--json")
+                assert done.returncode == 0, done.stdout + done.stderr
+                assert json.loads(done.stdout)["damaged"] == []
+        finally:
+            stop.set()
+            worker.join(timeout=120)
+    assert errors == [] and len(rounds) >= 3
+    assert repo.blobs.damaged() == set()
