@@ -166,9 +166,14 @@ class Casfs:
     pid for memory figures and profiles."""
 
     def __init__(
-        self, store: Path, mnt: Path, volume: str | None = None, cache_mb: int | None = None
+        self,
+        store: Path,
+        mnt: Path,
+        volume: str | None = None,
+        cache_mb: int | None = None,
+        args: Sequence[str] = (),  # more `casfs mount` options (--ro, --no-passthrough)
     ) -> None:
-        self.store, self.mnt, self.volume = store, mnt, volume
+        self.store, self.mnt, self.volume, self.args = store, mnt, volume, tuple(args)
         self.env = dict(os.environ, CASFS_STORE=str(store))
         if cache_mb is not None:
             self.env["CASFS_CHUNK_CACHE_MB"] = str(cache_mb)
@@ -178,7 +183,8 @@ class Casfs:
 
     def mount(self) -> None:
         try:
-            self.cli("mount", self.mnt, *(["--volume", self.volume] if self.volume else []), timeout=120)
+            volume = ["--volume", self.volume] if self.volume else []
+            self.cli("mount", self.mnt, *volume, *self.args, timeout=120)
         except (KeyboardInterrupt, subprocess.TimeoutExpired):
             self._settle()
             raise

@@ -442,6 +442,7 @@ GRAMMAR = (
             Arg("--ro", action="store_true", help="mount read-only"),
             Arg("--allow-other", action="store_true", help="let other users access the mount"),
             Arg("--foreground", action="store_true", help="stay in the foreground"),
+            Arg("--metrics", metavar="ADDR:PORT", help="serve Prometheus metrics there (:9101: loopback)"),
         ],
         "Mount the whole store (images/, volumes/, snapshots/) at MOUNTPOINT, or with --volume\n"
         "one volume: its root directory, or a regular file for a block volume.",

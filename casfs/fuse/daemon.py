@@ -29,13 +29,13 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pyfuse3
 import trio
 
-from casfs import volumes
+from casfs import metrics, volumes
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, CasfsError, NotFound, UsageError
@@ -189,10 +189,22 @@ async def serve(cfg: Config) -> int:
             cache_bytes = DEFAULT_CACHE_BYTES if cfg.cache_bytes is None else cfg.cache_bytes
             # The blobs are local files unless STORE/blobs.json names a bucket (Repository.open).
             local = not (cfg.store / "blobs.json").exists()
-            chunks = ChunkCache(
-                repo.get, cache_bytes, get_nowait=repo.get_if_cached, local=local, get_many=repo.get_many
-            )
+            get: Callable[[BlobId], bytes] = repo.get
+            get_many: Callable[[Sequence[BlobId]], Iterator[tuple[BlobId, bytes | Exception]]]
+            get_many = repo.get_many
+            get_nowait: Callable[[BlobId], bytes | None] = repo.get_if_cached
+            if cfg.metrics is not None:
+                metrics.counts = metrics.Counts()
+                get, get_many = metrics.counted_get(get), metrics.counted_get_many(get_many)
+                get_nowait = metrics.counted_get_nowait(get_nowait)
+            chunks = ChunkCache(get, cache_bytes, get_nowait=get_nowait, local=local, get_many=get_many)
             stack.callback(chunks.close)
+            if cfg.metrics is not None:
+                assert metrics.counts is not None
+                gauges = metrics.store_gauges(str(cfg.store), lambda: chunks.corrupt_reads)
+                collector = metrics.CasfsCollector(cfg.mountpoint, metrics.counts, gauges)
+                stack.callback(metrics.serve(metrics.parse_address(cfg.metrics), collector))
+                log.info("metrics on http://%s:%d/metrics", *metrics.parse_address(cfg.metrics))
             repo.on_corrupt = chunks.count_corrupt  # trees and maps count as data chunks do
             mounted = _Mounted()
             stack.push_async_callback(_release_claims, writer, mounted)

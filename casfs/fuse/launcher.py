@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Literal, TypedDict, cast
 
 from casfs import volumes
-from casfs.errors import Busy, CasfsError, NotFound
+from casfs.errors import Busy, CasfsError, NotFound, UsageError
 from casfs.fuse.mountinfo import find_mount
 from casfs.lifecycle.pids import alive
 from casfs.repo import Repository, store_path
@@ -52,12 +52,21 @@ class Config:
     zero_timeouts: bool = False
     ready_fd: int | None = None
     cache_bytes: int | None = None  # None: the chunk cache's default
+    metrics: str | None = None  # ADDR:PORT to serve Prometheus metrics on
 
 
 def config(args: argparse.Namespace) -> Config:
     """From the CLI's arguments (`store_path` set) or the daemon's own (`store`)."""
     store = getattr(args, "store_path", None) or store_path(getattr(args, "store", None))
     cache_mb = os.environ.get(ENV_CACHE_MB)
+    address = getattr(args, "metrics", None)
+    if address is not None:
+        from casfs.metrics import parse_address
+
+        try:
+            parse_address(address)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     return Config(
         store=Path(os.path.abspath(store)),
         mountpoint=os.path.abspath(args.mountpoint),
@@ -67,6 +76,7 @@ def config(args: argparse.Namespace) -> Config:
         zero_timeouts=bool(getattr(args, "zero_timeouts", False)) or os.environ.get(ENV_TEST_TIMEOUTS) == "0",
         ready_fd=getattr(args, "ready_fd", None),
         cache_bytes=int(cache_mb) << 20 if cache_mb else None,
+        metrics=getattr(args, "metrics", None),
     )
 
 
@@ -105,6 +115,7 @@ def daemon_command(cfg: Config, ready_fd: int) -> list[str]:
     cmd += ["--ro"] if cfg.read_only else []
     cmd += ["--allow-other"] if cfg.allow_other else []
     cmd += ["--zero-timeouts"] if cfg.zero_timeouts else []
+    cmd += ["--metrics", cfg.metrics] if cfg.metrics else []
     return [*cmd, "--", cfg.mountpoint]
 
 
@@ -115,6 +126,7 @@ def daemon_parser() -> argparse.ArgumentParser:
     p.add_argument("--ro", action="store_true")
     p.add_argument("--allow-other", action="store_true")
     p.add_argument("--zero-timeouts", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--metrics", metavar="ADDR:PORT", default=None)
     p.add_argument("--ready-fd", type=int, default=None, help="write 'ready' or 'error CODE MESSAGE' here")
     p.add_argument("mountpoint")
     return p
