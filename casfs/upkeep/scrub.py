@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -127,14 +128,20 @@ def roots(repo: Repository, volume: str | None = None, image: str | None = None)
 _Found = list[tuple[Damage, str, int, int]]
 
 
+class Stopped(Exception):
+    """A scrub was asked to stop (its progress is saved: the next one resumes)."""
+
+
 class Scrubber:
     def __init__(
         self,
         repo: Repository,
         rate: int | None = None,
         progress: Callable[[ScrubReport, int], None] | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.repo = repo
+        self.stop = stop
         self.rate = rate  # plaintext bytes a second, or None: as fast as the disk goes
         self.progress = progress
         self.report = ScrubReport()
@@ -234,6 +241,8 @@ class Scrubber:
         """The blob's verified plaintext, or None: damaged (recorded in _damage)."""
         if bid in self._damage:
             return None
+        if self.stop is not None and self.stop.is_set():
+            raise Stopped("the scrub was asked to stop")
         try:
             plain = self.repo.blobs.get(bid)
         except MissingBlob as e:
