@@ -61,6 +61,7 @@ maintenance = _Module("casfs.cli.maintenance")
 mounts = _Module("casfs.cli.mounts")
 replica = _Module("casfs.cli.replica")
 scrubbing = _Module("casfs.cli.scrub")
+store_status = _Module("casfs.cli.status")
 snapshots = _Module("casfs.cli.snapshots")
 volumes = _Module("casfs.cli.volumes")
 
@@ -467,6 +468,15 @@ GRAMMAR = (
         ],
         "Walk every root, recount every reference and re-hash blobs. Exits 0 when clean (or\n"
         "everything found was repaired), 5 when problems remain.",
+    ),
+    Row(
+        "status",
+        None,
+        store_status.cmd_status,
+        "the store and its running mounts at a glance",
+        [Arg("--json", action="store_true", help="print one JSON object")],
+        "What the store holds, damage recorded, the work queue, the last scheduled scrub, and\n"
+        "each running mount (with its figures when it serves --metrics).",
     ),
     Row(
         "scrub",

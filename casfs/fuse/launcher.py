@@ -255,6 +255,7 @@ class RunRecord(TypedDict, total=False):
     snapshots: list[str]  # "volume@n", taken by the unmount
     unsaved: list[str]  # volumes whose changes could not be saved
     unsnapshotted: list[str]  # volumes saved whose snapshot at unmount failed
+    metrics: str | None  # ADDR:PORT of its Prometheus metrics (--metrics), if any
 
 
 def write_run_file(cfg: Config, extra: RunRecord) -> None:
@@ -267,11 +268,22 @@ def write_run_file(cfg: Config, extra: RunRecord) -> None:
         volume=cfg.volume,
         read_only=cfg.read_only,
         time=time.time(),
+        metrics=cfg.metrics,
     )
     record.update(extra)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(record) + "\n")
     os.replace(tmp, path)
+
+
+def running_mounts(store: Path) -> list[RunRecord]:
+    """The run records of this store's daemons that are serving now."""
+    found = []
+    for path in sorted((store / "run").glob("*.json")):
+        record = _read_run_file(path)
+        if record is not None and record.get("state") == "mounted" and alive(record.get("pid")):
+            found.append(record)
+    return found
 
 
 def _read_run_file(path: Path) -> RunRecord | None:

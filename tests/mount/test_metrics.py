@@ -19,7 +19,7 @@ from casfs.snapshots.chunkmap import Content
 from casfs.snapshots.tree import Tree
 from casfs.store.ids import BlobId
 from tests.helpers import blobs as blob_files
-from tests.helpers.cli import fails
+from tests.helpers.cli import fails, js, out
 from tests.helpers.mount import mounted
 
 CHUNK = 64 << 10
@@ -67,6 +67,13 @@ def test_metrics_move_with_the_workload(repo: Repository, tmp_path: Path) -> Non
             (m.path / "images/tree/g.bin").read_bytes()
         assert err.value.errno == errno.EIO
         after = scrape(port)
+        status = js(repo.path, "status", "--json")
+        (shown,) = status["mounts"]
+        assert shown["mountpoint"] == str(m.path) and shown["pid"] == m.pid
+        assert shown["metrics"]["casfs_read_bytes_total"] >= len(data)
+        assert (status["images"], status["volumes"], status["damaged"]) == (1, 1, 1)
+        assert "corrupt reads" in out(repo.path, "status")
+    assert js(repo.path, "status", "--json")["mounts"] == []
     mount = str(tmp_path / "mnt")
     grew = {
         name: value(after, name, mount=mount) - value(before, name, mount=mount)
