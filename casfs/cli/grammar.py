@@ -459,6 +459,11 @@ GRAMMAR = (
         [
             Arg("--repair", action="store_true", help="fix counts, remove orphans and dead rows"),
             Arg(
+                "--heal-from",
+                metavar="SOURCE",
+                help="with --repair: fetch missing and corrupt blobs from this store",
+            ),
+            Arg(
                 "--sample",
                 metavar="FRACTION",
                 default="1.0",

@@ -313,34 +313,50 @@ def _save_state(path: Path, done: set[str], report: ScrubReport) -> None:
 def heal(repo: Repository, report: ScrubReport, source: str) -> None:
     """Fetch each damaged blob of `report` from `source` by its id, verify it, and store
     it again; the report says what was healed from where, and why not otherwise."""
+    todo = [d for d in report.damaged if not d.healed_from]
+    wants = [(BlobId(bytes.fromhex(d.blob)), _KINDS[d.kind]) for d in todo]
+    for damage, why_not in zip(todo, heal_blobs(repo, wants, source).values(), strict=True):
+        if why_not is None:
+            damage.healed_from = source
+        else:
+            damage.unhealed = why_not
+
+
+def heal_blobs(
+    repo: Repository, wants: list[tuple[BlobId, BlobKind]], source: str
+) -> dict[BlobId, str | None]:
+    """Fetch each blob from `source` by its id, verify it and store it again (a batch
+    stores a blob marked damaged again instead of deduplicating against it): for each,
+    None once it reads back through its check, or why not."""
     from casfs.replica.peers import Connection
     from casfs.replica.wire import verify
 
-    todo = [d for d in report.damaged if not d.healed_from]
-    if not todo:
-        return
+    result: dict[BlobId, str | None] = {}
+    if not wants:
+        return result
+    for bid, _ in wants:  # (before the batch, which reads the marks: a missing blob too)
+        repo.blobs.mark_damaged(bid)
     with Connection(source) as conn, repo.batch() as batch:
         conn.hello()
-        for damage in todo:
-            bid = BlobId(bytes.fromhex(damage.blob))
-            want = (bid, _KINDS[damage.kind])
+        for want in wants:
             try:
                 conn.ask([want])
                 conn.flush()
                 (record,) = conn.blobs([want])
                 plain = verify(record)
             except CasfsError as e:  # (the source lacks it, or sent other bytes)
-                damage.unhealed = f"{source}: {e}"
+                result[want[0]] = f"{source}: {e}"
                 continue
             batch.put(plain, want[1])
-            damage.healed_from = source
+            result[want[0]] = None
         batch.commit()
-    for damage in todo:  # read back through the check: healed means readable now
-        if damage.healed_from:
+    for bid, why_not in result.items():  # read back through the check: healed means readable
+        if why_not is None:
             try:
-                repo.blobs.get(BlobId(bytes.fromhex(damage.blob)))
+                repo.blobs.get(bid)
             except (Corruption, MissingBlob) as e:
-                damage.healed_from, damage.unhealed = None, f"stored again, still unreadable: {e}"
+                result[bid] = f"stored again, still unreadable: {e}"
+    return result
 
 
 def describe(damage: Damage) -> Iterator[str]:

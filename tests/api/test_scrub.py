@@ -189,3 +189,19 @@ def test_scrub_errors(store: Repository) -> None:
     assert js(store.path, "scrub", "--json")["clean"] is True
     done = casfs(store.path, "scrub", "--rate", "100M", "--image", "tree")
     assert done.returncode == 0 and "scrubbed 1 root(s)" in done.stdout
+
+
+def test_fsck_repair_heals_from_another_store(
+    store: Repository, sources: tuple[Path, Path], tmp_path: Path
+) -> None:
+    other = tmp_path / "other"
+    ok(other, "init")
+    with contextlib.closing(Repository.open(other)) as good:
+        images.import_image(good, "tree", sources[0], chunk_size=CHUNK)
+    blob_files.corrupt(store, big_chunk(store, 1))
+    blob_files.remove(store, big_chunk(store, 2))
+    fails(store.path, 2, "fsck", "--heal-from", other)
+    done = casfs(store.path, "fsck", "--repair", "--heal-from", other)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count(f"(healed from {other})") == 2
+    ok(store.path, "fsck")  # clean now
