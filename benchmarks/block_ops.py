@@ -3,7 +3,8 @@
 
     python benchmarks/block_ops.py [--trees main=/work/main,new=.] [--size 1G]
                                    [--runtime 5] [--reps 3] [--tests ...] [--warm]
-                                   [--chunk-sizes 64K,16K] [--workdir DIR] [--json]
+                                   [--chunk-sizes 64K,16K] [--mount-args NAME=ARGS]
+                                   [--workdir DIR] [--json]
 
 block_bench.py's random 4 KiB tests (O_DIRECT, qd1 and qd16) on a fresh clone of a
 generated image, for each tree in turn (interleaved, the order alternating between
@@ -83,6 +84,13 @@ def main() -> int:
     p.add_argument("--tests", default=",".join(RANDOM), help="comma-separated, of: " + ", ".join(TESTS))
     p.add_argument("--warm", action="store_true", help="reads with the store in the page cache")
     p.add_argument("--chunk-sizes", default="64K", help="the image's chunk sizes, comma-separated")
+    p.add_argument(
+        "--mount-args",
+        action="append",
+        default=[],
+        metavar="NAME=ARGS",
+        help="more `casfs mount` options for tree NAME (e.g. 'on=--metrics 127.0.0.1:9109')",
+    )
     args = p.parse_args()
     sizes = args.chunk_sizes.split(",")
     trees = {
@@ -90,6 +98,7 @@ def main() -> int:
         for name, path in (item.split("=", 1) for item in args.trees.split(","))
         for cs in sizes
     }
+    extra = {name: value.split() for name, value in (item.split("=", 1) for item in args.mount_args)}
     tests = args.tests.split(",")
     size = parse_size(args.size)
     samples: dict[str, dict[str, list[dict[str, float]]]] = {}
@@ -106,7 +115,10 @@ def main() -> int:
         for rep in range(args.reps):
             order = list(trees) if rep % 2 == 0 else list(reversed(trees))
             for name in order:
-                cas = Casfs(work / "store", work / "casfs.mnt", volume=f"{name}{rep}".replace("@", "-"))
+                volume = f"{name}{rep}".replace("@", "-")
+                cas = Casfs(
+                    work / "store", work / "casfs.mnt", volume=volume, args=extra.get(name.split("@")[0], ())
+                )
                 cas.env["PYTHONPATH"], image = trees[name]
                 cas.cli("volume", "create", cas.volume or "", "--from", image)
                 cas.mnt.touch()

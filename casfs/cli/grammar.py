@@ -60,6 +60,8 @@ images = _Module("casfs.cli.images")
 maintenance = _Module("casfs.cli.maintenance")
 mounts = _Module("casfs.cli.mounts")
 replica = _Module("casfs.cli.replica")
+scrubbing = _Module("casfs.cli.scrub")
+store_status = _Module("casfs.cli.status")
 snapshots = _Module("casfs.cli.snapshots")
 volumes = _Module("casfs.cli.volumes")
 
@@ -446,6 +448,7 @@ GRAMMAR = (
                 action="store_true",
                 help="serve every read through the daemon, re-hashed (no kernel passthrough)",
             ),
+            Arg("--metrics", metavar="ADDR:PORT", help="serve Prometheus metrics there (:9101: loopback)"),
         ],
         "Mount the whole store (images/, volumes/, snapshots/) at MOUNTPOINT, or with --volume\n"
         "one volume: its root directory, or a regular file for a block volume.\n"
@@ -464,6 +467,11 @@ GRAMMAR = (
         [
             Arg("--repair", action="store_true", help="fix counts, remove orphans and dead rows"),
             Arg(
+                "--heal-from",
+                metavar="SOURCE",
+                help="with --repair: fetch missing and corrupt blobs from this store",
+            ),
+            Arg(
                 "--sample",
                 metavar="FRACTION",
                 default="1.0",
@@ -473,6 +481,32 @@ GRAMMAR = (
         ],
         "Walk every root, recount every reference and re-hash blobs. Exits 0 when clean (or\n"
         "everything found was repaired), 5 when problems remain.",
+    ),
+    Row(
+        "status",
+        None,
+        store_status.cmd_status,
+        "the store and its running mounts at a glance",
+        [Arg("--json", action="store_true", help="print one JSON object")],
+        "What the store holds, damage recorded, the work queue, the last scheduled scrub, and\n"
+        "each running mount (with its figures when it serves --metrics).",
+    ),
+    Row(
+        "scrub",
+        None,
+        scrubbing.cmd_scrub,
+        "re-hash every blob in use, name what holds each damaged one; exit 5 if any remain",
+        [
+            Arg("--volume", metavar="NAME", help="only this volume (its base and snapshots)"),
+            Arg("--image", metavar="NAME", help="only this image"),
+            Arg("--rate", metavar="SIZE", help="read at most SIZE a second (100M)"),
+            Arg("--heal-from", metavar="SOURCE", help="fetch good copies from this store (a path or ssh://)"),
+            Arg("--json", action="store_true", help="print the report as one JSON object"),
+        ],
+        "Read and re-hash every blob reachable from images, volumes and snapshots (safe while\n"
+        "mounted). Each damaged or missing blob is reported with the image, volume or\n"
+        "snapshot, file and byte range that hold it; --heal-from stores good copies from\n"
+        "another store. An interrupted scrub resumes where it stopped.",
     ),
     Row(
         "gc",

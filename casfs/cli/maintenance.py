@@ -14,6 +14,7 @@ from casfs.units import format_size, parse_size
 if TYPE_CHECKING:
     import argparse
 
+    from casfs.refcount.fsck import FsckReport
     from casfs.repo import Repository
 
 
@@ -44,8 +45,12 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     from casfs.refcount.fsck import fsck
 
     sample = _fraction(args.sample)
+    if args.heal_from and not args.repair:
+        raise UsageError("--heal-from repairs: give --repair too")
     with open_store(args) as repo, job_slot(repo, "fsck --repair" if args.repair else "fsck"):
         report = fsck(repo, repair=args.repair, sample=sample)
+        if args.heal_from:
+            _heal(repo, report, args.heal_from)
     remaining = [p for p in report.problems if not p.repaired]
     if args.json:
         print_json({**dataclasses.asdict(report), "clean": report.clean, "remaining": len(remaining)})
@@ -62,6 +67,24 @@ def cmd_fsck(args: argparse.Namespace) -> int:
         error(f"{len(remaining)} problem(s) found in the store{how}")
         return 5
     return 0
+
+
+def _heal(repo: Repository, report: FsckReport, source: str) -> None:
+    """Missing and corrupt blobs fsck found, fetched from `source` by their ids (as
+    `casfs scrub --heal-from` does): marked repaired once they read back right."""
+    from casfs.catalog import blobs as blob_rows
+    from casfs.kinds import BlobKind
+    from casfs.store.ids import BlobId
+    from casfs.upkeep.scrub import heal_blobs
+
+    bad = [p for p in report.problems if p.kind in ("missing", "corrupt") and not p.repaired]
+    ids = [BlobId(bytes.fromhex(p.blob)) for p in bad]
+    kinds = {bid: BlobKind(row.kind) for bid, row in blob_rows.rows_of(repo.conn, ids)}
+    healed = heal_blobs(repo, [(bid, kinds[bid]) for bid in ids if bid in kinds], source)
+    for problem, bid in zip(bad, ids, strict=True):
+        why_not = healed.get(bid, "no catalog row says what kind of blob it is")
+        problem.repaired = why_not is None
+        problem.message += f" (healed from {source})" if why_not is None else f" (not healed: {why_not})"
 
 
 def _fraction(text: str) -> float:

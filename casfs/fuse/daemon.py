@@ -28,14 +28,16 @@ import select
 import signal
 import stat
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pyfuse3
 import trio
 
-from casfs import volumes
+from casfs import metrics, volumes
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, CasfsError, NotFound, UsageError, of_database
@@ -53,6 +55,7 @@ from casfs.repo import Repository
 from casfs.store.filecache import FileCache, cache_root
 from casfs.store.ids import BlobId
 from casfs.store.reserve import free_bytes
+from casfs.upkeep import scheduled
 from casfs.vfs.api import ROOT_INO, View
 from casfs.vfs.chunks import DEFAULT_CACHE_BYTES, ChunkCache
 from casfs.vfs.storeview import OpenRw, StoreView, Subject, static_view
@@ -65,6 +68,7 @@ DIRTY_AGE_S = 5.0
 FLUSH_TICK_S = 1.0
 FOLD_TICK_S = 0.2
 FOLD_RETRY_S = 5.0
+_SCRUB_CHECK_S = 60.0  # how often the scheduled scrub is looked at (casfs.upkeep.scheduled)
 # The kernel's read-ahead for this mount, KiB (its default, 128, cut a sequential read
 # into 128 KiB requests; 1 MiB measured 1.5x on a cold 1 MiB sequential read).
 READ_AHEAD_KB = 1024
@@ -195,10 +199,22 @@ async def serve(cfg: Config) -> int:
             cache_bytes = DEFAULT_CACHE_BYTES if cfg.cache_bytes is None else cfg.cache_bytes
             # The blobs are local files unless STORE/blobs.json names a bucket (Repository.open).
             local = not (cfg.store / "blobs.json").exists()
-            chunks = ChunkCache(
-                repo.get, cache_bytes, get_nowait=repo.get_if_cached, local=local, get_many=repo.get_many
-            )
+            get: Callable[[BlobId], bytes] = repo.get
+            get_many: Callable[[Sequence[BlobId]], Iterator[tuple[BlobId, bytes | Exception]]]
+            get_many = repo.get_many
+            get_nowait: Callable[[BlobId], bytes | None] = repo.get_if_cached
+            if cfg.metrics is not None:
+                metrics.counts = metrics.Counts()
+                get, get_many = metrics.counted_get(get), metrics.counted_get_many(get_many)
+                get_nowait = metrics.counted_get_nowait(get_nowait)
+            chunks = ChunkCache(get, cache_bytes, get_nowait=get_nowait, local=local, get_many=get_many)
             stack.callback(chunks.close)
+            if cfg.metrics is not None:
+                assert metrics.counts is not None
+                gauges = metrics.store_gauges(str(cfg.store), lambda: chunks.corrupt_reads)
+                collector = metrics.CasfsCollector(cfg.mountpoint, metrics.counts, gauges)
+                stack.callback(metrics.serve(metrics.parse_address(cfg.metrics), collector))
+                log.info("metrics on http://%s:%d/metrics", *metrics.parse_address(cfg.metrics))
             repo.on_corrupt = chunks.count_corrupt  # trees and maps count as data chunks do
             mounted = _Mounted()
             stack.push_async_callback(_release_claims, writer, mounted)
@@ -228,6 +244,7 @@ async def serve(cfg: Config) -> int:
                 nursery.start_soon(_announce_ready, cfg, repo)
                 nursery.start_soon(_flush_timer, ops, mounted)
                 nursery.start_soon(_fold_timer, mounted, root)
+                nursery.start_soon(_scrub_timer, cfg.store)
                 with fastwait.installed():
                     await pyfuse3.main(min_tasks=SERVING_TASKS)
                 nursery.cancel_scope.cancel()
@@ -373,6 +390,30 @@ async def _fold_timer(mounted: _Mounted, root: View) -> None:
             except Exception:
                 log.exception("folding %s, will retry", view.describe(ROOT_INO))
                 await trio.sleep(FOLD_RETRY_S)
+
+
+async def _scrub_timer(store: Path) -> None:
+    """The store's scheduled scrub (casfs.upkeep.scheduled), in a worker thread: looked at
+    every _SCRUB_CHECK_S (sooner when it is due sooner); stopped, to resume at the next
+    turn, when the daemon ends."""
+    stop = threading.Event()
+    try:
+        await trio.sleep(1.0)  # (not in the way of the mount's start)
+        while True:
+            wait = await trio.to_thread.run_sync(scheduled.seconds_until, store)
+            if wait is not None and wait <= 0:
+                found = await trio.to_thread.run_sync(scheduled.run, store, stop, abandon_on_cancel=True)
+                if found is not None:
+                    damaged = ", ".join(found["damaged"]) or "none"
+                    log.info("scheduled scrub: %d blobs re-hashed, damaged: %s", found["blobs"], damaged)
+                    if found["damaged"]:
+                        log.error(
+                            "scheduled scrub found damaged blobs: run `casfs scrub` for what holds them"
+                        )
+                wait = None
+            await trio.sleep(_SCRUB_CHECK_S if wait is None else min(max(wait, 1.0), _SCRUB_CHECK_S))
+    finally:
+        stop.set()
 
 
 async def _announce_ready(cfg: Config, repo: Repository) -> None:

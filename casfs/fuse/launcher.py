@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Literal, TypedDict, cast
 
 from casfs import volumes
-from casfs.errors import Busy, CasfsError, NotFound
+from casfs.errors import Busy, CasfsError, NotFound, UsageError
 from casfs.fuse.mountinfo import find_mount
 from casfs.lifecycle.pids import alive
 from casfs.repo import Repository, store_path
@@ -53,12 +53,21 @@ class Config:
     ready_fd: int | None = None
     cache_bytes: int | None = None  # None: the chunk cache's default
     passthrough: bool = True  # where the mount can have it (casfs.fuse.passthrough)
+    metrics: str | None = None  # ADDR:PORT to serve Prometheus metrics on
 
 
 def config(args: argparse.Namespace) -> Config:
     """From the CLI's arguments (`store_path` set) or the daemon's own (`store`)."""
     store = getattr(args, "store_path", None) or store_path(getattr(args, "store", None))
     cache_mb = os.environ.get(ENV_CACHE_MB)
+    address = getattr(args, "metrics", None)
+    if address is not None:
+        from casfs.metrics import parse_address
+
+        try:
+            parse_address(address)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     return Config(
         store=Path(os.path.abspath(store)),
         mountpoint=os.path.abspath(args.mountpoint),
@@ -69,6 +78,7 @@ def config(args: argparse.Namespace) -> Config:
         ready_fd=getattr(args, "ready_fd", None),
         cache_bytes=int(cache_mb) << 20 if cache_mb else None,
         passthrough=not getattr(args, "no_passthrough", False),
+        metrics=getattr(args, "metrics", None),
     )
 
 
@@ -108,6 +118,7 @@ def daemon_command(cfg: Config, ready_fd: int) -> list[str]:
     cmd += ["--allow-other"] if cfg.allow_other else []
     cmd += ["--zero-timeouts"] if cfg.zero_timeouts else []
     cmd += [] if cfg.passthrough else ["--no-passthrough"]
+    cmd += ["--metrics", cfg.metrics] if cfg.metrics else []
     return [*cmd, "--", cfg.mountpoint]
 
 
@@ -119,6 +130,7 @@ def daemon_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-other", action="store_true")
     p.add_argument("--zero-timeouts", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--no-passthrough", action="store_true")
+    p.add_argument("--metrics", metavar="ADDR:PORT", default=None)
     p.add_argument("--ready-fd", type=int, default=None, help="write 'ready' or 'error CODE MESSAGE' here")
     p.add_argument("mountpoint")
     return p
@@ -247,6 +259,7 @@ class RunRecord(TypedDict, total=False):
     snapshots: list[str]  # "volume@n", taken by the unmount
     unsaved: list[str]  # volumes whose changes could not be saved
     unsnapshotted: list[str]  # volumes saved whose snapshot at unmount failed
+    metrics: str | None  # ADDR:PORT of its Prometheus metrics (--metrics), if any
 
 
 def write_run_file(cfg: Config, extra: RunRecord) -> None:
@@ -259,11 +272,22 @@ def write_run_file(cfg: Config, extra: RunRecord) -> None:
         volume=cfg.volume,
         read_only=cfg.read_only,
         time=time.time(),
+        metrics=cfg.metrics,
     )
     record.update(extra)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(record) + "\n")
     os.replace(tmp, path)
+
+
+def running_mounts(store: Path) -> list[RunRecord]:
+    """The run records of this store's daemons that are serving now."""
+    found = []
+    for path in sorted((store / "run").glob("*.json")):
+        record = _read_run_file(path)
+        if record is not None and record.get("state") == "mounted" and alive(record.get("pid")):
+            found.append(record)
+    return found
 
 
 def _read_run_file(path: Path) -> RunRecord | None:

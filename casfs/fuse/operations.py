@@ -30,6 +30,7 @@ import pyfuse3
 import trio
 from pyfuse3 import FileHandleT, FileNameT, FlagT, FUSEError, InodeT, ModeT, RequestContext, XAttrNameT
 
+from casfs import metrics
 from casfs.errors import CasfsError, Corruption, of_database
 from casfs.fuse import control as ctl
 from casfs.fuse import passthrough, rwsession
@@ -72,10 +73,14 @@ Handler = Callable[Concatenate[Self, P], Coroutine[Any, Any, R]]
 
 
 def handler(fn: Handler[Self, P, R]) -> Handler[Self, P, R]:
-    """Only FUSEError may leave a handler."""
+    """Only FUSEError may leave a handler. With metrics on, each request is counted and
+    timed under its handler's name (casfs.metrics)."""
+    op = fn.__name__
 
     @functools.wraps(fn)
     async def wrapper(self: Self, *args: P.args, **kwargs: P.kwargs) -> R:
+        counts = metrics.counts
+        start = time.perf_counter() if counts is not None else 0.0
         try:
             return await fn(self, *args, **kwargs)
         except FUSEError:
@@ -93,6 +98,9 @@ def handler(fn: Handler[Self, P, R]) -> Handler[Self, P, R]:
                 raise FUSEError(mapped.errno) from None
             log.exception("unexpected error in %s%r", fn.__name__, args)
             raise FUSEError(errno.EIO) from None
+        finally:
+            if counts is not None:
+                counts.request(op, time.perf_counter() - start)
 
     return wrapper  # type: ignore[return-value]  # functools' _Wrapped is this callable
 
@@ -451,6 +459,10 @@ class Operations(pyfuse3.Operations):
         pieces = h.plan(off, size)
         chunks = self.chunks
         have, missing = chunks.split(pieces)
+        if (counts := metrics.counts) is not None:
+            counts.read_bytes += size
+            counts.cache_hits += len(have)
+            counts.cache_misses += len(missing)
         # Before any wait: a sequential reader's window is topped up while this waits.
         chunks.readahead(h.stream, off, size, h.plan)
         if missing:
@@ -473,7 +485,10 @@ class Operations(pyfuse3.Operations):
     @handler
     async def write(self, fh: FileHandleT, off: int, buf: bytes) -> int:
         h = self._handles[fh]
-        return int(await self._mutate(h.view, lambda rw, fetched: rw.write(h.ino, off, buf, fetched)))
+        written = int(await self._mutate(h.view, lambda rw, fetched: rw.write(h.ino, off, buf, fetched)))
+        if (counts := metrics.counts) is not None:
+            counts.written_bytes += written
+        return written
 
     @handler
     async def flush(self, fh: FileHandleT) -> None:

@@ -49,6 +49,29 @@ class Setting:
     check: Callable[[str, str], str]  # (key, text) -> normalized value, or UsageError
 
 
+def _duration_or_off(key: str, text: str) -> str:
+    from casfs.units import format_duration, parse_duration
+
+    if text.strip().lower() in ("off", "0", ""):
+        return "off"
+    try:
+        return format_duration(parse_duration(text))
+    except UsageError:
+        raise UsageError(f"invalid {key} {text!r}: a duration (30m, 12h, 7d) or off") from None
+
+
+def _size_or_off(key: str, text: str) -> str:
+    from casfs.units import parse_size
+
+    if text.strip().lower() in ("off", "0", ""):
+        return "off"
+    try:
+        parse_size(text)
+    except UsageError:
+        raise UsageError(f"invalid {key} {text!r}: a size a second (100M) or off") from None
+    return text.strip()
+
+
 SETTINGS = {
     s.key: s
     for s in [
@@ -79,6 +102,20 @@ SETTINGS = {
             "CASFS_IMPORT_LAYER_MEMORY",
             "memory applying one image layer may take; an import of a larger one is refused",
             _size,
+        ),
+        Setting(
+            "scrub.every",
+            "off",
+            "CASFS_SCRUB_EVERY",
+            "how often a mount daemon of this store scrubs it (7d, 12h; off: never)",
+            _duration_or_off,
+        ),
+        Setting(
+            "scrub.rate",
+            "100M",
+            "CASFS_SCRUB_RATE",
+            "what a scheduled scrub reads a second at most (off: no limit)",
+            _size_or_off,
         ),
     ]
 }

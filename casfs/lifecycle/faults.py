@@ -14,6 +14,7 @@ operation in progress and then let it go on (SIGCONT).
     fold:before-publish    a block volume's fold stored its blobs, its snapshot not committed
     fold:after-publish     the fold's snapshot committed, its upper files not yet deleted
     gc:after-commit        a gc round's rows are deleted, its blobs not yet
+    scrub:after-root       a scrub saved its progress after a root (resumes after it)
 
 `CASFS_SLOW_IMPORT_S=SECONDS` makes an import sleep that long once it runs (phase
 importing, in its job slot): a slow import without a big source, for queue tests.

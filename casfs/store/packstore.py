@@ -112,6 +112,7 @@ class PackBlobStore(DamagedMarks, BlobStore):
     # -- reads -----------------------------------------------------------------------
 
     def get(self, bid: BlobId, domain: Domain | None = None) -> bytes:
+        stale = False
         for _ in range(3):
             where = self.index.locate(bid)
             if where is None:
@@ -121,7 +122,16 @@ class PackBlobStore(DamagedMarks, BlobStore):
             except FileNotFoundError:  # the pack went since (compaction moved the blob):
                 self.index.forget(bid)  # look again
                 continue
-            return self._checked(bid, stored, domain)
+            try:
+                plain = self._checked(bid, stored, domain)
+            except Corruption:
+                if self.index.locate(bid) == where:
+                    raise
+                stale = True  # stored again elsewhere since (healed by another process)
+                continue
+            if stale:  # (the old copy's failure marked it damaged: the new one is sound)
+                self.clear_damaged(bid)
+            return plain
         if self.legacy is not None:
             return self.legacy.get(bid, domain)
         raise MissingBlob(f"blob {bid.hex()} is missing")
@@ -151,10 +161,18 @@ class PackBlobStore(DamagedMarks, BlobStore):
                         try:
                             yield bid, self._checked(bid, blob, domain, plain)
                         except Corruption as e:
-                            yield bid, e
+                            # (a copy stored again since, healed, is read by get())
+                            moved = self.index.locate(bid) not in (None, where[bid])
+                            yield (bid, self._get_or_error(bid, domain)) if moved else (bid, e)
             if failed:
                 yield from super().get_many([b[0] for b in span], domain)
         yield from super().get_many([bid for bid in bids if bid not in where], domain)
+
+    def _get_or_error(self, bid: BlobId, domain: Domain | None) -> bytes | Exception:
+        try:
+            return self.get(bid, domain)
+        except (Corruption, MissingBlob) as e:
+            return e
 
     def _read(self, where: Location) -> bytes:
         name, offset, length = where

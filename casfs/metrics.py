@@ -1,0 +1,256 @@
+"""Prometheus metrics of a casfs mount daemon: every name in one place.
+
+Counting is plain Python arithmetic on the daemon's trio thread (and, for blob
+fetches, its read threads: integer and float updates under the GIL): no lock and no
+prometheus_client object on the request path. The figures become samples only when a
+scraper asks (CasfsCollector, on prometheus_client's HTTP thread), so a daemon without
+`--metrics` pays one `is None` test per request, and one with it a clock read and a
+bucket search.
+
+Names follow Prometheus' conventions: a `casfs_` prefix, base units in the name
+(`_seconds`, `_bytes`), `_total` for counters, and labels `mount` and, where it
+applies, `op` or `volume`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
+    from casfs.store.ids import BlobId
+
+# FUSE request latency buckets: from a page-cache-fast read (10 us) to a stalled fold.
+LATENCY_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0)
+
+
+class Histogram:
+    """Counts per bucket (the last: above every bound), their sum, and how many.
+    (Slots, no dataclass: observe() runs once per FUSE request.)"""
+
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float] = LATENCY_BUCKETS) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """(le, cumulative count), +Inf last: Prometheus' form."""
+        out, running = [], 0
+        for bound, n in zip([*map(str, self.bounds), "+Inf"], self.counts, strict=True):
+            running += n
+            out.append((bound, float(running)))
+        return out
+
+
+@dataclass
+class Counts:
+    """What a mount daemon counts."""
+
+    requests: dict[str, Histogram] = field(default_factory=dict)  # FUSE op -> latency
+    read_bytes: int = 0
+    written_bytes: int = 0
+    cache_hits: int = 0  # chunks a read found in the chunk cache
+    cache_misses: int = 0  # chunks it had to fetch
+    fetches: int = 0  # blobs fetched from the store (packs or the object store)
+    fetch_bytes: int = 0
+    fetch_errors: int = 0
+    fetch_seconds: Histogram = field(default_factory=Histogram)
+
+    def request(self, op: str, seconds: float) -> None:
+        h = self.requests.get(op)
+        if h is None:
+            h = self.requests[op] = Histogram()
+        h.counts[bisect.bisect_left(h.bounds, seconds)] += 1  # (observe(), inline: per request)
+        h.sum += seconds
+        h.count += 1
+
+
+# The counts of this process's mount, when it serves metrics (casfs.fuse.daemon sets it).
+counts: Counts | None = None
+
+
+def counted_get(get: Callable[[BlobId], bytes]) -> Callable[[BlobId], bytes]:
+    """`get` (a blob fetch) counted into `counts` when metrics are on."""
+
+    def fetch(bid: BlobId) -> bytes:
+        c = counts
+        if c is None:
+            return get(bid)
+        t = time.perf_counter()
+        try:
+            data = get(bid)
+        except Exception:
+            c.fetch_errors += 1
+            raise
+        c.fetches += 1
+        c.fetch_bytes += len(data)
+        c.fetch_seconds.observe(time.perf_counter() - t)
+        return data
+
+    return fetch
+
+
+def counted_get_nowait(get_nowait: Callable[[BlobId], bytes | None]) -> Callable[[BlobId], bytes | None]:
+    """`get_nowait` (a fetch only from the page cache, None otherwise) counted as get()."""
+
+    def fetch(bid: BlobId) -> bytes | None:
+        c = counts
+        if c is None:
+            return get_nowait(bid)
+        t = time.perf_counter()
+        try:
+            data = get_nowait(bid)
+        except Exception:
+            c.fetch_errors += 1
+            raise
+        if data is not None:
+            c.fetches += 1
+            c.fetch_bytes += len(data)
+            c.fetch_seconds.observe(time.perf_counter() - t)
+        return data
+
+    return fetch
+
+
+def counted_get_many(
+    get_many: Callable[[Sequence[BlobId]], Iterator[tuple[BlobId, bytes | Exception]]],
+) -> Callable[[Sequence[BlobId]], Iterator[tuple[BlobId, bytes | Exception]]]:
+    """`get_many` counted as get() is (the run's time spread over its blobs)."""
+
+    def fetch_many(bids: Sequence[BlobId]) -> Iterator[tuple[BlobId, bytes | Exception]]:
+        t = time.perf_counter()
+        n = 0
+        for bid, got in get_many(bids):
+            c = counts
+            if c is not None:
+                if isinstance(got, Exception):
+                    c.fetch_errors += 1
+                else:
+                    c.fetches += 1
+                    c.fetch_bytes += len(got)
+                n += 1
+            yield bid, got
+        c = counts
+        if c is not None and n:
+            each = (time.perf_counter() - t) / n
+            for _ in range(n):
+                c.fetch_seconds.observe(each)
+
+    return fetch_many
+
+
+@dataclass(frozen=True)
+class Gauges:
+    """Figures read when scraped: callables, so that nothing is kept up to date."""
+
+    corrupt_reads: Callable[[], int]
+    queue: Callable[[], dict[str, int]]  # job state -> jobs of the store's queue
+    volumes: Callable[[], Iterable[tuple[str, dict[str, int]]]]  # (volume, figure -> bytes)
+
+
+class CasfsCollector:
+    """The samples of one mount (prometheus_client calls collect() at each scrape)."""
+
+    def __init__(self, mount: str, c: Counts, gauges: Gauges) -> None:
+        self.mount, self.c, self.gauges = mount, c, gauges
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        m, c = [self.mount], self.c
+        ops = HistogramMetricFamily(
+            "casfs_fuse_request_seconds", "FUSE requests served, by operation", labels=["mount", "op"]
+        )
+        for op, h in sorted(c.requests.items()):
+            ops.add_metric([self.mount, op], h.cumulative(), h.sum)
+        yield ops
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=["mount"])
+            family.add_metric(m, value)
+            return family
+
+        yield counter("casfs_read_bytes", "bytes read through the mount", c.read_bytes)
+        yield counter("casfs_written_bytes", "bytes written through the mount", c.written_bytes)
+        yield counter("casfs_chunk_cache_hits", "chunks reads found in the chunk cache", c.cache_hits)
+        yield counter("casfs_chunk_cache_misses", "chunks reads had to fetch", c.cache_misses)
+        yield counter("casfs_blob_fetches", "blobs fetched from the store", c.fetches)
+        yield counter("casfs_blob_fetch_bytes", "plaintext bytes of the blobs fetched", c.fetch_bytes)
+        yield counter(
+            "casfs_blob_fetch_errors", "blob fetches that failed (missing, corrupt)", c.fetch_errors
+        )
+        yield counter("casfs_corrupt_reads", "reads that met a corrupt blob", self.gauges.corrupt_reads())
+        fetch = HistogramMetricFamily("casfs_blob_fetch_seconds", "time to fetch a blob", labels=["mount"])
+        fetch.add_metric(m, c.fetch_seconds.cumulative(), c.fetch_seconds.sum)
+        yield fetch
+        queue = GaugeMetricFamily("casfs_queue_jobs", "jobs of the store's work queue", labels=["state"])
+        for state, n in sorted(self.gauges.queue().items()):
+            queue.add_metric([state], n)
+        yield queue
+        volume = GaugeMetricFamily(
+            "casfs_volume_bytes", "a volume's figures (logical, stored, unique)", labels=["volume", "figure"]
+        )
+        for name, figures in self.gauges.volumes():
+            for figure, value in figures.items():
+                volume.add_metric([name, figure], value)
+        yield volume
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """ADDR:PORT (ADDR may be empty: loopback) -> (address, port); ValueError if not."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"invalid metrics address {text!r}: ADDR:PORT, e.g. 127.0.0.1:9101")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def serve(address: tuple[str, int], collector: CasfsCollector) -> Callable[[], None]:
+    """Serve the exposition on `address` (a thread of prometheus_client's); the stop."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    server, thread = start_http_server(address[1], address[0], registry=registry)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+    return stop
+
+
+def store_gauges(store: str, corrupt_reads: Callable[[], int]) -> Gauges:
+    """Gauges of a store read at each scrape, from a connection of the scraping thread's
+    own (a SQLite connection has one owner: the daemon's stays on its trio thread)."""
+    import contextlib
+
+    def queue() -> dict[str, int]:
+        from casfs.lifecycle.queue import status
+        from casfs.repo import Repository
+
+        with contextlib.closing(Repository.open(store)) as repo:
+            st = status(repo)
+        return {"running": len(st.running), "waiting": len(st.waiting)}
+
+    def volumes() -> list[tuple[str, dict[str, int]]]:
+        from casfs.repo import Repository
+        from casfs.volumes import list_volumes
+
+        with contextlib.closing(Repository.open(store)) as repo:
+            return [(v.name, {"logical": v.size}) for v in list_volumes(repo)]
+
+    return Gauges(corrupt_reads, queue, volumes)
