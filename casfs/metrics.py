@@ -15,6 +15,7 @@ applies, `op` or `volume`.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from casfs.repo import Repository
+    from casfs.store import BlobStore
     from casfs.store.ids import BlobId
 
 # FUSE request latency buckets: from a page-cache-fast read (10 us) to a stalled fold.
@@ -233,24 +236,33 @@ def serve(address: tuple[str, int], collector: CasfsCollector) -> Callable[[], N
     return stop
 
 
-def store_gauges(store: str, corrupt_reads: Callable[[], int]) -> Gauges:
-    """Gauges of a store read at each scrape, from a connection of the scraping thread's
-    own (a SQLite connection has one owner: the daemon's stays on its trio thread)."""
-    import contextlib
+def store_gauges(store: str, blobs: BlobStore, corrupt_reads: Callable[[], int]) -> Gauges:
+    """Gauges of a store read at each scrape, through a catalog connection of the
+    scraping thread's own (a SQLite connection has one owner: the daemon's stays on its
+    trio thread) and the daemon's blob store, lent (a store on S3 is not reached again)."""
 
     def queue() -> dict[str, int]:
         from casfs.lifecycle.queue import status
-        from casfs.repo import Repository
 
-        with contextlib.closing(Repository.open(store)) as repo:
+        with _repository(store, blobs) as repo:
             st = status(repo)
         return {"running": len(st.running), "waiting": len(st.waiting)}
 
     def volumes() -> list[tuple[str, dict[str, int]]]:
-        from casfs.repo import Repository
         from casfs.volumes import list_volumes
 
-        with contextlib.closing(Repository.open(store)) as repo:
+        with _repository(store, blobs) as repo:
             return [(v.name, {"logical": v.size}) for v in list_volumes(repo)]
 
     return Gauges(corrupt_reads, queue, volumes)
+
+
+@contextlib.contextmanager
+def _repository(store: str, blobs: BlobStore) -> Iterator[Repository]:
+    from casfs.repo import Repository
+
+    repo = Repository.open(store, blobs)
+    try:
+        yield repo
+    finally:
+        repo.close(keep_blobs=True)

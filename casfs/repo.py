@@ -190,9 +190,10 @@ class Repository:
                 self._conns.append(c)
         return c
 
-    def close(self, keep_catalog: bool = False) -> None:
+    def close(self, keep_catalog: bool = False, keep_blobs: bool = False) -> None:
         """Close every thread's connection (none may be in use: the work is done), and
-        what the blob store holds open.
+        what the blob store holds open (unless `keep_blobs`: a store another Repository
+        of this process lent it, and still uses).
 
         keep_catalog: close only the blob store, for a process that ends at once (the
         `casfs` program: cli.run). The last connection to close would checkpoint the
@@ -206,7 +207,7 @@ class Repository:
             for c in conns:
                 c.close()
             self._local = threading.local()
-        if self._blobs is not None:
+        if self._blobs is not None and not keep_blobs:
             self._blobs.close()
 
     def recover_staging(self, owner_alive: Callable[[int], bool]) -> int:

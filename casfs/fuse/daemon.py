@@ -52,6 +52,7 @@ from casfs.kinds import VolumeKind
 from casfs.lifecycle.claims import claim_volume, release_volume
 from casfs.lifecycle.recovery import recover
 from casfs.repo import Repository
+from casfs.store import BlobStore
 from casfs.store.filecache import FileCache, cache_root
 from casfs.store.ids import BlobId
 from casfs.store.reserve import free_bytes
@@ -211,7 +212,7 @@ async def serve(cfg: Config) -> int:
             stack.callback(chunks.close)
             if cfg.metrics is not None:
                 assert metrics.counts is not None
-                gauges = metrics.store_gauges(str(cfg.store), lambda: chunks.corrupt_reads)
+                gauges = metrics.store_gauges(str(cfg.store), repo.blobs, lambda: chunks.corrupt_reads)
                 collector = metrics.CasfsCollector(cfg.mountpoint, metrics.counts, gauges)
                 stack.callback(metrics.serve(metrics.parse_address(cfg.metrics), collector))
                 log.info("metrics on http://%s:%d/metrics", *metrics.parse_address(cfg.metrics))
@@ -244,7 +245,7 @@ async def serve(cfg: Config) -> int:
                 nursery.start_soon(_announce_ready, cfg, repo)
                 nursery.start_soon(_flush_timer, ops, mounted)
                 nursery.start_soon(_fold_timer, mounted, root)
-                nursery.start_soon(_scrub_timer, cfg.store)
+                nursery.start_soon(_scrub_timer, cfg.store, repo.blobs)
                 with fastwait.installed():
                     await pyfuse3.main(min_tasks=SERVING_TASKS)
                 nursery.cancel_scope.cancel()
@@ -392,28 +393,37 @@ async def _fold_timer(mounted: _Mounted, root: View) -> None:
                 await trio.sleep(FOLD_RETRY_S)
 
 
-async def _scrub_timer(store: Path) -> None:
-    """The store's scheduled scrub (casfs.upkeep.scheduled), in a worker thread: looked at
-    every _SCRUB_CHECK_S (sooner when it is due sooner); stopped, to resume at the next
-    turn, when the daemon ends."""
+async def _scrub_timer(store: Path, blobs: BlobStore) -> None:
+    """The store's scheduled scrub (casfs.upkeep.scheduled), in a worker thread, with the
+    daemon's blob store: looked at every _SCRUB_CHECK_S (sooner when it is due sooner);
+    stopped, to resume at the next turn, when the daemon ends. A failure is logged and
+    tried again at the next look: it never ends the mount."""
     stop = threading.Event()
     try:
         await trio.sleep(1.0)  # (not in the way of the mount's start)
         while True:
-            wait = await trio.to_thread.run_sync(scheduled.seconds_until, store)
-            if wait is not None and wait <= 0:
-                found = await trio.to_thread.run_sync(scheduled.run, store, stop, abandon_on_cancel=True)
-                if found is not None:
-                    damaged = ", ".join(found["damaged"]) or "none"
-                    log.info("scheduled scrub: %d blobs re-hashed, damaged: %s", found["blobs"], damaged)
-                    if found["damaged"]:
-                        log.error(
-                            "scheduled scrub found damaged blobs: run `casfs scrub` for what holds them"
-                        )
+            try:
+                wait = await _scheduled_scrub(store, blobs, stop)
+            except Exception:
+                log.exception("scheduled scrub failed")
                 wait = None
             await trio.sleep(_SCRUB_CHECK_S if wait is None else min(max(wait, 1.0), _SCRUB_CHECK_S))
     finally:
         stop.set()
+
+
+async def _scheduled_scrub(store: Path, blobs: BlobStore, stop: threading.Event) -> float | None:
+    """Run the scheduled scrub if it is due; seconds until it is (None: off, or just run)."""
+    wait = await trio.to_thread.run_sync(scheduled.seconds_until, store)
+    if wait is None or wait > 0:
+        return wait
+    found = await trio.to_thread.run_sync(scheduled.run, store, stop, blobs, abandon_on_cancel=True)
+    if found is not None:
+        damaged = ", ".join(found["damaged"]) or "none"
+        log.info("scheduled scrub: %d blobs re-hashed, damaged: %s", found["blobs"], damaged)
+        if found["damaged"]:
+            log.error("scheduled scrub found damage: `casfs scrub` says what holds it")
+    return None
 
 
 async def _announce_ready(cfg: Config, repo: Repository) -> None:

@@ -19,9 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from casfs import catalog
 from casfs.lifecycle.config import effective
 from casfs.lifecycle.queue import job_slot
 from casfs.repo import Repository
+from casfs.store import BlobStore
 from casfs.units import parse_duration, parse_size
 from casfs.upkeep import scrub
 
@@ -31,9 +33,10 @@ def last_path(store: Path) -> Path:
 
 
 def seconds_until(store: Path) -> float | None:
-    """Seconds until the next scheduled scrub is due (0 or less: now); None: off."""
-    with contextlib.closing(Repository.open(store)) as repo:
-        every = effective(repo.conn, "scrub.every").value
+    """Seconds until the next scheduled scrub is due (0 or less: now); None: off. (Reads
+    the catalog alone: a store on S3 is not reached.)"""
+    with contextlib.closing(catalog.connect(str(store / "catalog.db"))) as conn:
+        every = effective(conn, "scrub.every").value
     if every == "off":
         return None
     try:
@@ -43,9 +46,10 @@ def seconds_until(store: Path) -> float | None:
     return last + parse_duration(every) - time.time()
 
 
-def run(store: Path, stop: threading.Event) -> dict[str, Any] | None:
+def run(store: Path, stop: threading.Event, blobs: BlobStore | None = None) -> dict[str, Any] | None:
     """Scrub the store if no other process is scrubbing it on schedule; what it found
-    (also in last.json), or None: another had the turn, or it was stopped."""
+    (also in last.json), or None: another had the turn, or it was stopped. `blobs`: the
+    calling daemon's blob store, lent (a store on S3 is not connected to again)."""
     (store / "scrub").mkdir(exist_ok=True)
     fd = os.open(store / "scrub" / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -56,18 +60,13 @@ def run(store: Path, stop: threading.Event) -> dict[str, Any] | None:
         due = seconds_until(store)  # (again, under the lock: another may just have done it)
         if due is None or due > 0:
             return None
-        with contextlib.closing(Repository.open(store)) as repo, job_slot(repo, "scheduled scrub"):
-            rate_text = effective(repo.conn, "scrub.rate").value
-            rate = None if rate_text == "off" else parse_size(rate_text)
-            lock = repo.writer_lock()
-            try:
-                report = scrub.Scrubber(repo, rate, stop=stop).scrub(
-                    scrub.roots(repo), scrub.state_path(repo)
-                )
-            except scrub.Stopped:
-                return None
-            finally:
-                lock.release()
+        repo = Repository.open(store, blobs)
+        try:
+            report = _scrub(repo, stop)
+        finally:
+            repo.close(keep_blobs=blobs is not None)
+        if report is None:
+            return None
         summary = {
             "ended": time.time(),
             "roots": report.roots,
@@ -81,3 +80,17 @@ def run(store: Path, stop: threading.Event) -> dict[str, Any] | None:
         return summary
     finally:
         os.close(fd)
+
+
+def _scrub(repo: Repository, stop: threading.Event) -> scrub.ScrubReport | None:
+    with job_slot(repo, "scheduled scrub"):
+        rate_text = effective(repo.conn, "scrub.rate").value
+        rate = None if rate_text == "off" else parse_size(rate_text)
+        lock = repo.writer_lock()
+        try:
+            scrubber = scrub.Scrubber(repo, rate, stop=stop)
+            return scrubber.scrub(scrub.roots(repo), scrub.state_path(repo))
+        except scrub.Stopped:
+            return None
+        finally:
+            lock.release()
