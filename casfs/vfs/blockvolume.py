@@ -111,7 +111,7 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
     def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
         if not self.uppers:
             node = self.node(ino)
-            if self.buffers or self.chunk_ids or node.base == ZERO_ID:
+            if self.chunk_ids or node.base == ZERO_ID:
                 return super().read_plan(ino, offset, size)
             # The base alone (a clone not written yet): its map says it all.
             return plan_pieces(self._content(node).chunk_run, node.attrs.size, self.chunk_size, offset, size)
@@ -225,7 +225,7 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
         job = super().prepare_flush()
         if sync is not None:
             if job is None:
-                job = FlushJob([], [], [], {}, self.next_ino, self.logical)
+                job = FlushJob([], [], {}, self.next_ino, self.logical)
                 self._frozen = True
             job.upper = sync
         return job
@@ -241,7 +241,7 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
         upper = self.upper
         if upper is None or not upper.registered or self._frozen:
             return None
-        if self.dirty_nodes or self.buffers or self.deleted or self.cuts:
+        if self.dirty_nodes or self.deleted or self.cuts:
             return None
         self._settle_mtime()
         sync = upper.capture()
@@ -252,9 +252,7 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
 
     def apply_sync(self, job: SyncJob) -> None:
         job.upper.synced(job.sync)
-        still = (
-            (self.upper is not None and self.upper.dirty) or self.dirty_nodes or self.buffers or self.deleted
-        )
+        still = (self.upper is not None and self.upper.dirty) or self.dirty_nodes or self.deleted
         self.dirty_since = time.monotonic() if still else None
 
     def abort_sync(self, job: SyncJob) -> None:
@@ -415,7 +413,7 @@ class BlockVolume(Data, volume_kind=VolumeKind.BLOCK):
     def size_bytes(self) -> int:
         return self.nodes[ROOT_INO].attrs.size
 
-    def _resize(self, node: Node, size: int) -> None:
+    def _resize(self, node: Node, size: int, fetched: Fetched) -> None:
         raise fs_error(errno.EPERM, "resize a block volume with the casfs CLI")
 
     def _within_size(self, node: Node, offset: int, data: bytes) -> bytes:

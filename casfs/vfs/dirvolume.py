@@ -136,7 +136,9 @@ class DirVolume(Namespace, volume_kind=VolumeKind.DIR):
         self._touch(ino)
         return len(data)
 
-    def _truncate(self, node: Node, size: int, fetched: Fetched) -> None:
+    def _resize(self, node: Node, size: int, fetched: Fetched) -> None:
+        if not node.is_file:
+            raise fs_error(errno.EISDIR if node.is_dir else errno.EINVAL)
         failed = self._no_upper.get(node.ino)
         if failed is not None:  # (a truncate fails in its own call: nothing is dropped)
             raise fs_error(failed, "the store cannot take this file's data now")

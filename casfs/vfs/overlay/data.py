@@ -1,12 +1,13 @@
-"""A read/write volume's file data and attributes: where each chunk is (a buffer, a
-flushed overlay chunk, the base, a hole), reads described as pieces, writes into
-buffers, truncation, st_blocks. Shared by both kinds (a block volume is one file)."""
+"""A read/write volume's file data and attributes: where each chunk is (a flushed
+overlay chunk, the base, a hole), reads described as pieces, st_blocks. Shared by both
+kinds (a block volume is one file); each kind writes and truncates its own way."""
 
 from __future__ import annotations
 
 import bisect
 import errno
 import stat
+from abc import abstractmethod
 from collections.abc import Callable
 from typing import TypeVar, Unpack
 
@@ -50,8 +51,7 @@ class Data(RwVolume):
         limit = min(node.base_limit, count)
         base = self._base_allocation(node)
         chunks = bisect.bisect_left(base, limit)
-        changed = set(self.chunk_ids.get(node.ino, ())) | self._buffered.get(node.ino, set())
-        for n in changed:
+        for n in self.chunk_ids.get(node.ino, ()):
             if n < count:
                 chunks += self._holds_data(node, n) - (n < limit and _contains(base, n))
         used = chunks * cs
@@ -60,7 +60,7 @@ class Data(RwVolume):
         return (used + 511) // 512
 
     def _holds_data(self, node: Node, n: ChunkNo) -> bool:
-        return n in self._buffered.get(node.ino, ()) or self._chunk_ref(node, n) != ZERO_ID
+        return self._chunk_ref(node, n) != ZERO_ID
 
     def _base_allocation(self, node: Node) -> list[ChunkNo]:
         if node.base == ZERO_ID or node.base_limit == 0:
@@ -96,11 +96,7 @@ class Data(RwVolume):
             raise fs_error(errno.EISDIR if node.is_dir else errno.EINVAL)
         pieces = []
         for n, start, stop in chunk_spans(offset, min(offset + size, node.attrs.size), self.chunk_size):
-            buf = self.buffers.get((ino, n))
-            if buf is not None:
-                pieces.append(Piece(start, stop, data=buf))
-            else:
-                pieces.append(Piece(start, stop, blob=self._chunk_ref(node, n)))
+            pieces.append(Piece(start, stop, blob=self._chunk_ref(node, n)))
         return pieces
 
     def getxattr(self, ino: InodeNo, name: bytes) -> bytes:
@@ -119,8 +115,7 @@ class Data(RwVolume):
         size, atime_ns, mtime_ns = changes.get("size"), changes.get("atime_ns"), changes.get("mtime_ns")
         node = self.node(ino)
         if size is not None and size != node.attrs.size:
-            self._resize(node, size)
-            self._truncate(node, size, fetched or {})
+            self._resize(node, size, fetched or {})
         now = now_ns()
         self._touch(ino)
         a = node.attrs
@@ -140,41 +135,14 @@ class Data(RwVolume):
         )
         return self._stat(node)
 
-    def _resize(self, node: Node, size: int) -> None:
-        """Refuse a size change the kind does not allow (before anything changed)."""
-        if not node.is_file:
-            raise fs_error(errno.EISDIR if node.is_dir else errno.EINVAL)
+    @abstractmethod
+    def _resize(self, node: Node, size: int, fetched: Fetched) -> None:
+        """Cut or extend a file's data, or refuse a size change the kind does not allow
+        (before anything changed)."""
 
-    def _truncate(self, node: Node, size: int, fetched: Fetched) -> None:
-        cs = self.chunk_size
-        keep = ChunkNo(chunkmap.n_chunks(size, cs))  # the first chunk past the end
-        tail = size % cs
-        last = (node.ino, ChunkNo(keep - 1))
-        ref = ZERO_ID
-        if size < node.attrs.size and tail and last not in self.buffers:
-            ref = self._chunk_ref(node, last[1])
-            if ref != ZERO_ID and ref not in fetched:
-                raise NeedChunks([ref])  # before any change: the retry starts from scratch
-        if node.attrs.nlink:
-            self.logical += size - node.attrs.size
-        if size < node.attrs.size:
-            if ref != ZERO_ID:
-                self._set_buffer(last, bytearray(fetched[ref]))
-            if tail and last in self.buffers:
-                buf = self.buffers[last]
-                if len(buf) > tail:
-                    self.dirty_bytes -= len(buf) - tail
-                    del buf[tail:]
-                    self.versions[last] = self.versions.get(last, 0) + 1
-            for key in [k for k in self.buffers if k[0] == node.ino and k[1] >= keep]:
-                self._drop_buffer(key)
-            flushed = self.chunk_ids.get(node.ino, {})
-            for n in [n for n in flushed if n >= keep]:
-                del flushed[n]
-            self.cuts[node.ino] = min(self.cuts.get(node.ino, keep), keep)
-            node.base_limit = min(node.base_limit, keep)
-        node.set(size=size)
-        self._touch(node.ino)
+    @abstractmethod
+    def write(self, ino: InodeNo, offset: int, data: bytes, fetched: Fetched | None = None) -> int:
+        """Write data (each kind its own way: NeedChunks, NeedWork as RwView says)."""
 
     def setxattr(self, ino: InodeNo, name: bytes, value: bytes, flags: int = 0) -> None:
         if name.startswith(b"system.posix_acl_"):
@@ -204,52 +172,6 @@ class Data(RwVolume):
         node.set(ctime_ns=now_ns())
 
     # -- writing data ------------------------------------------------------------------
-
-    def write(self, ino: InodeNo, offset: int, data: bytes, fetched: Fetched | None = None) -> int:
-        """Buffer a write. Raises NeedChunks when a partly written chunk's current
-        bytes are neither buffered nor in `fetched`: fetch them and call again."""
-        node = self.node(ino)
-        if not node.is_file:
-            raise fs_error(errno.EBADF)
-        data = self._within_size(node, offset, data)
-        fetched = fetched or {}
-        cs = self.chunk_size
-        end = offset + len(data)
-        missing = []
-        for n in map(ChunkNo, range(offset // cs, -(-end // cs))):
-            lo, hi = max(offset, n * cs) - n * cs, min(end, (n + 1) * cs) - n * cs
-            if (ino, n) in self.buffers or (lo == 0 and (hi == cs or n * cs + hi >= node.attrs.size)):
-                continue
-            ref = self._chunk_ref(node, n)
-            if ref != ZERO_ID and ref not in fetched:
-                missing.append(ref)
-        if missing:
-            raise NeedChunks(missing)
-        for n in map(ChunkNo, range(offset // cs, -(-end // cs))):
-            key = (ino, n)
-            lo, hi = max(offset, n * cs) - n * cs, min(end, (n + 1) * cs) - n * cs
-            buf = self.buffers.get(key)
-            if buf is None:
-                if lo == 0 and (hi == cs or n * cs + hi >= node.attrs.size):
-                    buf = bytearray()
-                else:
-                    ref = self._chunk_ref(node, n)
-                    buf = bytearray(fetched[ref]) if ref != ZERO_ID else bytearray()
-                self._set_buffer(key, buf)
-            before = len(buf)
-            if before < lo:
-                buf.extend(bytes(lo - before))
-            buf[lo:hi] = data[n * cs + lo - offset : n * cs + hi - offset]
-            self.dirty_bytes += len(buf) - before
-            self.versions[key] = self.versions.get(key, 0) + 1
-        now = now_ns()
-        if end > node.attrs.size:
-            if node.attrs.nlink:
-                self.logical += end - node.attrs.size
-            node.set(size=end)
-        node.set(mtime_ns=now, ctime_ns=now)
-        self._touch(ino)
-        return len(data)
 
     def _within_size(self, node: Node, offset: int, data: bytes) -> bytes:
         """What of a write the kind takes (a file grows; a disk does not)."""

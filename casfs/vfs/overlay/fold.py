@@ -46,13 +46,11 @@ _NOT_YET = SnapshotNo(0)
 
 @dataclass
 class FlushJob:
-    chunks: list[tuple[InodeNo, ChunkNo, bytes, int]]  # ino, n, data, buffer version
     rows: list[tuple[object, ...]]
     deleted: list[InodeNo]
     cuts: dict[InodeNo, ChunkNo]
     next_ino: InodeNo
     logical: int
-    ids: dict[tuple[InodeNo, ChunkNo], BlobId] = field(default_factory=dict)
     inos: set[InodeNo] = field(default_factory=set)  # the dirty inodes it carries (rows, or gone)
     # Directory entries: only the changed ones, or every entry of a `whole_dirs` listing.
     listings: list[InodeNo] = field(default_factory=list)  # directories whose entries it writes
@@ -66,7 +64,7 @@ class FlushJob:
     @property
     def has_rows(self) -> bool:
         """Whether it changes catalog rows (a block volume's sync alone does not)."""
-        return bool(self.chunks or self.rows or self.deleted or self.cuts or self.listings)
+        return bool(self.rows or self.deleted or self.cuts or self.listings)
 
 
 @dataclass
@@ -90,9 +88,9 @@ def delete_inode_rows(conn: sqlite3.Connection, volume: str, ino: InodeNo, from_
 
 
 def run_flush(repo: Repository, volume: str, job: FlushJob) -> None:
-    """Store the job's chunks as blobs, then write its rows in one transaction. A job
-    without chunks (a directory volume's data is in its upper files) touches no blob:
-    it still commits while the store refuses new blobs."""
+    """Write the job's rows in one transaction. It stores no blob (file data is in
+    upper files, made durable before this): it still commits while the store refuses
+    new blobs."""
 
     def write_rows(conn: sqlite3.Connection) -> None:
         for ino in job.deleted:
@@ -102,20 +100,10 @@ def run_flush(repo: Repository, volume: str, job: FlushJob) -> None:
                 delete_inode_rows(conn, volume, ino, from_chunk=cut)
         overlay.put_inodes(conn, job.rows)
         overlay.put_entries(conn, volume, job.whole_dirs, job.gone, job.entries)
-        for (ino, n), bid in job.ids.items():
-            old = overlay.put_chunk(conn, volume, ino, n, bid)
-            if old is not None:
-                ledger.release(conn, [old])
-            ledger.retain(conn, [bid])
         overlay.flushed(conn, volume, job.next_ino, job.logical)
 
-    if not job.chunks:
-        with transaction(repo.conn) as conn:  # (releases only: no lock against gc needed)
-            write_rows(conn)
-        return
-    with repo.batch() as batch:
-        job.ids.update(_put_all(batch, (((ino, n), data) for ino, n, data, _ in job.chunks)))
-        batch.commit(then=write_rows)
+    with transaction(repo.conn) as conn:  # (releases only: no lock against gc needed)
+        write_rows(conn)
 
 
 def _publish(

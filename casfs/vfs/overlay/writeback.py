@@ -6,8 +6,8 @@ docs/developer-notes.md, "Concurrency protocol of the daemon"):
   nodes      every inode known in memory: overlay inodes (loaded at open) and base
              inodes met through lookup/readdir (dropped again on forget)
   overlay    the inos that have, or will have at the next flush, an overlay row
-  buffers    dirty chunk data, (ino, n) -> bytearray, bounded by the session
-  chunk_ids  chunks already flushed to the overlay, ino -> {n: id}
+  chunk_ids  chunks an older casfs flushed to the overlay, ino -> {n: id} (file data
+             now lives in upper files: casfs.vfs.overlay.files, casfs.vfs.overlay.upper)
 
 Slow work is split so the trio thread never blocks: prepare_flush() captures a
 consistent FlushJob (trio thread), run_flush() hashes, stores and commits it (worker
@@ -104,13 +104,10 @@ class RwVolume(ABC):
         self.dirty_nodes: set[InodeNo] = set()
         self.deleted: set[InodeNo] = set()
         self.cuts: dict[InodeNo, ChunkNo] = {}
-        self.buffers: dict[tuple[InodeNo, ChunkNo], bytearray] = {}
-        self.versions: dict[tuple[InodeNo, ChunkNo], int] = {}
         self.dirty_bytes = 0
         self.dirty_since: float | None = None
         self.chunk_ids: dict[InodeNo, dict[ChunkNo, BlobId]] = {}
         self._contents: dict[InodeNo, chunkmap.Content | chunkmap.ChunkMap] = {}
-        self._buffered: dict[InodeNo, set[ChunkNo]] = {}  # ino -> chunk numbers in buffers
         self._frozen = False  # a flush or fold is between its prepare and its apply/abort
         self._deferred_atime: set[InodeNo] = set()  # reads while frozen (relatime, applied at thaw)
         self._deferred_forget: set[InodeNo] = set()  # forgets while frozen
@@ -222,8 +219,6 @@ class RwVolume(ABC):
         self.cuts.pop(ino, None)
         self.chunk_ids.pop(ino, None)
         self._contents.pop(ino, None)
-        for key in [k for k in self.buffers if k[0] == ino]:
-            self._drop_buffer(key)
 
     def accessed(self, ino: InodeNo) -> None:
         """A program read the file (the adapter calls this for reads through a handle
@@ -252,27 +247,6 @@ class RwVolume(ABC):
             node.set(atime_ns=now)
             self.dirty_nodes.add(node.ino)
 
-    # -- buffers -----------------------------------------------------------------------
-
-    def _set_buffer(self, key: tuple[InodeNo, ChunkNo], buf: bytearray) -> None:
-        self.buffers[key] = buf
-        self._buffered.setdefault(key[0], set()).add(key[1])
-        self.dirty_bytes += len(buf)
-        self.versions[key] = self.versions.get(key, 0) + 1
-        if self.dirty_since is None:
-            self.dirty_since = time.monotonic()
-
-    def _drop_buffer(self, key: tuple[InodeNo, ChunkNo]) -> None:
-        buf = self.buffers.pop(key, None)
-        if buf is not None:
-            self.dirty_bytes -= len(buf)
-            chunks = self._buffered.get(key[0])
-            if chunks is not None:
-                chunks.discard(key[1])
-                if not chunks:
-                    del self._buffered[key[0]]
-        self.versions.pop(key, None)
-
     # -- describing (logs, and what a failed unmount could not save) -------------------
 
     def describe(self, ino: InodeNo) -> str:
@@ -291,30 +265,23 @@ class RwVolume(ABC):
 
     def _unsaved_bytes(self) -> dict[InodeNo, int]:
         """Bytes not yet committed, per inode (a kind with upper files adds theirs)."""
-        held: dict[InodeNo, int] = {}
-        for (ino, _), buf in self.buffers.items():
-            held[ino] = held.get(ino, 0) + len(buf)
-        return held
+        return {}
 
     # -- flushing: prepare (trio thread) / run (worker) / apply (trio thread) ----------
 
     @property
     def changed(self) -> bool:
-        return bool(self.overlay or self.dirty_nodes or self.buffers or self.deleted)
+        return bool(self.overlay or self.dirty_nodes or self.deleted)
 
     def prepare_flush(self) -> FlushJob | None:
         """Capture every change not yet committed (the view is frozen until apply_flush
         or abort_flush). Nothing is cleared here: a change stays dirty until committed."""
         self._thaw_deferred()
-        if not (self.dirty_nodes or self.buffers or self.deleted or self.cuts):
+        if not (self.dirty_nodes or self.deleted or self.cuts):
             return None
-        chunks = [
-            (ino, n, self._chunk_bytes(ino, n, buf), self.versions.get((ino, n), 0))
-            for (ino, n), buf in self.buffers.items()
-        ]
         inos = sorted(i for i in self.dirty_nodes if i in self.nodes)
         node_rows = [self.nodes[i].row(self.name) for i in inos]
-        job = FlushJob(chunks, node_rows, sorted(self.deleted), dict(self.cuts), self.next_ino, self.logical)
+        job = FlushJob(node_rows, sorted(self.deleted), dict(self.cuts), self.next_ino, self.logical)
         job.inos = set(self.dirty_nodes)
         for ino in inos:  # a changed listing's directory is always dirty (_touch of the parent)
             listing = self.nodes[ino].listing
@@ -344,19 +311,6 @@ class RwVolume(ABC):
     def abort_sync(self, job: SyncJob) -> None:
         raise NotImplementedError
 
-    def _chunk_bytes(self, ino: InodeNo, n: ChunkNo, buf: bytearray) -> bytes:
-        """A chunk's bytes in canonical form, as an import would store them: the full
-        chunk, or up to the end of the file for the last one (so equal data dedups)."""
-        node = self.nodes.get(ino)
-        want = (
-            self.chunk_size
-            if node is None
-            else max(0, min(self.chunk_size, node.attrs.size - n * self.chunk_size))
-        )
-        if len(buf) >= want:
-            return bytes(buf[:want])
-        return bytes(buf) + bytes(want - len(buf))
-
     def run_flush(self, job: FlushJob) -> None:
         run_flush(self.repo, self.name, job)
 
@@ -372,14 +326,7 @@ class RwVolume(ABC):
         for ino, cut in job.cuts.items():
             if self.cuts.get(ino) == cut:
                 del self.cuts[ino]
-        for (ino, n), bid in job.ids.items():
-            if ino not in self.nodes or n >= self.cuts.get(ino, NO_LIMIT):
-                continue
-            self.chunk_ids.setdefault(ino, {})[n] = bid
-        for ino, n, _, version in job.chunks:
-            if self.versions.get((ino, n)) == version:
-                self._drop_buffer((ino, n))
-        self.dirty_since = time.monotonic() if self.buffers or self.dirty_nodes or self.deleted else None
+        self.dirty_since = time.monotonic() if self.dirty_nodes or self.deleted else None
         self._thaw_deferred()
 
     def abort_flush(self, job: FlushJob) -> None:
