@@ -37,7 +37,7 @@ from casfs.fuse.inodes import ROOT, InodeTable
 from casfs.fuse.replybuf import ReplyBuffer
 from casfs.ids import InodeNo
 from casfs.store.ids import ZERO_ID
-from casfs.vfs.api import ROOT_INO, ZEROS, Fetched, RwView, Stat, View, assemble_into
+from casfs.vfs.api import ROOT_INO, ZEROS, Fetched, Names, RwView, Stat, View, assemble_into
 from casfs.vfs.chunks import ChunkCache, Plan
 from casfs.vfs.storeview import Subject, entries, resolve
 
@@ -307,30 +307,34 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: InodeT, name: FileNameT, mode: ModeT, rdev: int, ctx: RequestContext
     ) -> pyfuse3.EntryAttributes:
         return await self._make(
-            parent_inode, lambda rw, ino: rw.mknod(ino, name, mode, rdev, ctx.uid, ctx.gid)
+            parent_inode, lambda rw, ino: _names(rw).mknod(ino, name, mode, rdev, ctx.uid, ctx.gid)
         )
 
     @handler
     async def mkdir(
         self, parent_inode: InodeT, name: FileNameT, mode: ModeT, ctx: RequestContext
     ) -> pyfuse3.EntryAttributes:
-        return await self._make(parent_inode, lambda rw, ino: rw.mkdir(ino, name, mode, ctx.uid, ctx.gid))
+        return await self._make(
+            parent_inode, lambda rw, ino: _names(rw).mkdir(ino, name, mode, ctx.uid, ctx.gid)
+        )
 
     @handler
     async def unlink(self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext) -> None:
         view, ino = self.table.get(parent_inode)
-        await self._mutate(view, lambda rw, _: rw.unlink(ino, name))
+        await self._mutate(view, lambda rw, _: _names(rw).unlink(ino, name))
 
     @handler
     async def rmdir(self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext) -> None:
         view, ino = self.table.get(parent_inode)
-        await self._mutate(view, lambda rw, _: rw.rmdir(ino, name))
+        await self._mutate(view, lambda rw, _: _names(rw).rmdir(ino, name))
 
     @handler
     async def symlink(
         self, parent_inode: InodeT, name: FileNameT, target: FileNameT, ctx: RequestContext
     ) -> pyfuse3.EntryAttributes:
-        return await self._make(parent_inode, lambda rw, ino: rw.symlink(ino, name, target, ctx.uid, ctx.gid))
+        return await self._make(
+            parent_inode, lambda rw, ino: _names(rw).symlink(ino, name, target, ctx.uid, ctx.gid)
+        )
 
     @handler
     async def rename(
@@ -346,7 +350,7 @@ class Operations(pyfuse3.Operations):
         view_new, new = self.table.get(parent_inode_new)
         if view_new is not view:
             raise FUSEError(errno.EXDEV)
-        await self._mutate(view, lambda rw, _: rw.rename(old, name_old, new, name_new, flags))
+        await self._mutate(view, lambda rw, _: _names(rw).rename(old, name_old, new, name_new, flags))
 
     @handler
     async def link(
@@ -356,7 +360,7 @@ class Operations(pyfuse3.Operations):
         view_new, parent = self.table.get(new_parent_inode)
         if view_new is not view:
             raise FUSEError(errno.EXDEV)
-        st = await self._mutate(view, lambda rw, _: rw.link(ino, parent, new_name))
+        st = await self._mutate(view, lambda rw, _: _names(rw).link(ino, parent, new_name))
         return self._entry_reply(view, st, view)
 
     # -- files -------------------------------------------------------------------
@@ -415,7 +419,9 @@ class Operations(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         view, ino = self.table.get(parent_inode)
         kind = stat.S_IFREG | stat.S_IMODE(mode)
-        st: Stat = await self._mutate(view, lambda rw, _: rw.mknod(ino, name, kind, 0, ctx.uid, ctx.gid))
+        st: Stat = await self._mutate(
+            view, lambda rw, _: _names(rw).mknod(ino, name, kind, 0, ctx.uid, ctx.gid)
+        )
         attrs = self._entry_reply(view, st, view)
         return self._new_handle(view, st.ino, attrs.st_ino, flags), attrs
 
@@ -548,3 +554,11 @@ class Operations(pyfuse3.Operations):
         if ctl.is_control(name):
             raise FUSEError(errno.EINVAL)
         await self._mutate(view, lambda rw, _: rw.removexattr(ino, name))
+
+
+def _names(rw: RwView) -> Names:
+    """A volume's namespace. One without names is one file: no directory to change."""
+    names = rw.names
+    if names is None:
+        raise FUSEError(errno.ENOTDIR)
+    return names

@@ -2,7 +2,7 @@
 and not yet folded into blobs, oldest first) under the one writes go to. A block's
 current bytes are in the newest epoch that has it, else below them all (the base).
 
-Owned by the view (casfs.vfs.blockvolume), read by its background fold; a whole-store
+Owned by the view (casfs.vfs.rw.blockkind), read by its background fold; a whole-store
 mount reads a snapshot not yet folded through a stack of its own (casfs.vfs.frozenview).
 """
 
