@@ -38,7 +38,8 @@ from casfs.fuse.replybuf import ReplyBuffer
 from casfs.ids import InodeNo
 from casfs.store.ids import ZERO_ID
 from casfs.vfs.api import ROOT_INO, ZEROS, Fetched, Names, RwView, Stat, View, assemble_into
-from casfs.vfs.chunks import ChunkCache, Plan
+from casfs.vfs.chunks import ChunkCache
+from casfs.vfs.plan import Planner
 from casfs.vfs.storeview import Subject, entries, resolve
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ class _Handle:
     # Made once here, not for every read: the read-ahead stream's key, its planner, and
     # what to tell of an access (None: no atime to keep).
     stream: tuple[int, InodeNo] = field(init=False)
-    plan: Plan = field(init=False)
+    plan: Planner = field(init=False)
     accessed: Callable[[InodeNo], None] | None = field(init=False)
 
     def __post_init__(self) -> None:

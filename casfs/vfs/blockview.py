@@ -15,7 +15,7 @@ from casfs.repo import Repository
 from casfs.snapshots.chunkmap import ChunkMap
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import ROOT_INO, Piece, Stat, no_xattr
-from casfs.vfs.chunks import plan_pieces
+from casfs.vfs.plan import plan_pieces
 
 
 class OneFile:

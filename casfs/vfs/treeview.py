@@ -26,7 +26,7 @@ from casfs.snapshots.tree import TreeIndex
 from casfs.store.cache import LRU
 from casfs.store.ids import BlobId
 from casfs.vfs.api import ROOT_INO, Piece, Stat, enoent, no_xattr
-from casfs.vfs.chunks import plan_pieces
+from casfs.vfs.plan import plan_pieces
 
 # Tree blobs kept (their bytes, indexed: see TreeIndex). Not much fewer: listing a
 # directory reads each subdirectory's tree too (its attributes live there), and a cache

@@ -18,7 +18,8 @@ from casfs.fuse.daemon import READ_AHEAD_KB
 from casfs.repo import Repository
 from casfs.store.ids import BlobId, blob_id
 from casfs.vfs.api import Piece
-from casfs.vfs.chunks import ChunkCache, plan_pieces
+from casfs.vfs.chunks import ChunkCache
+from casfs.vfs.plan import plan_pieces
 from tests.helpers.cli import casfs, run
 from tests.helpers.mount import cleanup, is_mounted, mounted
 
@@ -138,7 +139,7 @@ async def test_read_ahead_follows_a_sequential_reader() -> None:
     ids = list(blobs.by_id)
     # 64 KiB chunks, as casfs's (their bytes here are smaller: only the ids matter to the
     # plan), so that the random reads below jump further than the slack a sequential
-    # reader is allowed (chunks._SEQ_SLACK, 1 MiB).
+    # reader is allowed (readpolicy._SEQ_SLACK, 1 MiB).
     cs = 64 << 10
 
     def plan(offset: int, size: int) -> list[Piece]:

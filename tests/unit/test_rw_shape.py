@@ -105,3 +105,10 @@ def test_one_module_per_job_kind() -> None:
         job_classes = [c for c in classes(RW / "jobs" / f"{stem}.py").values() if not c.name.startswith("_")]
         assert len(job_classes) == 1, stem
         assert {"run", "apply", "abort", "what", "slot"} <= members(job_classes[0]), stem
+
+
+def test_no_module_of_the_vfs_is_over_500_lines() -> None:
+    long = {
+        str(p.relative_to(VFS)): n for p in VFS.rglob("*.py") if (n := len(p.read_text().splitlines())) > 500
+    }
+    assert long == {}

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from casfs.ids import ChunkNo, SnapshotNo
 from casfs.store.ids import BlobId
 from casfs.vfs.api import Piece
-from casfs.vfs.chunks import chunk_spans
 from casfs.vfs.overlay.upper import BLOCK, Upper
+from casfs.vfs.plan import chunk_spans
 
 
 @dataclass

@@ -19,10 +19,10 @@ from casfs.snapshots.tree import Attrs
 from casfs.store.ids import ZERO_ID
 from casfs.store.uppers import remove_stale
 from casfs.vfs.api import ROOT_INO, Fetched, Job, NeedChunks, Piece, SnapshotJob, fs_error
-from casfs.vfs.chunks import plan_pieces
 from casfs.vfs.overlay.nodes import NO_LIMIT, Node
 from casfs.vfs.overlay.stack import Frozen, UpperStack
 from casfs.vfs.overlay.upper import BLOCK, Upper
+from casfs.vfs.plan import plan_pieces
 from casfs.vfs.rw.below import chunk_blocks
 from casfs.vfs.rw.jobs.flush import FlushJob
 from casfs.vfs.rw.jobs.fold_block import BlockFold

@@ -54,8 +54,8 @@ from casfs.vfs.api import (
     fs_error,
     no_xattr,
 )
-from casfs.vfs.chunks import chunk_spans
 from casfs.vfs.overlay.nodes import Node
+from casfs.vfs.plan import chunk_spans
 from casfs.vfs.rw.jobs.flush import FlushJob
 from casfs.vfs.rw.jobs.puts import delete_inode_rows
 
