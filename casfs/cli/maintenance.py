@@ -73,9 +73,9 @@ def _fraction(text: str) -> float:
 def cmd_gc(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from casfs.lifecycle.ephemeral import expire
     from casfs.lifecycle.queue import job_slot
     from casfs.refcount.gc import gc
+    from casfs.upkeep.ephemeral import expire
 
     kept: list[str] = []
     with open_store(args) as repo, job_slot(repo, "gc"):

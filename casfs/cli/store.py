@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 @contextmanager
 def open_store(args: argparse.Namespace) -> Iterator[Repository]:
     """The store, after recovering what dead processes left half done (one stderr line each)."""
-    from casfs.lifecycle.recovery import recover
     from casfs.repo import Repository, store_path
+    from casfs.upkeep.recovery import recover
 
     repo = Repository.open(store_path(args.store))
     try:

@@ -1,0 +1,8 @@
+"""Upkeep: store-wide work run on behalf of everyone, above the volumes and images it
+tidies (floor 5 of tests/unit/test_layers.py; the daemon, the replica server and the
+CLI run it).
+
+    recovery.py   at start-up, roll back or finish what dead processes left half done
+                  (phases), finish deletes, remove what gc would (unreferenced files)
+    ephemeral.py  volumes with a grace period, removed by gc once unused for longer
+"""
