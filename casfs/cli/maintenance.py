@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from casfs.cli.output import error, print_json, table, warn
 from casfs.cli.store import open_store
-from casfs.errors import UsageError
+from casfs.errors import Corruption, UsageError
 from casfs.units import format_size, parse_size
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     if remaining:
         how = "" if args.repair else "; `casfs fsck --repair` fixes counts and orphans"
         error(f"{len(remaining)} problem(s) found in the store{how}")
-        return 5
+        return Corruption.exit_code
     return 0
 
 

@@ -9,8 +9,7 @@ Threading: handlers run on the trio thread and call views there (views only touc
 memory and small cached metadata). Chunk reads that miss the cache go to worker
 threads; cached chunks are served inline. A read/write view (casfs.vfs.api.RwView, which
 `view.rw` returns) is changed through casfs.fuse.rwsession: its lock, the NeedChunks
-retry, flushes and snapshots. The protocol: docs/developer-notes.md, "Concurrency
-protocol of the daemon".
+retry, flushes and snapshots. The protocol: docs/concurrency.md.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ import pyfuse3
 import trio
 from pyfuse3 import FileHandleT, FileNameT, FlagT, FUSEError, InodeT, ModeT, RequestContext, XAttrNameT
 
-from casfs.errors import CasfsError, Corruption
+from casfs.errors import CasfsError, Corruption, ReadOnly
 from casfs.fuse import control as ctl
 from casfs.fuse import rwsession
 from casfs.fuse.inodes import ROOT, InodeTable
@@ -88,10 +87,22 @@ def handler(fn: Handler[Self, P, R]) -> Handler[Self, P, R]:
         except OSError as e:
             raise FUSEError(e.errno or errno.EIO) from None
         except Exception:
-            log.exception("unexpected error in %s%r", fn.__name__, args)
+            log.exception("unexpected error in %s(%s)", fn.__name__, _shown(fn.__name__, args))
             raise FUSEError(errno.EIO) from None
 
     return wrapper  # type: ignore[return-value]  # functools' _Wrapped is this callable
+
+
+def _shown(handler: str, args: tuple[object, ...]) -> str:
+    """A handler's arguments for a log line, its data left out: a write's buffer, and
+    any bytes longer than a name (an xattr's value), are shown as their length."""
+    parts = []
+    for arg in args:
+        if isinstance(arg, bytes | bytearray | memoryview) and (handler == "write" or len(arg) > 255):
+            parts.append(f"<{len(arg)} bytes>")
+        else:
+            parts.append(repr(arg))
+    return ", ".join(parts)
 
 
 @dataclass
@@ -218,7 +229,7 @@ class Operations(pyfuse3.Operations):
     def _writable(self, view: View) -> RwView:
         rw = view.rw
         if self.opts.read_only or view.read_only or rw is None:
-            raise FUSEError(errno.EROFS)
+            raise ReadOnly(f"{view.describe(ROOT_INO)} is read-only")
         rw.ensure_writable()  # the first change claims the volume (Busy: another process has it)
         return rw
 

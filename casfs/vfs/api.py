@@ -53,7 +53,7 @@ class Stat(Attrs):
         return stat.S_ISDIR(self.mode)
 
 
-class Piece(NamedTuple):
+class ReadPiece(NamedTuple):
     """One chunk's part of a read: bytes [start, end) of the chunk, whose content is
     `data` (already in memory; shorter than the chunk means zeros follow), `read()`
     (local bytes, read when the reply is assembled: a block volume's upper file) or
@@ -81,7 +81,7 @@ def _zeros(n: int) -> Iterator[memoryview]:
         yield part
 
 
-def _parts(pieces: list[Piece], fetch: Callable[[BlobId], bytes]) -> Iterator[memoryview]:
+def _parts(pieces: list[ReadPiece], fetch: Callable[[BlobId], bytes]) -> Iterator[memoryview]:
     """The bytes `pieces` describe, in order, as views (nothing copied yet)."""
     for p in pieces:
         n = p.end - p.start
@@ -100,13 +100,13 @@ def _parts(pieces: list[Piece], fetch: Callable[[BlobId], bytes]) -> Iterator[me
             yield from _zeros(n - len(part))
 
 
-def assemble(pieces: list[Piece], fetch: Callable[[BlobId], bytes]) -> bytes:
+def assemble(pieces: list[ReadPiece], fetch: Callable[[BlobId], bytes]) -> bytes:
     """The bytes `pieces` describe, copied once (a read of 128 KiB through a bytearray
     cost three copies, and a page fault per page for each in a fresh allocation)."""
     return b"".join(_parts(pieces, fetch))
 
 
-def assemble_into(pieces: list[Piece], fetch: Callable[[BlobId], bytes], out: memoryview) -> int:
+def assemble_into(pieces: list[ReadPiece], fetch: Callable[[BlobId], bytes], out: memoryview) -> int:
     """assemble() into `out` (at least as long as the pieces); the length written."""
     pos = 0
     for part in _parts(pieces, fetch):
@@ -132,7 +132,7 @@ class View(Protocol):
 
     def readlink(self, ino: InodeNo) -> bytes: ...
 
-    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]: ...
+    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[ReadPiece]: ...
 
     def getxattr(self, ino: InodeNo, name: bytes) -> bytes: ...
 

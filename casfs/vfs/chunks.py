@@ -31,7 +31,7 @@ import trio
 from casfs.errors import Corruption, MissingBlob, transient
 from casfs.store.cache import LRU
 from casfs.store.ids import ZERO_ID, BlobId
-from casfs.vfs.api import Piece
+from casfs.vfs.api import ReadPiece
 from casfs.vfs.loading import Load
 from casfs.vfs.plan import Planner
 from casfs.vfs.readpolicy import PREFETCH_RUN, Idle, ReadPolicy
@@ -132,7 +132,7 @@ class ChunkCache:
             self._load(bid, fut)
         return self._results([(bid, fut)], {fut} if mine else ())[bid]
 
-    def split(self, pieces: Iterable[Piece]) -> tuple[dict[BlobId, bytes], list[BlobId]]:
+    def split(self, pieces: Iterable[ReadPiece]) -> tuple[dict[BlobId, bytes], list[BlobId]]:
         """The chunks a read needs: those in memory, and the ids still to fetch."""
         have: dict[BlobId, bytes] = {}
         missing: list[BlobId] = []

@@ -8,15 +8,15 @@ from collections.abc import Callable, Iterator
 
 from casfs.ids import ChunkNo
 from casfs.store.ids import BlobId
-from casfs.vfs.api import Piece
+from casfs.vfs.api import ReadPiece
 
 # A view's read plan of one file: (offset, size) -> the pieces of those bytes.
-Planner = Callable[[int, int], list[Piece]]
+Planner = Callable[[int, int], list[ReadPiece]]
 
 
 def plan_pieces(
     chunk_run: Callable[[int, int], list[BlobId]], size: int, chunk_size: int, offset: int, length: int
-) -> list[Piece]:
+) -> list[ReadPiece]:
     """The pieces of a read of [offset, offset+length) of content `size` bytes long whose
     chunks first..first+count-1 are `chunk_run(first, count)`; cut at the end of the
     content."""
@@ -27,10 +27,10 @@ def plan_pieces(
     ids = chunk_run(first, last - first + 1)
     head = offset - first * chunk_size
     if first == last:
-        return [Piece(head, end - first * chunk_size, ids[0])]
-    pieces = [Piece(head, chunk_size, ids[0])]
-    pieces += [Piece(0, chunk_size, bid) for bid in ids[1:-1]]
-    pieces.append(Piece(0, end - last * chunk_size, ids[-1]))
+        return [ReadPiece(head, end - first * chunk_size, ids[0])]
+    pieces = [ReadPiece(head, chunk_size, ids[0])]
+    pieces += [ReadPiece(0, chunk_size, bid) for bid in ids[1:-1]]
+    pieces.append(ReadPiece(0, end - last * chunk_size, ids[-1]))
     return pieces
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from casfs import images, volumes
 from casfs.fuse import rwsession
@@ -79,8 +80,11 @@ def test_writes_go_on_while_the_upper_syncs(
                 second.set()
 
             nursery.start_soon(flush_again)
-            await trio.sleep(0.2)
-            assert not second.is_set()  # it waits for the sync before it
+            await trio.testing.wait_all_tasks_blocked()
+            syncing = rwsession.lock(v).syncing
+            # It waits for the sync before it: parked on that sync's event, not done.
+            assert syncing is not None and syncing.statistics().tasks_waiting == 1
+            assert not second.is_set()
             go_on.set()
         assert second.is_set()
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from casfs.ids import ChunkNo, SnapshotNo
 from casfs.store.ids import BlobId
-from casfs.vfs.api import Piece
+from casfs.vfs.api import ReadPiece
 from casfs.vfs.overlay.upper import BLOCK, Upper
 from casfs.vfs.plan import chunk_spans
 
@@ -78,7 +78,7 @@ class UpperStack:
 
     def plan(
         self, below: Callable[[ChunkNo], BlobId], disk_size: int, cs: int, offset: int, size: int
-    ) -> list[Piece]:
+    ) -> list[ReadPiece]:
         """The pieces of a read of the disk: each block from the newest epoch holding
         it (read when the reply is assembled), else from chunk `below(n)`."""
         per = cs // BLOCK
@@ -89,8 +89,8 @@ class UpperStack:
             for first, last, owner in self.runs(n * per + b0, -(-stop // BLOCK) - b0):
                 lo, hi = max(start, (b0 + first) * BLOCK), min(stop, (b0 + last) * BLOCK)
                 if owner is None:
-                    pieces.append(Piece(lo, hi, blob=below(n)))
+                    pieces.append(ReadPiece(lo, hi, blob=below(n)))
                 else:
                     read = functools.partial(owner.pread, n * cs + lo, hi - lo)
-                    pieces.append(Piece(0, hi - lo, read=read))
+                    pieces.append(ReadPiece(0, hi - lo, read=read))
         return pieces

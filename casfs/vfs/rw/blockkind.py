@@ -18,7 +18,7 @@ from casfs.snapshots import chunkmap
 from casfs.snapshots.tree import Attrs
 from casfs.store.ids import ZERO_ID
 from casfs.store.uppers import remove_stale
-from casfs.vfs.api import ROOT_INO, Fetched, Job, NeedChunks, Piece, SnapshotJob, fs_error
+from casfs.vfs.api import ROOT_INO, Fetched, Job, NeedChunks, ReadPiece, SnapshotJob, fs_error
 from casfs.vfs.overlay.nodes import NO_LIMIT, Node
 from casfs.vfs.overlay.stack import Frozen, UpperStack
 from casfs.vfs.overlay.upper import BLOCK, Upper
@@ -128,7 +128,7 @@ class BlockKind:
 
     # -- reading: the newest epoch holding a block, else what is below them --------
 
-    def plan(self, node: Node, offset: int, size: int) -> list[Piece]:
+    def plan(self, node: Node, offset: int, size: int) -> list[ReadPiece]:
         vol = self.vol
         if not self.uppers:
             if vol.chunk_ids or node.base == ZERO_ID:

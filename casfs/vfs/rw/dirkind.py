@@ -16,7 +16,7 @@ from casfs.ids import ChunkNo, InodeNo, SnapshotNo
 from casfs.kinds import BlobKind, VolumeKind
 from casfs.snapshots import chunkmap
 from casfs.store.ids import ZERO_ID
-from casfs.vfs.api import ROOT_INO, Fetched, Job, NeedWork, Piece, SnapshotJob, assemble, fs_error
+from casfs.vfs.api import ROOT_INO, Fetched, Job, NeedWork, ReadPiece, SnapshotJob, assemble, fs_error
 from casfs.vfs.overlay.files import FileUppers, Key, UpperFile, copy_in, copy_prefix
 from casfs.vfs.overlay.nodes import Node
 from casfs.vfs.overlay.spill import Spill, SpillJob
@@ -96,7 +96,7 @@ class DirKind:
         assert node.upper is not None
         return self.files.open((node.ino, node.upper))
 
-    def plan(self, node: Node, offset: int, size: int) -> list[Piece]:
+    def plan(self, node: Node, offset: int, size: int) -> list[ReadPiece]:
         ino = node.ino
         n = min(offset + size, node.attrs.size) - offset
         if node.upper is None:
@@ -104,12 +104,12 @@ class DirKind:
         elif n <= 0:
             return []
         else:
-            pieces = [Piece(0, n, read=functools.partial(self._upper(node).pread, offset, n))]
+            pieces = [ReadPiece(0, n, read=functools.partial(self._upper(node).pread, offset, n))]
         if ino in self.spill and n > 0:
-            return [Piece(0, n, read=functools.partial(self._read_spilled, ino, pieces, offset, n))]
+            return [ReadPiece(0, n, read=functools.partial(self._read_spilled, ino, pieces, offset, n))]
         return pieces
 
-    def _read_spilled(self, ino: InodeNo, pieces: list[Piece], offset: int, n: int) -> bytes:
+    def _read_spilled(self, ino: InodeNo, pieces: list[ReadPiece], offset: int, n: int) -> bytes:
         buf = bytearray(assemble(pieces, self.vol.repo.get))
         buf.extend(bytes(n - len(buf)))
         self.spill.apply(ino, offset, buf)

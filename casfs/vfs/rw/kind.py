@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from casfs.ids import InodeNo, SnapshotNo
 from casfs.kinds import VolumeKind
 from casfs.snapshots import chunkmap
-from casfs.vfs.api import Fetched, Job, Piece, SnapshotJob
+from casfs.vfs.api import Fetched, Job, ReadPiece, SnapshotJob
 from casfs.vfs.overlay.nodes import Node
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class Kind(Protocol):
         """The view has just claimed its volume (ensure_writable)."""
         ...
 
-    def plan(self, node: Node, offset: int, size: int) -> list[Piece]: ...
+    def plan(self, node: Node, offset: int, size: int) -> list[ReadPiece]: ...
 
     def write_at(self, node: Node, offset: int, data: bytes, fetched: Fetched | None) -> int: ...
 

@@ -47,7 +47,7 @@ from casfs.vfs.api import (
     Job,
     NeedChunks,
     NeedWork,
-    Piece,
+    ReadPiece,
     RwView,
     SnapshotJob,
     Stat,
@@ -314,16 +314,16 @@ class RwVolume:
             raise fs_error(errno.ENOTDIR)
         return names
 
-    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
+    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[ReadPiece]:
         return self.kind.plan(self.node(ino), offset, size)
 
-    def chunk_plan(self, node: Node, offset: int, size: int) -> list[Piece]:
+    def chunk_plan(self, node: Node, offset: int, size: int) -> list[ReadPiece]:
         """A read of a file's data below its upper file, chunk by chunk."""
         if not node.is_file:
             raise fs_error(errno.EISDIR if node.is_dir else errno.EINVAL)
         end = min(offset + size, node.attrs.size)
         return [
-            Piece(start, stop, blob=self.chunk_ref(node, n))
+            ReadPiece(start, stop, blob=self.chunk_ref(node, n))
             for n, start, stop in chunk_spans(offset, end, self.chunk_size)
         ]
 
