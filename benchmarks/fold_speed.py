@@ -30,9 +30,9 @@ from casfs import images, volumes
 from casfs.ids import ROOT_INO
 from casfs.repo import Repository
 from casfs.units import parse_size
-from casfs.vfs.blockvolume import BlockVolume
-from casfs.vfs.overlay.writeback import _finish
+from casfs.vfs.rw.volume import finish
 from casfs.vfs.volume import open_volume
+from tests.helpers.volumes import block, freeze_of
 
 
 def payload(kind: str, i: int, rnd: random.Random, text: bytes) -> bytes:
@@ -53,7 +53,7 @@ def run(work: Path, size: int, kinds: str, chunk_size: int) -> dict[str, Any]:
         images.import_image(repo, "disk", image, chunk_size=chunk_size)
         volumes.create_volume(repo, "v", volumes.Source(image="disk"))
         view = open_volume(repo, "v")
-        assert isinstance(view, BlockVolume)
+        block(view)
         view.ensure_writable()
         rnd = random.Random(1)
         words = [bytes(rnd.choices(b"abcdefghijklmnopqrstuvwxyz", k=rnd.randint(2, 10))) for _ in range(5000)]
@@ -61,14 +61,14 @@ def run(work: Path, size: int, kinds: str, chunk_size: int) -> dict[str, Any]:
         for i in range(size // MIB):
             view.write_sync(ROOT_INO, i * MIB, payload(kinds[i % len(kinds)], i, rnd, text))
         view.flush_sync()
-        freeze = view.prepare_freeze("folded")
+        freeze = freeze_of(view, "folded")
         assert freeze is not None
-        _finish(freeze, view.run_freeze, view.abort_freeze, view.apply_freeze)
+        finish(freeze)
         fold = view.prepare_background_fold()
         assert fold is not None
         before = resource.getrusage(resource.RUSAGE_SELF)
         start = time.perf_counter()
-        _finish(fold, view.run_background_fold, view.abort_background_fold, view.apply_background_fold)
+        finish(fold)
         seconds = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_SELF)
         stored = repo.conn.execute("SELECT COALESCE(SUM(stored), 0) FROM blobs").fetchone()[0]

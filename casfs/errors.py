@@ -5,7 +5,8 @@ CasfsError                      errno EIO,     exit 1
 ├── NotFound                    ENOENT,        exit 3
 ├── Conflict                    EEXIST,        exit 4   name taken with another spec
 ├── Busy                        EBUSY,         exit 4   in use, locked, or phase in progress
-├── ReadOnly                    EROFS,         exit 4
+├── Stale                       ESTALE,        exit 4   what the caller read has changed since
+├── ReadOnly                    EROFS,         exit 4   a change to a read-only mount or view
 ├── Corruption                  EIO,           exit 5   a blob failed verification
 │   └── MissingBlob             EIO,           exit 5
 ├── DigestMismatch              EIO,           exit 5   imported content is not what was expected

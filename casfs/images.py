@@ -15,7 +15,7 @@ Failures, two kinds:
     `image ls` shows what happened. A failed image holds no blob; importing the same
     name again replaces it, `image rm` removes it.
 Either way the staged blobs are discarded. A process killed mid-import leaves its row
-in an "-ing" phase for casfs.lifecycle.recovery to remove.
+in an "-ing" phase for casfs.upkeep.recovery to remove.
 """
 
 from __future__ import annotations

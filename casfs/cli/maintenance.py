@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from casfs.cli.output import error, print_json, table, warn
 from casfs.cli.store import keep_reserve, open_store, reserve_size
-from casfs.errors import UsageError
+from casfs.errors import Corruption, UsageError
 from casfs.units import format_size, parse_size
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def cmd_fsck(args: argparse.Namespace) -> int:
     if remaining:
         how = "" if args.repair else "; `casfs fsck --repair` fixes counts and orphans"
         error(f"{len(remaining)} problem(s) found in the store{how}")
-        return 5
+        return Corruption.exit_code
     return 0
 
 
@@ -100,10 +100,10 @@ def _fraction(text: str) -> float:
 def cmd_gc(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from casfs.lifecycle.ephemeral import expire
     from casfs.lifecycle.queue import job_slot
     from casfs.refcount.gc import gc
     from casfs.store.reserve import short_of_room
+    from casfs.upkeep.ephemeral import expire
 
     kept: list[str] = []
     with open_store(args, frees=True) as repo, job_slot(repo, "gc"):

@@ -129,9 +129,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"not listening: {e}", flush=True)  # (this session is served all the same)
         if not args.stdio:
             return 0
-    from casfs.lifecycle.recovery import recover
     from casfs.replica.serve import serve
     from casfs.repo import Repository
+    from casfs.upkeep.recovery import recover
 
     repo = Repository.open(Path(args.path))
     try:

@@ -24,8 +24,8 @@ def open_store(args: argparse.Namespace, frees: bool = False) -> Iterator[Reposi
     """The store, after recovering what dead processes left half done (one stderr line each).
     `frees`: the command frees space (rm, gc), so on a full disk it first gives up the
     store's reserve (store.reserve), without which it could not even open the catalog."""
-    from casfs.lifecycle.recovery import recover
     from casfs.repo import Repository, store_path
+    from casfs.upkeep.recovery import recover
 
     path = store_path(args.store)
     if frees:

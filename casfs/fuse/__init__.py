@@ -12,5 +12,5 @@ daemon imports launcher, never the other way: the launcher imports neither trio 
 pyfuse3, and a foreground mount is handed the daemon's run_daemon by casfs.cli.mounts.
 
 The concurrency protocol (who owns what, which locks, what runs in threads) is stated
-once, in docs/developer-notes.md, "Concurrency protocol of the daemon".
+once, in docs/concurrency.md.
 """

@@ -48,7 +48,7 @@ from casfs.repo import Repository
 from casfs.store import BlobStore
 from casfs.store.ids import BlobId
 from casfs.store.local import syncfs
-from casfs.vfs.api import Piece, View, assemble
+from casfs.vfs.api import ReadPiece, View, assemble
 from casfs.vfs.chunks import ChunkCache
 from casfs.vfs.storeview import Shown, Subject
 from casfs.volumes.settle import FOLD_WAIT_S, pending
@@ -339,7 +339,7 @@ class ControlPlane:
             await trio.sleep(0.05)
 
 
-def _hash_into(hasher: blake3.blake3, pieces: list[Piece], fetch: Callable[[BlobId], bytes]) -> None:
+def _hash_into(hasher: blake3.blake3, pieces: list[ReadPiece], fetch: Callable[[BlobId], bytes]) -> None:
     hasher.update(assemble(pieces, fetch))
 
 

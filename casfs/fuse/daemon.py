@@ -50,13 +50,13 @@ from casfs.fuse.operations import MountOptions, Operations
 from casfs.ids import FIRST_FREE_INO
 from casfs.kinds import VolumeKind
 from casfs.lifecycle.claims import claim_volume, release_volume
-from casfs.lifecycle.recovery import recover
 from casfs.repo import Repository
 from casfs.store import BlobStore
 from casfs.store.filecache import FileCache, cache_root
 from casfs.store.ids import BlobId
 from casfs.store.reserve import free_bytes
 from casfs.upkeep import scheduled
+from casfs.upkeep.recovery import recover
 from casfs.vfs.api import ROOT_INO, View
 from casfs.vfs.chunks import DEFAULT_CACHE_BYTES, ChunkCache
 from casfs.vfs.storeview import OpenRw, StoreView, Subject, static_view

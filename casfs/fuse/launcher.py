@@ -244,7 +244,7 @@ def log_path(store: Path, mountpoint: str) -> Path:
 
 class RunRecord(TypedDict, total=False):
     """STORE/run/<key>.json: the daemon's record of itself, written as it answers and
-    as it exits (`casfs umount` and lifecycle.ephemeral read it)."""
+    as it exits (`casfs umount` and upkeep.ephemeral reads it)."""
 
     pid: int
     mountpoint: str

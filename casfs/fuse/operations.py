@@ -9,8 +9,7 @@ Threading: handlers run on the trio thread and call views there (views only touc
 memory and small cached metadata). Chunk reads that miss the cache go to worker
 threads; cached chunks are served inline. A read/write view (casfs.vfs.api.RwView, which
 `view.rw` returns) is changed through casfs.fuse.rwsession: its lock, the NeedChunks
-retry, flushes and snapshots. The protocol: docs/developer-notes.md, "Concurrency
-protocol of the daemon".
+retry, flushes and snapshots. The protocol: docs/concurrency.md.
 """
 
 from __future__ import annotations
@@ -31,15 +30,16 @@ import trio
 from pyfuse3 import FileHandleT, FileNameT, FlagT, FUSEError, InodeT, ModeT, RequestContext, XAttrNameT
 
 from casfs import metrics
-from casfs.errors import CasfsError, Corruption, of_database
+from casfs.errors import CasfsError, Corruption, ReadOnly, of_database
 from casfs.fuse import control as ctl
 from casfs.fuse import passthrough, rwsession
 from casfs.fuse.inodes import ROOT, InodeTable
 from casfs.fuse.replybuf import ReplyBuffer
 from casfs.ids import InodeNo
 from casfs.store.ids import ZERO_ID
-from casfs.vfs.api import ROOT_INO, ZEROS, Fetched, RwView, Stat, View, assemble_into
-from casfs.vfs.chunks import ChunkCache, Plan
+from casfs.vfs.api import ROOT_INO, ZEROS, Fetched, Names, RwView, Stat, View, assemble_into
+from casfs.vfs.chunks import ChunkCache
+from casfs.vfs.plan import Planner
 from casfs.vfs.storeview import Subject, entries, resolve
 
 log = logging.getLogger(__name__)
@@ -96,13 +96,25 @@ def handler(fn: Handler[Self, P, R]) -> Handler[Self, P, R]:
             if mapped is not None:
                 log.error("%s: %s", fn.__name__, mapped)
                 raise FUSEError(mapped.errno) from None
-            log.exception("unexpected error in %s%r", fn.__name__, args)
+            log.exception("unexpected error in %s(%s)", fn.__name__, _shown(fn.__name__, args))
             raise FUSEError(errno.EIO) from None
         finally:
             if counts is not None:
                 counts.request(op, time.perf_counter() - start)
 
     return wrapper  # type: ignore[return-value]  # functools' _Wrapped is this callable
+
+
+def _shown(handler: str, args: tuple[object, ...]) -> str:
+    """A handler's arguments for a log line, its data left out: a write's buffer, and
+    any bytes longer than a name (an xattr's value), are shown as their length."""
+    parts = []
+    for arg in args:
+        if isinstance(arg, bytes | bytearray | memoryview) and (handler == "write" or len(arg) > 255):
+            parts.append(f"<{len(arg)} bytes>")
+        else:
+            parts.append(repr(arg))
+    return ", ".join(parts)
 
 
 @dataclass
@@ -131,7 +143,7 @@ class _Handle:
     # Made once here, not for every read: the read-ahead stream's key, its planner, and
     # what to tell of an access (None: no atime to keep).
     stream: tuple[int, InodeNo] = field(init=False)
-    plan: Plan = field(init=False)
+    plan: Planner = field(init=False)
     accessed: Callable[[InodeNo], None] | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -241,7 +253,7 @@ class Operations(pyfuse3.Operations):
     def _writable(self, view: View) -> RwView:
         rw = view.rw
         if self.opts.read_only or view.read_only or rw is None:
-            raise FUSEError(errno.EROFS)
+            raise ReadOnly(f"{view.describe(ROOT_INO)} is read-only")
         rw.ensure_writable()  # the first change claims the volume (Busy: another process has it)
         return rw
 
@@ -331,30 +343,34 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: InodeT, name: FileNameT, mode: ModeT, rdev: int, ctx: RequestContext
     ) -> pyfuse3.EntryAttributes:
         return await self._make(
-            parent_inode, lambda rw, ino: rw.mknod(ino, name, mode, rdev, ctx.uid, ctx.gid)
+            parent_inode, lambda rw, ino: _names(rw).mknod(ino, name, mode, rdev, ctx.uid, ctx.gid)
         )
 
     @handler
     async def mkdir(
         self, parent_inode: InodeT, name: FileNameT, mode: ModeT, ctx: RequestContext
     ) -> pyfuse3.EntryAttributes:
-        return await self._make(parent_inode, lambda rw, ino: rw.mkdir(ino, name, mode, ctx.uid, ctx.gid))
+        return await self._make(
+            parent_inode, lambda rw, ino: _names(rw).mkdir(ino, name, mode, ctx.uid, ctx.gid)
+        )
 
     @handler
     async def unlink(self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext) -> None:
         view, ino = self.table.get(parent_inode)
-        await self._mutate(view, lambda rw, _: rw.unlink(ino, name))
+        await self._mutate(view, lambda rw, _: _names(rw).unlink(ino, name))
 
     @handler
     async def rmdir(self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext) -> None:
         view, ino = self.table.get(parent_inode)
-        await self._mutate(view, lambda rw, _: rw.rmdir(ino, name))
+        await self._mutate(view, lambda rw, _: _names(rw).rmdir(ino, name))
 
     @handler
     async def symlink(
         self, parent_inode: InodeT, name: FileNameT, target: FileNameT, ctx: RequestContext
     ) -> pyfuse3.EntryAttributes:
-        return await self._make(parent_inode, lambda rw, ino: rw.symlink(ino, name, target, ctx.uid, ctx.gid))
+        return await self._make(
+            parent_inode, lambda rw, ino: _names(rw).symlink(ino, name, target, ctx.uid, ctx.gid)
+        )
 
     @handler
     async def rename(
@@ -370,7 +386,7 @@ class Operations(pyfuse3.Operations):
         view_new, new = self.table.get(parent_inode_new)
         if view_new is not view:
             raise FUSEError(errno.EXDEV)
-        await self._mutate(view, lambda rw, _: rw.rename(old, name_old, new, name_new, flags))
+        await self._mutate(view, lambda rw, _: _names(rw).rename(old, name_old, new, name_new, flags))
 
     @handler
     async def link(
@@ -380,7 +396,7 @@ class Operations(pyfuse3.Operations):
         view_new, parent = self.table.get(new_parent_inode)
         if view_new is not view:
             raise FUSEError(errno.EXDEV)
-        st = await self._mutate(view, lambda rw, _: rw.link(ino, parent, new_name))
+        st = await self._mutate(view, lambda rw, _: _names(rw).link(ino, parent, new_name))
         return self._entry_reply(view, st, view)
 
     # -- files -------------------------------------------------------------------
@@ -449,7 +465,9 @@ class Operations(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         view, ino = self.table.get(parent_inode)
         kind = stat.S_IFREG | stat.S_IMODE(mode)
-        st: Stat = await self._mutate(view, lambda rw, _: rw.mknod(ino, name, kind, 0, ctx.uid, ctx.gid))
+        st: Stat = await self._mutate(
+            view, lambda rw, _: _names(rw).mknod(ino, name, kind, 0, ctx.uid, ctx.gid)
+        )
         attrs = self._entry_reply(view, st, view)
         return self._new_handle(view, st.ino, attrs.st_ino, flags), attrs
 
@@ -591,3 +609,11 @@ class Operations(pyfuse3.Operations):
         if ctl.is_control(name):
             raise FUSEError(errno.EINVAL)
         await self._mutate(view, lambda rw, _: rw.removexattr(ino, name))
+
+
+def _names(rw: RwView) -> Names:
+    """A volume's namespace. One without names is one file: no directory to change."""
+    names = rw.names
+    if names is None:
+        raise FUSEError(errno.ENOTDIR)
+    return names

@@ -34,7 +34,7 @@ from casfs.fuse.fastwait import fuse_fd
 from casfs.ids import InodeNo
 from casfs.store.filecache import MAX_FILE_BYTES, FileCache, Part
 from casfs.store.ids import BlobId
-from casfs.vfs.api import Piece, View
+from casfs.vfs.api import ReadPiece, View
 
 log = logging.getLogger("casfs.daemon")
 
@@ -63,7 +63,7 @@ def refusal(asked: bool, read_only: bool) -> str | None:
     return None
 
 
-def content_key(size: int, pieces: list[Piece]) -> str | None:
+def content_key(size: int, pieces: list[ReadPiece]) -> str | None:
     """The whole-file cache's key of a file whose read plan is `pieces`: the BLAKE3 of
     its size and each piece's chunk id and range (the same bytes under the same chunking,
     the same key); None when its bytes are not all in blobs (an upper file's, memory)."""

@@ -4,8 +4,9 @@ age-based flush the daemon's timer asks for.
 
 The lock (one trio.Lock per view) is held around every mutation, flush and snapshot,
 *across* their awaits: that keeps the view frozen while a job's worker thread runs. The
-view asserts it on every mutation (RwView.guard, installed here). The whole protocol is
-stated once in docs/developer-notes.md, "Concurrency protocol of the daemon".
+view asserts it on every mutation (RwView.guard, installed here). Every write-back job
+(casfs.vfs.api.Job) is driven the same way: lock, slot, thread, apply or abort (_run).
+The whole protocol is stated once in docs/concurrency.md.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ import trio
 from casfs.ids import SnapshotNo
 from casfs.lifecycle.queue import acquire_slot
 from casfs.store.ids import BlobId
-from casfs.vfs.api import ROOT_INO, Fetched, NeedChunks, NeedWork, RwView, View
+from casfs.vfs.api import ROOT_INO, Fetched, Job, NeedChunks, NeedWork, RwView, View
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
-J = TypeVar("J")
+J = TypeVar("J", bound=Job)
 
 
 class ViewLock:
@@ -114,16 +115,14 @@ async def mutate(
         held.release()
 
 
-async def _in_thread(
-    job: J, run: Callable[[J], None], abort: Callable[[J], None], apply: Callable[[J], None]
-) -> J:
+async def _run(job: J) -> J:
     """A prepared job's blocking half in a worker thread, then its apply (or abort)."""
     try:
-        await trio.to_thread.run_sync(run, job)
+        await trio.to_thread.run_sync(job.run)
     except BaseException:
-        abort(job)
+        job.abort()
         raise
-    apply(job)
+    job.apply()
     return job
 
 
@@ -135,7 +134,7 @@ async def _flush_locked(view: RwView) -> None:
         await held.syncing.wait()
     job = view.prepare_flush()
     if job is not None:
-        await _in_thread(job, view.run_flush, view.abort_flush, view.apply_flush)
+        await _run(job)
 
 
 async def flush(view: RwView) -> None:
@@ -159,7 +158,7 @@ async def flush(view: RwView) -> None:
             done = held.syncing = trio.Event()
         break
     try:
-        await _in_thread(job, view.run_sync, view.abort_sync, view.apply_sync)
+        await _run(job)
     finally:
         held.syncing = None
         done.set()
@@ -172,27 +171,26 @@ async def sync(view: View) -> None:
 
 
 async def take_snapshot(view: RwView, label: str | None) -> SnapshotNo:
-    """flush, then freeze (O(1): a block volume's written epoch becomes the snapshot,
-    folded into blobs later by fold_frozen) or, where the view cannot freeze, fold now.
-    A fold waits for a store job slot first, and only then takes the lock: writers are
-    not stalled behind other processes' imports, only behind the fold."""
+    """flush, then the kind's snapshot: a freeze (O(1): a block volume's written epoch
+    becomes the snapshot, folded into blobs later by fold_frozen), or a fold (a job
+    with `slot`). A fold waits for a store job slot first, and only then takes the
+    lock: writers are not stalled behind other processes' imports, only behind the
+    fold. So a fold prepared without the slot is let go (abort), and prepared again
+    once the slot is held."""
     async with lock(view):
         view.ensure_writable()  # a snapshot changes the volume: this mount claims it
         await _flush_locked(view)
-        freeze = view.prepare_freeze(label)
-        if freeze is not None:
-            await _in_thread(freeze, view.run_freeze, view.abort_freeze, view.apply_freeze)
-            return freeze.snapshot
+        job = view.prepare_snapshot(label)
+        if not job.slot:
+            return (await _run(job)).snapshot
+        job.abort()
     async with _fold_lock(view):
         await _fold_frozen_locked(view)  # what was frozen before comes first
-        slot = await trio.to_thread.run_sync(acquire_slot, view.repo, f"snapshot {view.name}")
+        slot = await trio.to_thread.run_sync(acquire_slot, view.repo, f"{job.what} {view.name}")
         try:
             async with lock(view):
                 await _flush_locked(view)
-                job = await _in_thread(
-                    view.prepare_fold(label), view.run_fold, view.abort_fold, view.apply_fold
-                )
-                return job.snapshot
+                return (await _run(view.prepare_snapshot(label))).snapshot
         finally:
             slot.release()
 
@@ -223,16 +221,16 @@ async def _fold_frozen_locked(view: RwView) -> None:
         # Shielded: a fold whose commit went through must be applied to the view even if
         # the daemon is stopping (its close folds what is left, and must see this one done).
         with trio.CancelScope(shield=True):
-            slot = await trio.to_thread.run_sync(acquire_slot, view.repo, f"fold {view.name}")
+            slot = await trio.to_thread.run_sync(acquire_slot, view.repo, f"{job.what} {view.name}")
             try:
-                await trio.to_thread.run_sync(view.run_background_fold, job)
+                await trio.to_thread.run_sync(job.run)
             except BaseException:
-                view.abort_background_fold(job)
+                job.abort()
                 raise
             finally:
                 slot.release()
             async with lock(view):
-                view.apply_background_fold(job)
+                job.apply()
 
 
 async def flush_aged(views: Sequence[RwView], age_s: float) -> None:

@@ -7,14 +7,16 @@ over (its overlay is recovered by the view that opens the volume next).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, NotFound, Stale, UsageError
 from casfs.lifecycle.phases import VolumePhase, give_volume, take_volume
 from casfs.lifecycle.pids import alive
-from casfs.repo import Repository
+
+if TYPE_CHECKING:
+    from casfs.repo import Repository  # (floor 2: a claim needs only its connection)
 
 
 def claim_volume(repo: Repository, name: str, expected: tuple[object, ...] | None = None) -> None:

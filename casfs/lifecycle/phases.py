@@ -3,7 +3,7 @@ giving back a volume's phase, in one place.
 
 A phase is recorded before the work it names, with the pid of the process doing it
 (owner_pid), so that a second caller sees the work in progress (Busy) and
-casfs.lifecycle.recovery can finish or undo what a dead process left. The values are
+casfs.upkeep.recovery can finish or undo what a dead process left. The values are
 the strings the catalog has always held (catalog.schema checks them).
 
     image   (none) -> queued -> importing [-> verifying] -> ready

@@ -20,6 +20,7 @@ import sqlite3
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from casfs.catalog import blobs as blob_rows
 from casfs.catalog import images as image_rows
@@ -28,10 +29,12 @@ from casfs.catalog import volumes as volume_rows
 from casfs.errors import Corruption
 from casfs.ids import SnapshotNo
 from casfs.kinds import BlobKind
-from casfs.repo import Repository
 from casfs.snapshots.children import children
 from casfs.store import uppers
 from casfs.store.ids import ZERO_ID, BlobId
+
+if TYPE_CHECKING:
+    from casfs.repo import Repository  # (types only: repo sits above refcount's ledger)
 
 
 @dataclass(frozen=True)

@@ -91,11 +91,6 @@ def _warm() -> None:
     """Import what a session runs, once the pull that started this server (served by
     its parent, on this machine's CPUs) is likely done: the next pull's session, this
     server's first, then starts without them."""
-    import casfs.lifecycle.recovery
-    import casfs.replica.adopt  # (hello's)
-    import casfs.replica.serve
-    import casfs.repo
-    import casfs.store.packstore  # noqa: F401  (a store's blobs, opened at its first read)
 
 
 def _serve_forever(listener: socket.socket, store: Path, idle: float, path: Path, pid_path: Path) -> None:
@@ -146,9 +141,9 @@ def _serve_forever(listener: socket.socket, store: Path, idle: float, path: Path
 
 
 def _session(conn: socket.socket, store: Path) -> None:
-    from casfs.lifecycle.recovery import recover
     from casfs.replica.serve import serve
     from casfs.repo import Repository
+    from casfs.upkeep.recovery import recover
 
     repo = Repository.open(store)
     try:

@@ -42,11 +42,11 @@ BATCH = 64  # blobs per request
 WINDOW = 4  # requests in flight
 
 
-def listing(conn: Connection, volume: str) -> tuple[dict[str, Any], dict[SnapshotNo, BlobId | None]]:
+def listing(link: Connection, volume: str) -> tuple[dict[str, Any], dict[SnapshotNo, BlobId | None]]:
     """The source's hello (its store id, its bucket) and its snapshots of `volume` (root
     None: still folding)."""
-    hello = conn.hello()
-    doc = conn.request("volume", name=volume)
+    hello = link.hello()
+    doc = link.request("volume", name=volume)
     snaps = {
         SnapshotNo(int(s["n"])): None if s["root"] is None else BlobId(bytes.fromhex(s["root"]))
         for s in doc["snapshots"]
@@ -61,42 +61,42 @@ def peer_row(source: str, store: str, remote: str, snaps: dict[SnapshotNo, BlobI
 
 def pull(
     repo: Repository,
-    conn: Connection,
+    link: Connection,
     volume: str,
     n: SnapshotNo | None = None,
     as_name: str | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> Moved:
-    """Pull snapshot `n` (default: the newest) of `volume` through `conn` as `as_name`.
+    """Pull snapshot `n` (default: the newest) of `volume` through `link` as `as_name`.
     (The caller starts the connection first: the source starts while this store opens.)"""
     name = check_name(as_name or volume, "volume")
-    where = normalize(conn.source)
-    hello, snaps = listing(conn, volume)
+    where = normalize(link.source)
+    hello, snaps = listing(link, volume)
     theirs_id = str(hello["store"])
     if not snaps:
-        raise NotFound(f"{conn.source} holds no snapshot of {volume}")
+        raise NotFound(f"{link.source} holds no snapshot of {volume}")
     target = max(snaps) if n is None else n
     if target not in snaps:
-        raise NotFound(f"{conn.source} holds no snapshot {volume}@{target}")
-    offer = Offer.from_json(conn.request("offer", name=volume, n=target))
+        raise NotFound(f"{link.source} holds no snapshot {volume}@{target}")
+    offer = Offer.from_json(link.request("offer", name=volume, n=target))
     snaps[target] = offer.root
     theirs = {k: v for k, v in snaps.items() if v is not None}
     peer = peer_row(where, theirs_id, volume, snaps)
     try:
-        moved = _land(repo, conn, hello, name, offer, theirs, peer, where, progress)
+        moved = _land(repo, link, hello, name, offer, theirs, peer, where, progress)
     except BaseException:
         with contextlib.suppress(Exception):  # the pull's own error is the one to raise
             _seen(repo, name, peer)
         raise
     if moved.plan == Plan.HAVE:
         _seen(repo, name, peer)
-    moved.bytes = conn.r.meter.bytes
+    moved.bytes = link.r.meter.bytes
     return moved
 
 
 def _land(
     repo: Repository,
-    conn: Connection,
+    link: Connection,
     hello: dict[str, Any],
     name: str,
     offer: Offer,
@@ -118,7 +118,7 @@ def _land(
 
     row = rows.volume_row(repo.conn, name) if moved.plan == Plan.NEXT else None
     base = None if row is None else row.base
-    bring(repo, conn, hello, offer.root, offer.kind, moved, progress, {}, then, base)
+    bring(repo, link, hello, offer.root, offer.kind, moved, progress, {}, then, base)
     return moved
 
 
@@ -131,7 +131,7 @@ def _seen(repo: Repository, name: str, peer: rows.Peer) -> None:
 
 def bring(
     repo: Repository,
-    conn: Connection,
+    link: Connection,
     hello: dict[str, Any],
     root: BlobId,
     kind: VolumeKind,
@@ -156,14 +156,14 @@ def bring(
         if shared is not None:
             from casfs.replica.adopt import adopt
 
-            adopt(conn, asm, shared, moved, progress)
+            adopt(link, asm, shared, moved, progress)
         else:
-            _fetch(conn, asm, moved, progress)
-        conn.end()
+            _fetch(link, asm, moved, progress)
+        link.end()
         asm.finish(refs, then)
 
 
-def _fetch(conn: Connection, asm: Assembler, moved: Moved, progress: Callable[[int], None] | None) -> None:
+def _fetch(link: Connection, asm: Assembler, moved: Moved, progress: Callable[[int], None] | None) -> None:
     """Walk and fetch until nothing under the root is missing. A thread reads the
     answers (in the order asked) while this one verifies and stores the last ones."""
     meta: deque[Want] = deque()
@@ -179,7 +179,7 @@ def _fetch(conn: Connection, asm: Assembler, moved: Moved, progress: Callable[[i
     def read() -> None:
         try:
             while (wants := asked.get()) is not None:
-                answers.put(conn.blobs(wants))
+                answers.put(link.blobs(wants))
         except BaseException as e:
             answers.put(e)
 
@@ -193,11 +193,11 @@ def _fetch(conn: Connection, asm: Assembler, moved: Moved, progress: Callable[[i
                 part: list[Want] = []
                 while len(part) < BATCH and (meta or data):
                     part.append((meta or data).popleft())
-                conn.ask(part)
+                link.ask(part)
                 asked.put(part)
                 waiting += 1
-            conn.flush()
-            before = conn.r.meter.bytes
+            link.flush()
+            before = link.r.meter.bytes
             records = answers.get()
             if isinstance(records, BaseException):
                 raise records
@@ -205,6 +205,6 @@ def _fetch(conn: Connection, asm: Assembler, moved: Moved, progress: Callable[[i
             moved.blobs += len(records)
             add(asm.arrive(records))
             if progress is not None:
-                progress(conn.r.meter.bytes - before)
+                progress(link.r.meter.bytes - before)
     finally:
         asked.put(None)

@@ -87,6 +87,9 @@ class PackBlobStore(DamagedMarks, BlobStore):
         self.fds = FdCache(OPEN_PACKS)
         self.around = ReadAround(self.fds)
         self._buffers = SpanBuffers()
+        # Where the last blob get_if_cached found cold is: the blocking get() that follows
+        # it (casfs.vfs.readpolicy) reads there without asking the index again.
+        self._cold: tuple[BlobId, Location] | None = None
         # A store made before packs: its blob files, read (and deleted) where they are.
         self.legacy = FileBlobStore(root) if (root / "blobs").is_dir() else None
 
@@ -113,8 +116,10 @@ class PackBlobStore(DamagedMarks, BlobStore):
 
     def get(self, bid: BlobId, domain: Domain | None = None) -> bytes:
         stale = False
+        cold, self._cold = self._cold, None
         for _ in range(3):
-            where = self.index.locate(bid)
+            where = cold[1] if cold is not None and cold[0] == bid else self.index.locate(bid)
+            cold = None
             if where is None:
                 break
             try:
@@ -217,6 +222,7 @@ class PackBlobStore(DamagedMarks, BlobStore):
             self.fds.release(f)
         if got != length:  # (none or part of it in the page cache)
             self.around.note_cold(path, offset)
+            self._cold = (bid, where)
             return None
         return self._checked(bid, buf, domain)
 

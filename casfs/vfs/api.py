@@ -6,7 +6,7 @@ store root. Its root directory (or, for a block view, its one file) is ROOT_INO.
 View methods run on the trio thread and never block for long: anything slow is
 described, not done (read_plan() returns the chunk ids to fetch, which the adapter
 fetches in worker threads). The whole protocol, read/write views included, is stated
-once in docs/developer-notes.md, "Concurrency protocol of the daemon".
+once in docs/concurrency.md.
 
 Errors are CasfsError subclasses (or OSError with an errno); the adapter maps both.
 """
@@ -26,8 +26,6 @@ from casfs.store.ids import ZERO_ID, BlobId
 
 if TYPE_CHECKING:
     from casfs.repo import Repository
-    from casfs.vfs.overlay.fold import FlushJob, FoldJob, FreezeJob, FrozenFold
-    from casfs.vfs.overlay.upper import SyncJob
 
 
 class StatChanges(AttrChanges, total=False):
@@ -55,7 +53,7 @@ class Stat(Attrs):
         return stat.S_ISDIR(self.mode)
 
 
-class Piece(NamedTuple):
+class ReadPiece(NamedTuple):
     """One chunk's part of a read: bytes [start, end) of the chunk, whose content is
     `data` (already in memory; shorter than the chunk means zeros follow), `read()`
     (local bytes, read when the reply is assembled: a block volume's upper file) or
@@ -83,7 +81,7 @@ def _zeros(n: int) -> Iterator[memoryview]:
         yield part
 
 
-def _parts(pieces: list[Piece], fetch: Callable[[BlobId], bytes]) -> Iterator[memoryview]:
+def _parts(pieces: list[ReadPiece], fetch: Callable[[BlobId], bytes]) -> Iterator[memoryview]:
     """The bytes `pieces` describe, in order, as views (nothing copied yet)."""
     for p in pieces:
         n = p.end - p.start
@@ -102,13 +100,13 @@ def _parts(pieces: list[Piece], fetch: Callable[[BlobId], bytes]) -> Iterator[me
             yield from _zeros(n - len(part))
 
 
-def assemble(pieces: list[Piece], fetch: Callable[[BlobId], bytes]) -> bytes:
+def assemble(pieces: list[ReadPiece], fetch: Callable[[BlobId], bytes]) -> bytes:
     """The bytes `pieces` describe, copied once (a read of 128 KiB through a bytearray
     cost three copies, and a page fault per page for each in a fresh allocation)."""
     return b"".join(_parts(pieces, fetch))
 
 
-def assemble_into(pieces: list[Piece], fetch: Callable[[BlobId], bytes], out: memoryview) -> int:
+def assemble_into(pieces: list[ReadPiece], fetch: Callable[[BlobId], bytes], out: memoryview) -> int:
     """assemble() into `out` (at least as long as the pieces); the length written."""
     pos = 0
     for part in _parts(pieces, fetch):
@@ -134,7 +132,7 @@ class View(Protocol):
 
     def readlink(self, ino: InodeNo) -> bytes: ...
 
-    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]: ...
+    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[ReadPiece]: ...
 
     def getxattr(self, ino: InodeNo, name: bytes) -> bytes: ...
 
@@ -185,35 +183,42 @@ class Changes(TypedDict, total=False):
     mtime_ns: int
 
 
-class RwView(View, Protocol):
-    """A mounted read/write volume (casfs.vfs.dirvolume, casfs.vfs.blockvolume), as the
-    adapter (casfs.fuse.operations) and its session (casfs.fuse.rwsession) use it.
+class Job(Protocol):
+    """Slow write-back work, in three phases around a worker thread: the view prepares
+    it (a consistent capture, on the trio thread, lock held: `prepare_*` below), then
 
-    Every method here is synchronous and runs on the trio thread. A mutation runs with
-    the session's lock held (`guard` checks that); write and setattr(size=...) may raise
-    NeedChunks(ids): the caller fetches those chunks and calls again with them in
-    `fetched`. The volume kinds differ in what they refuse: a block volume has no names
-    (EPERM, ENOTDIR) and a fixed size (EPERM, ENOSPC).
-    """
+      run()    in a worker thread: touches what the job captured and the store only
+      apply()  on the trio thread, the job having run: the view takes its result
+      abort()  on the trio thread, run() having failed: nothing it carried is lost
+               (a flush's changes stay dirty, a fold's overlay stays as it was)
 
-    repo: Repository
-    name: str
-    # True when the volume is one regular file (ROOT_INO) whose size writes never change.
-    fixed_size: bool
-    # Set by the session: True when the calling task holds the view's lock (asserted on
-    # every mutation; None without a session: tests and offline tools).
-    guard: Callable[[], bool] | None
-    dirty_bytes: int  # buffered data not yet flushed
-    dirty_since: float | None  # time.monotonic() of the oldest unflushed change
+    apply and abort run with the view's lock held, except for the jobs that run beside
+    writes (a sync, a background fold), whose apply touches only what writes do not.
+    The session (casfs.fuse.rwsession) drives every job the same way: lock, slot,
+    thread, apply or abort."""
 
+    what: str  # for logs and the name of the job slot it holds
+    # Heavy work (a fold): run() holds a store job slot (casfs.lifecycle.queue). The
+    # session takes the slot before the lock, then prepares the job again under both.
+    slot: bool
+
+    def run(self) -> None: ...
+
+    def apply(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class SnapshotJob(Job, Protocol):
     @property
-    def claimed(self) -> bool: ...
+    def snapshot(self) -> SnapshotNo:
+        """The snapshot's number (given out by run())."""
+        ...
 
-    def ensure_writable(self) -> None: ...
 
-    def describe(self, ino: InodeNo) -> str: ...
-
-    def accessed(self, ino: InodeNo) -> None: ...
+class Names(Protocol):
+    """A read/write volume's namespace changes (a directory volume's; a block volume,
+    one file, has none: RwView.names is None). Each runs as a mutation (RwView)."""
 
     def mknod(self, parent: InodeNo, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Stat: ...
 
@@ -231,6 +236,41 @@ class RwView(View, Protocol):
         self, old_parent: InodeNo, old_name: bytes, new_parent: InodeNo, new_name: bytes, flags: int = 0
     ) -> None: ...
 
+
+class RwView(View, Protocol):
+    """A mounted read/write volume (casfs.vfs.rw.volume.RwVolume), as the adapter
+    (casfs.fuse.operations) and its session (casfs.fuse.rwsession) use it.
+
+    Every method here is synchronous and runs on the trio thread. A mutation runs with
+    the session's lock held (`guard` checks that); write and setattr(size=...) may raise
+    NeedChunks(ids): the caller fetches those chunks and calls again with them in
+    `fetched`, or NeedWork. A block volume has no names (`names` is None) and a fixed
+    size (setattr(size=...) EPERM, a write past the end ENOSPC).
+    """
+
+    repo: Repository
+    name: str
+    # Set by the session: True when the calling task holds the view's lock (asserted on
+    # every mutation; None without a session: tests and offline tools).
+    guard: Callable[[], bool] | None
+    dirty_bytes: int  # data held in memory only, not yet flushed
+    dirty_since: float | None  # time.monotonic() of the oldest unflushed change
+
+    @property
+    def names(self) -> Names | None: ...
+
+    @property
+    def fixed_size(self) -> bool:
+        """True when the volume is one regular file (ROOT_INO) whose size writes never change."""
+        ...
+
+    @property
+    def claimed(self) -> bool: ...
+
+    def ensure_writable(self) -> None: ...
+
+    def accessed(self, ino: InodeNo) -> None: ...
+
     def setattr(
         self, ino: InodeNo, *, fetched: Fetched | None = None, **changes: Unpack[Changes]
     ) -> Stat: ...
@@ -241,57 +281,20 @@ class RwView(View, Protocol):
 
     def removexattr(self, ino: InodeNo, name: bytes) -> None: ...
 
-    # Write-back, in three steps around a worker thread (casfs.vfs.overlay.fold).
-    def prepare_flush(self) -> FlushJob | None: ...
+    # Write-back: each returns a Job (see Job), or None when there is nothing to do.
+    def prepare_flush(self) -> Job | None: ...
 
-    def run_flush(self, job: FlushJob) -> None:
-        """The blocking half (a worker thread): touches the job and the store only."""
+    def prepare_sync(self) -> Job | None:
+        """A flush run beside writes, without the lock (None: prepare_flush instead)."""
         ...
 
-    def apply_flush(self, job: FlushJob) -> None: ...
-
-    def abort_flush(self, job: FlushJob) -> None: ...
-
-    # A sync of a block volume's written upper file alone, run beside writes (None: flush).
-    def prepare_sync(self) -> SyncJob | None: ...
-
-    def run_sync(self, job: SyncJob) -> None:
-        """A worker thread, without the view's lock."""
+    def prepare_snapshot(self, label: str | None) -> SnapshotJob:
+        """Right after a flush: the kind's snapshot, a freeze (O(1)) or a fold (`slot`)."""
         ...
 
-    def apply_sync(self, job: SyncJob) -> None: ...
-
-    def abort_sync(self, job: SyncJob) -> None: ...
-
-    def prepare_fold(self, label: str | None) -> FoldJob: ...
-
-    def run_fold(self, job: FoldJob) -> None:
-        """The blocking half (a worker thread, holding a store job slot)."""
+    def prepare_background_fold(self) -> Job | None:
+        """A frozen snapshot's fold into blobs, run beside writes (None: none waits)."""
         ...
-
-    def apply_fold(self, job: FoldJob) -> None: ...
-
-    def abort_fold(self, job: FoldJob) -> None: ...
-
-    # O(1) snapshots (block volumes): freeze the written state as the next snapshot,
-    # fold it into blobs in the background. Kinds that cannot return None.
-    def prepare_freeze(self, label: str | None) -> FreezeJob | None: ...
-
-    def run_freeze(self, job: FreezeJob) -> None: ...
-
-    def apply_freeze(self, job: FreezeJob) -> None: ...
-
-    def abort_freeze(self, job: FreezeJob) -> None: ...
-
-    def prepare_background_fold(self) -> FrozenFold | None: ...
-
-    def run_background_fold(self, job: FrozenFold) -> None:
-        """A worker thread, without the view's lock: writes go on meanwhile."""
-        ...
-
-    def apply_background_fold(self, job: FrozenFold) -> None: ...
-
-    def abort_background_fold(self, job: FrozenFold) -> None: ...
 
     def close(self, snapshot: bool = True) -> SnapshotNo | None: ...
 

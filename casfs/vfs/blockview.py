@@ -14,8 +14,8 @@ from casfs.ids import InodeNo
 from casfs.repo import Repository
 from casfs.snapshots.chunkmap import ChunkMap
 from casfs.store.ids import ZERO_ID, BlobId
-from casfs.vfs.api import ROOT_INO, Piece, Stat, no_xattr
-from casfs.vfs.chunks import plan_pieces
+from casfs.vfs.api import ROOT_INO, ReadPiece, Stat, no_xattr
+from casfs.vfs.plan import plan_pieces
 
 
 class OneFile:
@@ -93,7 +93,7 @@ class BlockView(OneFile):
             return 0
         return allocated_blocks(self.map.data_chunks(), self.size, self.chunk_size)
 
-    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
+    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[ReadPiece]:
         self._check(ino)
         if self.map is None:
             return []

@@ -1,32 +1,15 @@
 """The read path's chunk cache: decompressed, verified chunks in a bounded LRU, with
-read-ahead for sequential readers.
+read-ahead for sequential readers. Where a miss is read and when to read ahead is one
+policy (casfs.vfs.readpolicy); this module does the reads it decides, and is the one
+module of casfs.vfs that imports trio.
 
-Threading: `cached()` and `readahead()` run on the trio thread and never block;
-`fetch()` blocks (disk, zstd, BLAKE3) and runs in worker threads. A miss costs far
-less read where it is asked than handed to a worker and back (two thread wake-ups and
-the GIL passed back and forth at each of the read's syscalls: about 160 us of CPU on 2
-cores around a read and check of a 64 KiB chunk that itself costs about 100), so
-`fetch_async()` reads a small miss (one or two chunks) on the trio thread. First
-without waiting (`get_nowait`, an RWF_NOWAIT read: a blob wholly in the page cache is
-read, and for a local store a blob that is not has its disk read started, and the pack
-around it asked for: store.around); then, what that did not read, by a plain blocking
-read, as long as such reads stay fast: from a local store (`local`) always, even with
-other requests waiting (their wait for the disk costs them less than the hand-off: a
-clone read at random after a drop of caches went from 1,866-1,909 IOPS at queue depth
-16 to 2,605-2,747 at half the CPU per request in a quiet hour, and kept its IOPS at
-20% less CPU at load 3; block_ops, main and this interleaved; handing only the reads
-that would wait to workers did not pay either, 2026-11-27); from a remote one (a
-network round trip per miss) only when no other request waits (`idle`: no fetch in a
-worker and nothing queued by the kernel). The rest go to the cache's own worker
-threads (`_Workers`: a queue and a wake-up of the waiting task, cheaper than
-trio.to_thread's). Two fetches of one blob share a single read (an in-flight map of
-futures), and read-ahead loads run in a small pool of their own, so a prefetched chunk
-is waited for, not read twice. Read-ahead loads, and misses read in workers, go to the
-store as runs of chunks (`get_many`: a pack store reads the chunks a disk or file has
-side by side with one index query and one pread, then checks each on its own).
-
-A blob that fails verification raises Corruption to the reader that asked for it and
-is counted (`corrupt_reads`, `last_corrupt`): the mount shows the count as an xattr.
+`cached()` and `readahead()` run on the trio thread and never block; `fetch()` blocks
+(disk, zstd, BLAKE3): worker threads; `fetch_async()` is the trio thread's. Two fetches
+of one blob share one read (an in-flight map of futures); read-ahead loads run in a
+pool of their own, misses in the cache's workers (_Workers, cheaper than
+trio.to_thread), both as runs (`get_many`: one index query and one pread for chunks
+side by side). A blob that fails verification raises Corruption to its reader and is
+counted (`corrupt_reads`, `last_corrupt`: the mount shows the count as an xattr).
 """
 
 from __future__ import annotations
@@ -37,21 +20,21 @@ import os
 import queue
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TypeVar
 
 import outcome
 import trio
 
 from casfs.errors import Corruption, MissingBlob, transient
-from casfs.ids import ChunkNo
 from casfs.store.cache import LRU
 from casfs.store.ids import ZERO_ID, BlobId
-from casfs.vfs.api import Piece
+from casfs.vfs.api import ReadPiece
 from casfs.vfs.loading import Load
+from casfs.vfs.plan import Planner
+from casfs.vfs.readpolicy import PREFETCH_RUN, Idle, ReadPolicy
 
 # The daemon's own cache is small: the kernel's page cache keeps the blob files (and,
 # for immutable content, the files read through the mount), and a hit there costs one
@@ -60,57 +43,24 @@ from casfs.vfs.loading import Load
 # 134-216, same hour), and the daemon's peak RSS fell by the 16 MiB. (Random reads of a
 # disk bigger than the cache hit it seldom either way: 1.5% against 3% for 1 GiB.)
 DEFAULT_CACHE_BYTES = 16 << 20
-# Read-ahead window for a sequential reader, and how many reads in a row make one.
+# Read-ahead window for a sequential reader (casfs.vfs.readpolicy: when it starts).
 DEFAULT_READAHEAD_BYTES = 8 << 20
-_SEQUENTIAL_AFTER = 2
-# Reads this close to where the last one ended still count as sequential: the kernel's
-# own read-ahead sends several requests at once and they may arrive out of order.
-_SEQ_SLACK = 1 << 20
-_MAX_STREAMS = 1024
-# Chunks read-ahead may have loading at once, in bytes (two windows: the cache's size).
-# Counted in chunks (256) it left a window of 16 KiB chunks half asked for: the other
-# half of each top-up went unloaded, every chunk of it a miss of the reader's own.
+# Chunks read-ahead may have loading at once, in bytes (two windows: the cache's size;
+# counted in chunks, 256, it left half of a window of 16 KiB chunks unloaded).
 _MAX_INFLIGHT_BYTES = 16 << 20
 _MIN_CHUNK_BYTES = 4 << 10  # (the unit counted for smaller pieces: a small file's)
-# Read-ahead threads: one per core, at most 4. Decoding and hashing release the GIL, and
-# every release hands it to a thread waiting for it: more threads than cores only take
-# turns. A cold read of a 1 GiB image on 2 cores (perf): 4 threads spent 0.33 s of
-# each GiB in futex calls at 32 KiB chunks, 2 threads 0.06 s, at the same MB/s.
+# Read-ahead threads: one per core, at most 4 (decoding and hashing release the GIL to a
+# waiting thread: more threads than cores take turns; a cold 1 GiB read on 2 cores spent
+# 0.33 s per GiB in futex calls with 4 threads at 32 KiB chunks, 0.06 s with 2).
 _PREFETCH_WORKERS = max(1, min(4, len(os.sched_getaffinity(0))))
-_PREFETCH_RUN = 4
-# Misses served on the trio thread: at most this many chunks per request (a bigger read
-# goes to a worker), and after this many cold misses in a row from a remote store (not
-# in the page cache: each try is wasted) the next _INLINE_BACKOFF requests do not try.
-# (A local store's failed try is not wasted: it starts the read the blocking one waits for.)
-_INLINE_MAX = 2
-_INLINE_GIVE_UP = 8
-_INLINE_BACKOFF = 256
-# _BLOCKING_SLOW_RUN blocking reads in a row on the trio thread slower than this (a
-# failing disk, a remote store) stop them for _BLOCKING_PAUSE_S: other requests must not
-# queue behind such reads. Not one: on a disk shared with other work, a cold read now
-# and then takes longer, and pausing for it sent the next 10 s of misses to workers.
-_BLOCKING_SLOW_S = 0.05
-_BLOCKING_SLOW_RUN = 3
-_BLOCKING_PAUSE_S = 10.0
-# Threads for misses read in workers: enough to keep a disk's queue full at the depth
-# a hypervisor uses (16), few enough not to fight over the GIL.
+# Threads for misses read in workers: a hypervisor's queue depth (16) kept busy, few enough for the GIL.
 _MISS_WORKERS = 8
 
 Get = Callable[[BlobId], bytes]
 # The store's read of a run (BlobStore.get_many): each blob's plaintext or error, as ready.
 GetMany = Callable[[Sequence[BlobId]], Iterator[tuple[BlobId, bytes | Exception]]]
 GetNowait = Callable[[BlobId], bytes | None]
-Plan = Callable[[int, int], list[Piece]]
-# True when no request waits to be read (the daemon polls its FUSE device).
-Idle = Callable[[], bool]
 T = TypeVar("T")
-
-
-@dataclass
-class _Stream:
-    next_offset: int  # where the last read ended (the furthest end seen)
-    ahead: int  # read-ahead has been issued up to here
-    run: int = 0  # sequential reads in a row
 
 
 class ChunkCache:
@@ -132,15 +82,10 @@ class ChunkCache:
         self._get = get
         self._get_many = get_many
         self._get_nowait = get_nowait
-        # Set by the daemon once its FUSE session exists; None: never a blocking read here.
-        self.idle = idle
-        self.local = local  # the store's blobs are local files (not a network away)
-        self._cold_run = 0  # inline tries that found the blob out of the page cache, in a row
-        self._skip_inline = 0
-        self.inline = 0
+        self.policy = ReadPolicy(local, get_nowait is not None)
+        self.policy.idle = idle
+        self.inline = 0  # misses read on the trio thread without waiting (nowait)
         self.blocking = 0  # misses read by a blocking read on the trio thread
-        self._block_after = 0.0  # (time.monotonic) no blocking read here before this
-        self._slow_run = 0  # blocking reads in a row slower than _BLOCKING_SLOW_S
         self._waiting = 0  # fetch_async calls waiting for a worker
         self._misses = _Workers(miss_workers, "casfs-read")
         self._lru: LRU[BlobId, bytes] = LRU(max_bytes)
@@ -148,11 +93,18 @@ class ChunkCache:
         self._inflight: dict[BlobId, Load] = {}
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="casfs-readahead") if workers else None
         self._pool_size = workers
-        self._streams: OrderedDict[Hashable, _Stream] = OrderedDict()
         self.readahead_bytes = readahead_bytes
         self.corrupt_reads = 0
         self.last_corrupt: deque[BlobId] = deque(maxlen=8)
         self.prefetched = 0
+
+    @property
+    def idle(self) -> Idle | None:
+        return self.policy.idle
+
+    @idle.setter
+    def idle(self, idle: Idle | None) -> None:
+        self.policy.idle = idle
 
     def close(self) -> None:
         self._misses.close()
@@ -180,7 +132,7 @@ class ChunkCache:
             self._load(bid, fut)
         return self._results([(bid, fut)], {fut} if mine else ())[bid]
 
-    def split(self, pieces: Iterable[Piece]) -> tuple[dict[BlobId, bytes], list[BlobId]]:
+    def split(self, pieces: Iterable[ReadPiece]) -> tuple[dict[BlobId, bytes], list[BlobId]]:
         """The chunks a read needs: those in memory, and the ids still to fetch."""
         have: dict[BlobId, bytes] = {}
         missing: list[BlobId] = []
@@ -254,17 +206,17 @@ class ChunkCache:
     async def fetch_async(self, bids: Iterable[BlobId]) -> dict[BlobId, bytes]:
         """fetch_many() for the trio thread: chunks that read-ahead is already loading
         are awaited where they are (no worker thread just to wait); a small miss is read
-        here when that stalls nothing (see the module's docstring); the rest are read in
-        worker threads, _PREFETCH_RUN chunks each (a 1 MiB request reads 16 in parallel)."""
+        here where the policy says so (casfs.vfs.readpolicy); the rest in worker threads."""
         todo = list(bids)
         # Nothing in flight (a random reader's case): no pass under the lock. (Read
         # without it: a load started just now is at worst read here a second time.)
         waits, todo = self.loading(todo) if self._inflight else ([], todo)
         out: dict[BlobId, bytes] = {}
-        if todo and len(todo) <= _INLINE_MAX:
-            if self._try_inline():
+        policy = self.policy
+        if policy.small(len(todo)):
+            if policy.try_nowait():
                 todo = [bid for bid in todo if not self._fetch_inline(bid, out)]
-            if todo and self._may_block():
+            if todo and policy.may_block(self._waiting):
                 self._read_here(todo, out)
                 todo = []
         if todo:
@@ -283,7 +235,7 @@ class ChunkCache:
             self._waiting -= 1
 
     async def _fetch_runs(self, todo: list[BlobId], out: dict[BlobId, bytes], retry: bool) -> None:
-        runs = [todo[i : i + _PREFETCH_RUN] for i in range(0, len(todo), _PREFETCH_RUN)]
+        runs = [todo[i : i + PREFETCH_RUN] for i in self.policy.worker_runs(len(todo))]
         if len(runs) == 1:
             out.update(await self._misses.run(functools.partial(self.fetch_many, todo, retry)))
             return
@@ -302,14 +254,6 @@ class ChunkCache:
         if errors:
             raise errors[0]
 
-    def _may_block(self) -> bool:
-        """Whether a small miss may be read by a blocking read on the trio thread: such
-        reads have been fast, and the store is local or no other request waits (the
-        module's docstring says why)."""
-        if self.idle is None or time.monotonic() < self._block_after:
-            return False
-        return self.local or (self._waiting == 0 and self.idle())
-
     def _read_here(self, todo: list[BlobId], out: dict[BlobId, bytes]) -> None:
         for bid in todo:
             start = time.monotonic()
@@ -319,20 +263,10 @@ class ChunkCache:
                 self.count_corrupt(bid)
                 raise
             finally:
-                self._slow_run = self._slow_run + 1 if time.monotonic() - start > _BLOCKING_SLOW_S else 0
-                if self._slow_run >= _BLOCKING_SLOW_RUN:
-                    self._slow_run, self._block_after = 0, time.monotonic() + _BLOCKING_PAUSE_S
+                self.policy.blocked(time.monotonic() - start)
             self.blocking += 1
             self._lru.put(bid, data, len(data))
             out[bid] = data
-
-    def _try_inline(self) -> bool:
-        if self._get_nowait is None:
-            return False
-        if self._skip_inline:
-            self._skip_inline -= 1
-            return False
-        return True
 
     def _fetch_inline(self, bid: BlobId, out: dict[BlobId, bytes]) -> bool:
         """The chunk into `out` without leaving the trio thread, if it can be had
@@ -345,12 +279,9 @@ class ChunkCache:
             except Corruption:
                 self.count_corrupt(bid)
                 raise
+            self.policy.nowait_tried(data is not None)
             if data is None:
-                self._cold_run += 1
-                if self._cold_run >= _INLINE_GIVE_UP and not self.local:
-                    self._cold_run, self._skip_inline = 0, _INLINE_BACKOFF
                 return False
-            self._cold_run = 0
             self.inline += 1
             self._lru.put(bid, data, len(data))
         out[bid] = data
@@ -403,36 +334,18 @@ class ChunkCache:
 
     # -- read-ahead --------------------------------------------------------------
 
-    def readahead(self, key: Hashable, offset: int, size: int, plan: Plan) -> None:
+    def readahead(self, key: Hashable, offset: int, size: int, plan: Planner) -> None:
         """Note a read of [offset, offset+size) by stream `key` (a file of a view); once
         reads are sequential, keep `readahead_bytes` beyond them loading in the
-        background. `plan(offset, size)` describes bytes ahead (a view's read_plan).
-        Trio thread; never blocks."""
+        background (the policy says when). `plan(offset, size)` describes bytes ahead
+        (a view's read_plan). Trio thread; never blocks."""
         if self._pool is None or self.readahead_bytes <= 0:
             return
-        end = offset + size
-        st = self._streams.get(key)
-        if st is None:
-            self._streams[key] = _Stream(end, end)
-            if len(self._streams) > _MAX_STREAMS:
-                self._streams.popitem(last=False)
+        ahead = self.policy.read_ahead(key, offset, size, self.readahead_bytes)
+        if ahead is None:
             return
-        self._streams.move_to_end(key)
-        if abs(offset - st.next_offset) > _SEQ_SLACK:  # (a random reader's every read: no new _Stream)
-            st.next_offset = st.ahead = end
-            st.run = 0
-            return
-        st.run += 1
-        st.next_offset = max(st.next_offset, end)
-        if st.run < _SEQUENTIAL_AFTER:
-            return
-        window = self.readahead_bytes
-        start = max(st.ahead, st.next_offset)
-        # Top the window up in halves: planning per request would cost more than reading.
-        if start - st.next_offset >= window // 2:
-            return
-        st.ahead = st.next_offset + window
-        pieces = [p for p in plan(start, st.ahead - start) if p.data is None and p.blob != ZERO_ID]
+        start, stop = ahead
+        pieces = [p for p in plan(start, stop - start) if p.data is None and p.blob != ZERO_ID]
         self.prefetch([p.blob for p in pieces], max((p.end - p.start for p in pieces), default=0))
 
     def loading(self, bids: list[BlobId]) -> tuple[list[tuple[BlobId, Load]], list[BlobId]]:
@@ -458,7 +371,7 @@ class ChunkCache:
         return got
 
     def forget_stream(self, key: Hashable) -> None:
-        self._streams.pop(key, None)
+        self.policy.forget_stream(key)
 
     def prefetch(self, bids: Iterable[BlobId], chunk_bytes: int) -> None:
         """Start loading chunks of at most `chunk_bytes` each in the background (skipping
@@ -480,10 +393,10 @@ class ChunkCache:
                 fut: Load = Load()
                 self._inflight[bid] = fut
                 todo.append((bid, fut))
-        # One run per worker (of at least _PREFETCH_RUN): the store reads a run with one
+        # One run per worker (of at least PREFETCH_RUN): the store reads a run with one
         # index query, and chunks side by side in a pack with one pread (get_many). A
         # window's half of 4 MiB on 2 workers: runs of 2 MiB (32 chunks of 64 KiB).
-        step = max(_PREFETCH_RUN, -(-len(todo) // self._pool_size))
+        step = max(PREFETCH_RUN, -(-len(todo) // self._pool_size))
         for i in range(0, len(todo), step):
             self._pool.submit(self._load_run, todo[i : i + step])
 
@@ -584,33 +497,3 @@ async def _wait_all(futs: list[Load]) -> None:
     for fut in futs:
         fut.add_done_callback(one)
     await done.wait()
-
-
-def plan_pieces(
-    chunk_run: Callable[[int, int], list[BlobId]], size: int, chunk_size: int, offset: int, length: int
-) -> list[Piece]:
-    """The pieces of a read of [offset, offset+length) of content `size` bytes long whose
-    chunks first..first+count-1 are `chunk_run(first, count)`; cut at the end of the
-    content. (On the trio thread for every read, and for each top-up of read-ahead.)"""
-    end = min(offset + length, size)
-    if offset >= end:
-        return []
-    first, last = offset // chunk_size, (end - 1) // chunk_size
-    ids = chunk_run(first, last - first + 1)
-    head = offset - first * chunk_size
-    if first == last:
-        return [Piece(head, end - first * chunk_size, ids[0])]
-    pieces = [Piece(head, chunk_size, ids[0])]
-    pieces += [Piece(0, chunk_size, bid) for bid in ids[1:-1]]
-    pieces.append(Piece(0, end - last * chunk_size, ids[-1]))
-    return pieces
-
-
-def chunk_spans(offset: int, end: int, chunk_size: int) -> Iterator[tuple[ChunkNo, int, int]]:
-    """The chunks bytes [offset, end) cover: (n, start, stop) within each chunk."""
-    pos = offset
-    while pos < end:
-        q, start = divmod(pos, chunk_size)
-        stop = min(chunk_size, end - q * chunk_size)
-        yield ChunkNo(q), start, stop
-        pos = q * chunk_size + stop

@@ -26,7 +26,7 @@ from casfs.ids import ChunkNo, InodeNo, SnapshotNo
 from casfs.repo import Repository
 from casfs.snapshots.chunkmap import ChunkMap
 from casfs.store.ids import ZERO_ID, BlobId
-from casfs.vfs.api import ROOT_INO, Piece, Stat
+from casfs.vfs.api import ROOT_INO, ReadPiece, Stat
 from casfs.vfs.blockview import BlockView, OneFile, allocated_blocks
 from casfs.vfs.overlay.stack import Frozen, UpperStack
 from casfs.vfs.overlay.upper import BLOCK, Upper
@@ -132,7 +132,7 @@ class FrozenBlockView(OneFile):
         self._check(ino)
         return self._stat  # (kept across the fold: what was shown stays)
 
-    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
+    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[ReadPiece]:
         self._check(ino)
         self.check_folded()
         if self.stored is not None:

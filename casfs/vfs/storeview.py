@@ -38,7 +38,7 @@ from casfs.lifecycle.phases import ImagePhase, VolumePhase
 from casfs.lifecycle.pids import alive
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
-from casfs.vfs.api import ROOT_INO, Piece, RwView, Stat, View, enoent, no_xattr
+from casfs.vfs.api import ROOT_INO, ReadPiece, RwView, Stat, View, enoent, no_xattr
 from casfs.vfs.blockview import BlockView
 from casfs.vfs.frozenview import FrozenBlockView
 from casfs.vfs.treeview import TreeView
@@ -211,7 +211,7 @@ class StoreView:
     def readlink(self, ino: InodeNo) -> bytes:
         raise OSError(errno.EINVAL, "not a symlink")
 
-    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
+    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[ReadPiece]:
         raise OSError(errno.EISDIR, "a directory")
 
     def getxattr(self, ino: InodeNo, name: bytes) -> bytes:

@@ -25,8 +25,8 @@ from casfs.snapshots.chunkmap import Content
 from casfs.snapshots.tree import TreeIndex
 from casfs.store.cache import LRU
 from casfs.store.ids import BlobId
-from casfs.vfs.api import ROOT_INO, Piece, Stat, enoent, no_xattr
-from casfs.vfs.chunks import plan_pieces
+from casfs.vfs.api import ROOT_INO, ReadPiece, Stat, enoent, no_xattr
+from casfs.vfs.plan import plan_pieces
 
 # Tree blobs kept (their bytes, indexed: see TreeIndex). Not much fewer: listing a
 # directory reads each subdirectory's tree too (its attributes live there), and a cache
@@ -104,7 +104,7 @@ class TreeView:
             raise OSError(errno.EINVAL, "not a symlink")
         return target
 
-    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
+    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[ReadPiece]:
         content = self._content(ino)
         return plan_pieces(content.chunk_run, content.size, self.chunk_size, offset, size)
 

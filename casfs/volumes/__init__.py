@@ -6,7 +6,7 @@ mount daemon (casfs.fuse) folds the overlay into a new base; everything here wor
 volumes that are not mounted read/write.
 
 Phases (casfs.lifecycle.phases; recorded before the work, with the owner's pid;
-casfs.lifecycle.recovery handles those a dead process left):
+casfs.upkeep.recovery handles those a dead process left):
 
   creating       a blank volume's base is being written (a clone is one transaction)
   ready          at rest

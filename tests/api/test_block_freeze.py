@@ -19,26 +19,27 @@ from casfs.exporters import export_raw
 from casfs.ids import ROOT_INO, SnapshotNo
 from casfs.repo import Repository
 from casfs.vfs.api import assemble
-from casfs.vfs.blockvolume import BlockVolume
 from casfs.vfs.frozenview import FrozenBlockView
-from casfs.vfs.overlay.writeback import _finish
+from casfs.vfs.rw.jobs.frozen_fold import FrozenFold
+from casfs.vfs.rw.volume import RwVolume, finish
 from casfs.vfs.volume import open_volume
+from tests.helpers.volumes import block, freeze_of
 
 CHUNK = 64 << 10
 SIZE = 48 * CHUNK + 4096
 
 
-def clone(repo: Repository, tmp_path: Path) -> tuple[BlockVolume, bytearray]:
+def clone(repo: Repository, tmp_path: Path) -> tuple[RwVolume, bytearray]:
     data = bytearray(os.urandom(SIZE // 2) + bytes(SIZE - SIZE // 2))
     (tmp_path / "disk.img").write_bytes(data)
     images.import_image(repo, "disk", tmp_path / "disk.img")
     volumes.create_volume(repo, "vm", volumes.Source(image="disk"))
     v = open_volume(repo, "vm")
-    assert isinstance(v, BlockVolume)
+    block(v)
     return v, data
 
 
-def scribble(v: BlockVolume, ref: bytearray, rnd: random.Random, count: int) -> None:
+def scribble(v: RwVolume, ref: bytearray, rnd: random.Random, count: int) -> None:
     for _ in range(count):
         off = rnd.randrange(SIZE)
         payload = rnd.choice([os.urandom, bytes])(rnd.choice([1, 700, 4096, 5000, CHUNK + 9]))
@@ -46,14 +47,14 @@ def scribble(v: BlockVolume, ref: bytearray, rnd: random.Random, count: int) -> 
         ref[off : off + written] = payload[:written]
 
 
-def snapshot_now(v: BlockVolume, label: str | None = None) -> SnapshotNo:
+def snapshot_now(v: RwVolume, label: str | None = None) -> SnapshotNo:
     v.flush_sync()
-    job = v.prepare_freeze(label)
+    job = freeze_of(v, label)
     assert job is not None  # only upper writes changed the volume: it can freeze
-    return _finish(job, v.run_freeze, v.abort_freeze, v.apply_freeze).snapshot
+    return finish(job).snapshot
 
 
-def whole(v: BlockVolume) -> bytes:
+def whole(v: RwVolume) -> bytes:
     return assemble(v.read_plan(ROOT_INO, 0, SIZE), v.repo.get)
 
 
@@ -82,11 +83,11 @@ def test_frozen_epochs_stack_and_fold_in_order(repo: Repository, tmp_path: Path)
     # The background fold, one epoch at a time, while writes go on.
     job = v.prepare_background_fold()
     assert job is not None and v.prepare_background_fold() is None  # one at a time
-    v.run_background_fold(job)
+    job.run()
     scribble(v, ref, rnd, 10)
-    v.apply_background_fold(job)
+    job.apply()
     assert whole(v) == bytes(ref)
-    assert v.fold_frozen_sync() == 3
+    assert block(v).fold_frozen_sync() == 3
     assert whole(v) == bytes(ref)
     for n, state in states.items():
         assert stored(repo, n, tmp_path) == state
@@ -109,8 +110,8 @@ def test_a_crash_with_frozen_epochs_loses_nothing(repo: Repository, tmp_path: Pa
     del v  # the daemon died
 
     again = open_volume(repo, "vm")
-    assert isinstance(again, BlockVolume)
-    assert [f.snapshot for f in again.uppers.frozen] == [1]
+    block(again)
+    assert [f.snapshot for f in block(again).uppers.frozen] == [1]
     again.close()
     assert stored(repo, 1, tmp_path) == at_one
     snaps = volumes.list_snapshots(repo, "vm")
@@ -142,15 +143,15 @@ def test_a_snapshot_of_an_unchanged_volume_does_not_wait_for_the_fold_before_it(
     scribble(v, ref, random.Random(8), 30)
     assert snapshot_now(v, "first") == 1
     assert snapshot_now(v, "again") == 2  # (snapshot_now asserts it froze: no fold)
-    assert [f.snapshot for f in v.uppers.frozen] == [1, 2]
+    assert [f.snapshot for f in block(v).uppers.frozen] == [1, 2]
     assert repo.conn.execute("SELECT count(*) FROM snapshots").fetchone()[0] == 0
     assert whole(v) == bytes(ref)
     del v  # the daemon died before either fold
 
     again = open_volume(repo, "vm")
-    assert isinstance(again, BlockVolume)
-    assert [f.snapshot for f in again.uppers.frozen] == [1, 2]
-    assert again.fold_frozen_sync() == 2
+    block(again)
+    assert [f.snapshot for f in block(again).uppers.frozen] == [1, 2]
+    assert block(again).fold_frozen_sync() == 2
     assert stored(repo, 1, tmp_path) == stored(repo, 2, tmp_path) == bytes(ref)
     labels = [(s.n, s.label) for s in volumes.list_snapshots(repo, "vm")]
     assert labels == [(1, "first"), (2, "again")]
@@ -167,7 +168,7 @@ def test_writes_syncs_freezes_folds_and_crashes_against_a_model(
     step; a background fold may have committed without its view learning of it."""
     volumes.create_volume(repo, "vm", volumes.Source(blank_block=SIZE))
     v = open_volume(repo, "vm")
-    assert isinstance(v, BlockVolume)
+    block(v)
     rnd = random.Random(seed)
     acked, cur = bytearray(SIZE), bytearray(SIZE)
     folding = None
@@ -178,21 +179,21 @@ def test_writes_syncs_freezes_folds_and_crashes_against_a_model(
         elif op < 0.8:
             v.flush_sync()
             acked[:] = cur
-            freeze = v.prepare_freeze(None) if op >= 0.7 else None
+            freeze = freeze_of(v, None) if op >= 0.7 else None
             if freeze is not None:
-                _finish(freeze, v.run_freeze, v.abort_freeze, v.apply_freeze)
+                finish(freeze)
         elif op < 0.9:
             if folding is None:
                 folding = v.prepare_background_fold()
                 if folding is not None:
-                    v.run_background_fold(folding)
+                    folding.run()
             else:
-                v.apply_background_fold(folding)
+                folding.apply()
                 folding = None
         else:
             folding = None
             reopened = open_volume(repo, "vm")
-            assert isinstance(reopened, BlockVolume)
+            block(reopened)
             v = reopened
             got = whole(v)
             for b in range(0, SIZE, 4096):
@@ -212,9 +213,9 @@ def test_the_disk_file_s_own_row_never_names_its_content(repo: Repository, tmp_p
     v.flush_sync()  # the row, naming the base before the fold
     job = v.prepare_background_fold()
     assert job is not None
-    v.run_background_fold(job)  # committed; the daemon dies before applying it
+    job.run()  # committed; the daemon dies before applying it
     again = open_volume(repo, "vm")
-    assert isinstance(again, BlockVolume)
+    block(again)
     assert whole(again) == bytes(ref)
     assert again.getattr(ROOT_INO).mode & 0o777 == 0o600
 
@@ -244,8 +245,8 @@ def test_frozen_snapshots_read_the_same_before_during_and_after_their_folds(
     for n, view in views.items():
         assert read(view) == states[n]
         assert view is not None and view.stored is None and not view.check_folded()
-    while (job := v.prepare_background_fold()) is not None:
-        _finish(job, v.run_background_fold, v.abort_background_fold, v.apply_background_fold)
+    while (job := FrozenFold.capture(block(v))) is not None:
+        finish(job)
         for n, view in views.items():  # (each looks: the oldest epoch it reads went)
             assert read(view) == states[n]
             assert view is not None and view.check_folded() == (n <= job.frozen.snapshot)
@@ -274,7 +275,7 @@ def test_the_disk_file_s_attributes_are_the_volume_s_not_a_change_to_snapshot(
     assert written > 10**18 and v.close() == first + 1  # a fold, in this thread
     assert not volume_rows.has_overlay(repo.conn, "vm")
     again = open_volume(repo, "vm")
-    assert isinstance(again, BlockVolume)
+    block(again)
     st = again.getattr(ROOT_INO)
     assert (st.mode & 0o777, st.mtime_ns, st.size) == (0o600, written, SIZE)
     assert whole(again) == bytes(ref)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from casfs import images, volumes
 from casfs.fuse import rwsession
@@ -18,27 +19,28 @@ from casfs.ids import ROOT_INO
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
 from casfs.vfs.api import Fetched, assemble
-from casfs.vfs.blockvolume import BlockVolume
 from casfs.vfs.overlay.upper import CLUSTER, Sync, Upper
+from casfs.vfs.rw.volume import RwVolume
 from casfs.vfs.volume import open_volume
+from tests.helpers.volumes import block
 
 SIZE = 1 << 20
 
 
-def _volume(repo: Repository, tmp_path: Path) -> BlockVolume:
+def _volume(repo: Repository, tmp_path: Path) -> RwVolume:
     (tmp_path / "disk.img").write_bytes(bytes(SIZE))
     images.import_image(repo, "disk", tmp_path / "disk.img")
     volumes.create_volume(repo, "vm", volumes.Source(image="disk"))
     v = open_volume(repo, "vm")
-    assert isinstance(v, BlockVolume)
+    block(v)
     return v
 
 
-def _read(v: BlockVolume, offset: int, size: int) -> bytes:
+def _read(v: RwVolume, offset: int, size: int) -> bytes:
     return assemble(v.read_plan(ROOT_INO, offset, size), v.repo.get)
 
 
-async def _write(v: BlockVolume, offset: int, data: bytes) -> None:
+async def _write(v: RwVolume, offset: int, data: bytes) -> None:
     async def fetch(ids: list[BlobId]) -> Fetched:
         raise AssertionError("whole blocks need nothing from below")
 
@@ -78,16 +80,20 @@ def test_writes_go_on_while_the_upper_syncs(
                 second.set()
 
             nursery.start_soon(flush_again)
-            await trio.sleep(0.2)
-            assert not second.is_set()  # it waits for the sync before it
+            await trio.testing.wait_all_tasks_blocked()
+            syncing = rwsession.lock(v).syncing
+            # It waits for the sync before it: parked on that sync's event, not done.
+            assert syncing is not None and syncing.statistics().tasks_waiting == 1
+            assert not second.is_set()
             go_on.set()
         assert second.is_set()
 
     trio.run(main)
     assert syncs == [2, 3]  # in capture order, the second covering the write made meanwhile
-    assert v.upper is not None and not v.upper.dirty
+    upper = block(v).upper
+    assert upper is not None and not upper.dirty
     again = open_volume(repo, "vm")  # from the files, as a crash would leave them
-    assert isinstance(again, BlockVolume)
+    block(again)
     assert _read(again, 0, 3 * 4096) == b"a" * 4096 + b"b" * 4096 + b"c" * 4096
 
 
@@ -100,12 +106,12 @@ def test_the_zeros_a_write_fills_its_cluster_with_are_never_read(repo: Repositor
     images.import_image(repo, "disk", tmp_path / "disk.img")
     volumes.create_volume(repo, "vm", volumes.Source(image="disk"))
     v = open_volume(repo, "vm")
-    assert isinstance(v, BlockVolume)
+    block(v)
     at, data = CLUSTER + 3 * 4096, b"x" * 4096
     v.write_sync(ROOT_INO, at, data)
     want = base[:at] + data + base[at + len(data) :]
     assert _read(v, 0, 3 * CLUSTER) == want[: 3 * CLUSTER]
     v.flush_sync()
     again = open_volume(repo, "vm")
-    assert isinstance(again, BlockVolume)
+    block(again)
     assert _read(again, 0, SIZE) == want

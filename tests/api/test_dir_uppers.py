@@ -14,12 +14,15 @@ from casfs.ids import ROOT_INO, InodeNo
 from casfs.repo import Repository
 from casfs.store.uppers import upper_dir
 from casfs.vfs.api import assemble
-from casfs.vfs.volume import DirVolume, open_volume
+from casfs.vfs.rw.dirkind import DirKind
+from casfs.vfs.rw.volume import RwVolume
+from casfs.vfs.volume import open_volume
+from tests.helpers.volumes import names
 
 CHUNK = 64 << 10
 
 
-def read(v: DirVolume, ino: InodeNo) -> bytes:
+def read(v: RwVolume, ino: InodeNo) -> bytes:
     return assemble(v.read_plan(ino, 0, v.getattr(ino).size), v.repo.get)
 
 
@@ -28,13 +31,13 @@ def upper_files(repo: Repository, volume: str) -> list[str]:
     return sorted(os.listdir(folder)) if folder.exists() else []
 
 
-def dir_volume(repo: Repository, name: str) -> DirVolume:
+def dir_volume(repo: Repository, name: str) -> RwVolume:
     v = open_volume(repo, name)
-    assert isinstance(v, DirVolume)
+    assert isinstance(v.kind, DirKind)
     return v
 
 
-def image_volume(repo: Repository, tmp_path: Path) -> tuple[DirVolume, InodeNo, bytes]:
+def image_volume(repo: Repository, tmp_path: Path) -> tuple[RwVolume, InodeNo, bytes]:
     """A volume of an image holding `big`: three chunks and a bit, a hole in the middle."""
     src = tmp_path / "src"
     src.mkdir()
@@ -91,7 +94,7 @@ def test_writes_a_crash_cut_off_never_come_back_when_the_file_grows(repo: Reposi
     written past that size is gone, even once the file grows over it again."""
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
     v = dir_volume(repo, "v")
-    f = v.mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0).ino
+    f = names(v).mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0).ino
     v.write_sync(f, 0, b"committed")
     v.flush_sync()
     v.write_sync(f, 0, b"C")  # within the committed size: in place
@@ -110,11 +113,11 @@ def test_an_emptied_file_starts_an_empty_generation_and_unlink_retires_it(
     v.write_sync(big, 0, b"short")
     v.flush_sync()
     assert read(dir_volume(repo, "v"), big) == b"short"
-    new = v.mknod(ROOT_INO, b"new", stat.S_IFREG | 0o644, 0, 0, 0)
+    new = names(v).mknod(ROOT_INO, b"new", stat.S_IFREG | 0o644, 0, 0, 0)
     v.write_sync(new.ino, 3 * CHUNK, b"far")  # a sparse new file: no copy-up
     v.flush_sync()
     assert len(upper_files(repo, "v")) == 2
-    v.unlink(ROOT_INO, b"big")
+    names(v).unlink(ROOT_INO, b"big")
     v.forget(big)
     assert len(upper_files(repo, "v")) == 2  # until the commit that drops its row
     v.flush_sync()
@@ -125,7 +128,7 @@ def test_an_emptied_file_starts_an_empty_generation_and_unlink_retires_it(
 def test_left_overs_are_removed_and_never_read(repo: Repository, tmp_path: Path) -> None:
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
     v = dir_volume(repo, "v")
-    f = v.mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
+    f = names(v).mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
     v.write_sync(f.ino, 0, b"committed")
     v.flush_sync()
     folder = upper_dir(repo.path, "v")
@@ -134,6 +137,6 @@ def test_left_overs_are_removed_and_never_read(repo: Repository, tmp_path: Path)
     again = dir_volume(repo, "v")
     assert read(again, f.ino) == b"committed"
     assert upper_files(repo, "v") == [f"i{f.ino}.1"]
-    g = again.mknod(ROOT_INO, b"g", stat.S_IFREG | 0o644, 0, 0, 0)
+    g = names(again).mknod(ROOT_INO, b"g", stat.S_IFREG | 0o644, 0, 0, 0)
     again.write_sync(g.ino, 0, b"g")
     assert f"i{g.ino}.8" in upper_files(repo, "v")  # numbered above any left-over

@@ -11,9 +11,9 @@ import pytest
 
 from casfs import volumes
 from casfs.catalog import volumes as rows
-from casfs.lifecycle.ephemeral import expire
 from casfs.repo import Repository
 from casfs.units import parse_duration
+from casfs.upkeep.ephemeral import expire
 from tests.helpers.cli import casfs, js, ok
 from tests.helpers.fsck import assert_consistent
 

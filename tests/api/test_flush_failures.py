@@ -26,6 +26,7 @@ from casfs.store.ids import BlobId
 from casfs.vfs.api import ROOT_INO, assemble
 from casfs.vfs.volume import Volume, open_volume
 from tests.helpers import blobs as blob_files
+from tests.helpers.volumes import names as ns
 
 CHUNK = 64 << 10
 
@@ -56,12 +57,12 @@ def test_a_failed_flush_keeps_every_change_for_the_next_one(repo: Repository) ->
     flush, are committed by the next one, and are there after a crash."""
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
     v = open_volume(repo, "v")
-    a = v.mknod(ROOT_INO, b"a", stat.S_IFREG | 0o644, 0, 0, 0)
+    a = ns(v).mknod(ROOT_INO, b"a", stat.S_IFREG | 0o644, 0, 0, 0)
     v.write_sync(a.ino, 0, b"first")
     v.flush_sync()
     with store_refuses_writes(repo):
-        v.rename(ROOT_INO, b"a", ROOT_INO, b"b")
-        v.mknod(ROOT_INO, b"marker", stat.S_IFREG | 0o644, 0, 0, 0)
+        ns(v).rename(ROOT_INO, b"a", ROOT_INO, b"b")
+        ns(v).mknod(ROOT_INO, b"marker", stat.S_IFREG | 0o644, 0, 0, 0)
         v.write_sync(a.ino, 5, b" and more")
         with pytest.raises(OSError):
             v.flush_sync()
@@ -76,8 +77,8 @@ def test_a_failed_flush_keeps_every_change_for_the_next_one(repo: Repository) ->
 def test_a_failed_flush_keeps_deletions_and_truncations(repo: Repository) -> None:
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
     v = open_volume(repo, "v")
-    keep = v.mknod(ROOT_INO, b"keep", stat.S_IFREG | 0o644, 0, 0, 0)
-    gone = v.mknod(ROOT_INO, b"gone", stat.S_IFREG | 0o644, 0, 0, 0)
+    keep = ns(v).mknod(ROOT_INO, b"keep", stat.S_IFREG | 0o644, 0, 0, 0)
+    gone = ns(v).mknod(ROOT_INO, b"gone", stat.S_IFREG | 0o644, 0, 0, 0)
     data = os.urandom(3 * CHUNK)
     v.write_sync(keep.ino, 0, data)
     v.write_sync(gone.ino, 0, b"x" * 100)
@@ -87,7 +88,7 @@ def test_a_failed_flush_keeps_deletions_and_truncations(repo: Repository) -> Non
         with pytest.raises(OSError):
             v.truncate_sync(keep.ino, CHUNK)  # refused in its own call, nothing changed
         v.write_sync(keep.ino, CHUNK + 7, b"!")  # kept in memory, for the next flush
-        v.unlink(ROOT_INO, b"gone")
+        ns(v).unlink(ROOT_INO, b"gone")
         v.forget(gone.ino)
         with pytest.raises(OSError):
             v.flush_sync()
@@ -103,7 +104,7 @@ def test_a_failed_flush_keeps_deletions_and_truncations(repo: Repository) -> Non
 def test_a_failed_snapshot_changes_nothing(repo: Repository) -> None:
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
     v = open_volume(repo, "v")
-    f = v.mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
+    f = ns(v).mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
     v.write_sync(f.ino, 0, b"data")
     v.flush_sync()
     with store_refuses_writes(repo), pytest.raises(OSError):
@@ -118,7 +119,7 @@ def test_truncate_that_needs_a_chunk_counts_the_size_once(repo: Repository) -> N
     negative because the retry after NeedChunks subtracted the shrink again."""
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
     v = open_volume(repo, "v")
-    f = v.mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
+    f = ns(v).mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
     v.write_sync(f.ino, 0, b"y" * 4608)
     v.flush_sync()
     v.truncate_sync(f.ino, 126)
@@ -146,10 +147,10 @@ def test_a_read_during_a_fold_loses_no_later_write(repo: Repository, tmp_path: P
     v.write_sync(f.ino, 0, b"BASE")
     v.setattr(f.ino, atime_ns=1, mtime_ns=2)  # atime <= mtime: a read moves it
     v.flush_sync()
-    job = v.prepare_fold(None)
+    job = v.prepare_snapshot(None)
     v.accessed(f.ino)  # the read arrives while the fold runs (the adapter takes no lock)
-    v.run_fold(job)
-    v.apply_fold(job)
+    job.run()
+    job.apply()
     g = v.lookup(ROOT_INO, b"g")
     v.write_sync(g.ino, 0, b"OTHER")
     v.flush_sync()
@@ -167,12 +168,12 @@ def test_mutating_a_frozen_view_is_refused(repo: Repository) -> None:
     """The protocol is asserted: nothing changes the view between prepare and apply."""
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
     v = open_volume(repo, "v")
-    v.mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
+    ns(v).mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
     job = v.prepare_flush()
     assert job is not None
     with pytest.raises(AssertionError):
-        v.mknod(ROOT_INO, b"g", stat.S_IFREG | 0o644, 0, 0, 0)
-    v.abort_flush(job)
+        ns(v).mknod(ROOT_INO, b"g", stat.S_IFREG | 0o644, 0, 0, 0)
+    job.abort()
     v.flush_sync()
 
 
@@ -182,9 +183,9 @@ def test_fsck_recomputes_logical_sizes(repo: Repository) -> None:
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
     v = open_volume(repo, "v")
     for name, size in ((b"a", 4608), (b"b", 70_000)):
-        f = v.mknod(ROOT_INO, name, stat.S_IFREG | 0o644, 0, 0, 0)
+        f = ns(v).mknod(ROOT_INO, name, stat.S_IFREG | 0o644, 0, 0, 0)
         v.write_sync(f.ino, 0, os.urandom(size))
-    v.link(v.lookup(ROOT_INO, b"a").ino, ROOT_INO, b"a2")  # a hardlink counts once
+    ns(v).link(v.lookup(ROOT_INO, b"a").ino, ROOT_INO, b"a2")  # a hardlink counts once
     assert v.snapshot_sync() == 1
     assert fsck(repo).clean
     db = str(repo.catalog_path)
@@ -223,16 +224,16 @@ def test_a_failed_flush_of_a_big_directory_keeps_its_entry_changes(repo: Reposit
     big directory that a failed flush carried are written by the next one."""
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
     v = open_volume(repo, "v")
-    d = v.mkdir(ROOT_INO, b"d", 0o755, 0, 0)
+    d = ns(v).mkdir(ROOT_INO, b"d", 0o755, 0, 0)
     for i in range(500):
-        v.mknod(d.ino, b"f%d" % i, stat.S_IFREG | 0o644, 0, 0, 0)
+        ns(v).mknod(d.ino, b"f%d" % i, stat.S_IFREG | 0o644, 0, 0, 0)
     v.flush_sync()
     with store_refuses_writes(repo):
         v.write_sync(v.lookup(d.ino, b"f1").ino, 0, b"x")  # (a chunk: the flush must stage a blob)
-        v.rename(d.ino, b"f0", d.ino, b"renamed")
-        v.unlink(d.ino, b"f2")
-        v.mknod(d.ino, b"new", stat.S_IFREG | 0o644, 0, 0, 0)
-        v.rename(d.ino, b"f3", ROOT_INO, b"moved-up")
+        ns(v).rename(d.ino, b"f0", d.ino, b"renamed")
+        ns(v).unlink(d.ino, b"f2")
+        ns(v).mknod(d.ino, b"new", stat.S_IFREG | 0o644, 0, 0, 0)
+        ns(v).rename(d.ino, b"f3", ROOT_INO, b"moved-up")
         with pytest.raises(OSError):
             v.flush_sync()
     v.flush_sync()

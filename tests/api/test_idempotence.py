@@ -17,6 +17,7 @@ from casfs.ids import ROOT_INO
 from tests.helpers.blobs import blob_ids
 from tests.helpers.cli import CLI, casfs, env, js, ok
 from tests.helpers.fsck import assert_consistent, query
+from tests.helpers.volumes import names
 
 CHUNK = 64 << 10
 
@@ -153,7 +154,7 @@ def test_second_caller_of_a_snapshot_in_progress_is_busy(store: Path) -> None:
     repo = Repository.open(store)
     try:  # an overlay, as a crashed daemon leaves it: the snapshot has a fold to do
         view = open_volume(repo, "v")
-        view.write_sync(view.mknod(ROOT_INO, b"f", 0o100644, 0, 0, 0).ino, 0, b"x")
+        view.write_sync(names(view).mknod(ROOT_INO, b"f", 0o100644, 0, 0, 0).ino, 0, b"x")
         view.flush_sync()
     finally:
         repo.close()

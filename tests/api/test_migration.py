@@ -35,6 +35,7 @@ from tests.helpers import blobs as blob_files
 from tests.helpers.cli import CLI, env, js, ok
 from tests.helpers.fsck import assert_consistent, query
 from tests.helpers.mount import cleanup, start_daemon, unmount, wait_gone
+from tests.helpers.volumes import names
 
 DATA = Path(__file__).parent.parent / "data" / "stores"
 _spec = importlib.util.spec_from_file_location("make_store", DATA / "make_store.py")
@@ -273,7 +274,7 @@ def test_a_killed_mounts_listing_keeps_its_cookies_through_the_upgrade_to_entry_
     try:
         view = open_volume(repo, "vdir")
         assert {name: cookie for name, _, cookie in view.readdir(ROOT_INO, 0)} == old
-        view.mknod(ROOT_INO, b"c", 0o100644, 0, 0, 0)
+        names(view).mknod(ROOT_INO, b"c", 0o100644, 0, 0, 0)
         listing = view.nodes[ROOT_INO].listing
         assert listing is not None and listing.entries[b"c"][0] == struct.unpack_from("<Q", raw)[0]
         view.flush_sync()

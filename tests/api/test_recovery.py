@@ -18,6 +18,7 @@ from casfs.vfs.volume import open_volume
 from tests.helpers.blobs import blob_ids
 from tests.helpers.cli import casfs, js, killed_at, ok, recovered
 from tests.helpers.fsck import assert_consistent, query, tmp_files
+from tests.helpers.volumes import names
 
 CHUNK = 64 << 10
 
@@ -62,7 +63,7 @@ def test_killed_snapshot_keeps_the_overlay_and_is_redone(store: Path, tmp_path: 
     repo = Repository.open(store)
     try:
         view = open_volume(repo, "v")
-        ino = view.mknod(ROOT_INO, b"f", 0o100644, 0, 0, 0).ino
+        ino = names(view).mknod(ROOT_INO, b"f", 0o100644, 0, 0, 0).ino
         view.write_sync(ino, 0, b"data")
         view.flush_sync()
     finally:

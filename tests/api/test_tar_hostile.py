@@ -14,6 +14,8 @@ import zstandard
 from casfs.errors import CasfsError, HostileArchive, UsageError
 from casfs.importers.tarball import import_tar
 from casfs.repo import Repository
+from casfs.snapshots.tree import Tree
+from casfs.store.ids import BlobId
 from tests.helpers.blobs import stored_files
 
 pytestmark = pytest.mark.no_fsck(
@@ -123,7 +125,25 @@ def test_symlinks_that_stay_inside_are_kept(repo: Repository) -> None:
         ("dangling", SYM, "no/such/thing"),
     )
     with repo.batch() as b:
-        import_tar(b, io.BytesIO(data), CHUNK)
+        built = import_tar(b, io.BytesIO(data), CHUNK)
+        b.commit({built.root: 1})
+    assert symlinks(repo, built.root) == {
+        b"bin": b"usr/bin",
+        b"etc/localtime": b"/usr/share/zoneinfo/UTC",
+        b"usr/lib/x": b"../../etc/../usr",
+        b"dangling": b"no/such/thing",
+    }
+
+
+def symlinks(repo: Repository, root: BlobId, prefix: bytes = b"") -> dict[bytes, bytes]:
+    """Every symlink of an imported tree: its path and target, as stored."""
+    found: dict[bytes, bytes] = {}
+    for entry in Tree.decode(repo.get_meta(root)).entries:
+        if entry.is_dir:
+            found |= symlinks(repo, entry.blob, prefix + entry.name + b"/")
+        elif entry.is_symlink:
+            found[prefix + entry.name] = entry.data
+    return found
 
 
 def valid_tar() -> bytes:

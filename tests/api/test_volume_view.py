@@ -15,9 +15,10 @@ from casfs import images, volumes
 from casfs.ids import InodeNo
 from casfs.repo import Repository
 from casfs.vfs.api import ROOT_INO, assemble
-from casfs.vfs.overlay.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE
-from casfs.vfs.overlay.writeback import now_ns
+from casfs.vfs.rw.names import RENAME_EXCHANGE, RENAME_NOREPLACE
+from casfs.vfs.rw.volume import now_ns
 from casfs.vfs.volume import Volume, open_volume
+from tests.helpers.volumes import names
 
 CHUNK = 64 << 10
 
@@ -117,26 +118,26 @@ def test_posix_names_and_links(repo: Repository) -> None:
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
     v = open_volume(repo, "v")
     with pytest.raises(OSError) as e:
-        v.mknod(ROOT_INO, b"x" * 256, stat.S_IFREG | 0o644, 0, 0, 0)
+        names(v).mknod(ROOT_INO, b"x" * 256, stat.S_IFREG | 0o644, 0, 0, 0)
     assert e.value.errno == errno.ENAMETOOLONG
-    d = v.mkdir(ROOT_INO, b"d", 0o2775, 0, 50)  # setgid directory
-    f = v.mknod(d.ino, b"f", stat.S_IFREG | 0o644, 0, 1000, 1000)
-    sub = v.mkdir(d.ino, b"sub", 0o755, 1000, 1000)
+    d = names(v).mkdir(ROOT_INO, b"d", 0o2775, 0, 50)  # setgid directory
+    f = names(v).mknod(d.ino, b"f", stat.S_IFREG | 0o644, 0, 1000, 1000)
+    sub = names(v).mkdir(d.ino, b"sub", 0o755, 1000, 1000)
     assert f.gid == 50 and sub.gid == 50 and sub.mode & stat.S_ISGID
     assert v.getattr(d.ino).nlink == 3
-    v.link(f.ino, ROOT_INO, b"hard")
+    names(v).link(f.ino, ROOT_INO, b"hard")
     assert v.getattr(f.ino).nlink == 2
-    g = v.mknod(ROOT_INO, b"g", stat.S_IFREG | 0o644, 0, 0, 0)
+    g = names(v).mknod(ROOT_INO, b"g", stat.S_IFREG | 0o644, 0, 0, 0)
     with pytest.raises(OSError) as e:
-        v.rename(ROOT_INO, b"g", ROOT_INO, b"hard", RENAME_NOREPLACE)
+        names(v).rename(ROOT_INO, b"g", ROOT_INO, b"hard", RENAME_NOREPLACE)
     assert e.value.errno == errno.EEXIST
-    v.rename(ROOT_INO, b"g", d.ino, b"f", RENAME_EXCHANGE)
+    names(v).rename(ROOT_INO, b"g", d.ino, b"f", RENAME_EXCHANGE)
     assert v.lookup(d.ino, b"f").ino == g.ino and v.lookup(ROOT_INO, b"g").ino == f.ino
     with pytest.raises(OSError) as e:
-        v.rename(ROOT_INO, b"d", sub.ino, b"loop")
+        names(v).rename(ROOT_INO, b"d", sub.ino, b"loop")
     assert e.value.errno == errno.EINVAL
     with pytest.raises(OSError) as e:
-        v.rmdir(ROOT_INO, b"d")
+        names(v).rmdir(ROOT_INO, b"d")
     assert e.value.errno == errno.ENOTEMPTY
     # chown clears setuid
     v.setattr(f.ino, mode=0o4755)
@@ -147,10 +148,10 @@ def test_posix_names_and_links(repo: Repository) -> None:
 def test_unlinked_open_file_stays_usable(repo: Repository) -> None:
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
     v = open_volume(repo, "v")
-    f = v.mknod(ROOT_INO, b"tmp", stat.S_IFREG | 0o600, 0, 0, 0)
+    f = names(v).mknod(ROOT_INO, b"tmp", stat.S_IFREG | 0o600, 0, 0, 0)
     v.write_sync(f.ino, 0, b"still here")
     v.flush_sync()
-    v.unlink(ROOT_INO, b"tmp")
+    names(v).unlink(ROOT_INO, b"tmp")
     v.write_sync(f.ino, 10, b"!")
     assert read(v, f.ino) == b"still here!"
     v.snapshot_sync()
@@ -164,13 +165,13 @@ def test_unlinked_open_file_stays_usable(repo: Repository) -> None:
 def test_crash_keeps_flushed_data_and_drops_the_rest(repo: Repository) -> None:
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
     v = open_volume(repo, "v")
-    f = v.mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
+    f = names(v).mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
     v.write_sync(f.ino, 0, b"durable")
     v.flush_sync()
     v.write_sync(f.ino, 0, b"maybe!!")  # an overwrite in place: a crash keeps old or new
     v.write_sync(f.ino, 7, b" and longer")  # never flushed: the committed size hides it
     v.setattr(f.ino, mode=stat.S_IFREG | 0o600)
-    g = v.mknod(ROOT_INO, b"g", stat.S_IFREG | 0o644, 0, 0, 0)
+    g = names(v).mknod(ROOT_INO, b"g", stat.S_IFREG | 0o644, 0, 0, 0)
     v.write_sync(g.ino, 0, b"never flushed")
     again = open_volume(repo, "v")  # the daemon died; a new one opens the overlay
     found = again.lookup(ROOT_INO, b"f")
@@ -203,7 +204,7 @@ def test_relatime_for_changed_inodes_only(repo: Repository, tmp_path: Path) -> N
     read(v, old.ino)
     v.accessed(old.ino)  # (the adapter's call, for a read through a reading handle)
     assert v.getattr(old.ino).atime_ns == 10**18  # a base inode is not copied up by a read
-    new = v.mknod(ROOT_INO, b"new", stat.S_IFREG | 0o644, 0, 0, 0)
+    new = names(v).mknod(ROOT_INO, b"new", stat.S_IFREG | 0o644, 0, 0, 0)
     v.write_sync(new.ino, 0, b"x")
     v.setattr(new.ino, atime_ns=1, mtime_ns=2)
     read(v, new.ino)
@@ -226,7 +227,7 @@ def test_a_truncate_folded_into_a_snapshot_stays_cut(repo: Repository) -> None:
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
     v = open_volume(repo, "v")
     for size, cut in ((60_000, 0), (3 * CHUNK + 5, 2 * CHUNK)):
-        st = v.mknod(ROOT_INO, f"f{size}".encode(), stat.S_IFREG | 0o644, 0, 0, 0)
+        st = names(v).mknod(ROOT_INO, f"f{size}".encode(), stat.S_IFREG | 0o644, 0, 0, 0)
         data = os.urandom(size)
         v.write_sync(st.ino, 0, data)
         v.snapshot_sync()
@@ -249,10 +250,10 @@ def test_a_hardlink_changed_under_one_name_is_folded_under_all(repo: Repository,
     volumes.create_volume(repo, "v", volumes.Source(image="img"))
     v = open_volume(repo, "v")
     a = v.lookup(ROOT_INO, b"a")
-    v.mknod(a.ino, b"first", stat.S_IFREG | 0o644, 0, 0, 0)  # copies a/f up, unchanged
+    names(v).mknod(a.ino, b"first", stat.S_IFREG | 0o644, 0, 0, 0)  # copies a/f up, unchanged
     f = v.lookup(a.ino, b"f")
     v.write_sync(f.ino, 0, b"new!")
-    v.unlink(ROOT_INO, b"h")
+    names(v).unlink(ROOT_INO, b"h")
     v.close()
     v = open_volume(repo, "v")  # looked up from the other name first this time
     deep = v.lookup(v.lookup(ROOT_INO, b"b").ino, b"deep")
@@ -265,11 +266,11 @@ def test_a_hardlink_changed_under_one_name_is_folded_under_all(repo: Repository,
 def test_a_file_moved_then_changed_after_a_fold_is_folded_where_it_is(repo: Repository) -> None:
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
     v = open_volume(repo, "v")
-    a = v.mkdir(ROOT_INO, b"a", 0o755, 0, 0)
-    b = v.mkdir(ROOT_INO, b"b", 0o755, 0, 0)
-    f = v.mknod(a.ino, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
+    a = names(v).mkdir(ROOT_INO, b"a", 0o755, 0, 0)
+    b = names(v).mkdir(ROOT_INO, b"b", 0o755, 0, 0)
+    f = names(v).mknod(a.ino, b"f", stat.S_IFREG | 0o644, 0, 0, 0)
     v.snapshot_sync()
-    v.rename(a.ino, b"f", b.ino, b"f")
+    names(v).rename(a.ino, b"f", b.ino, b"f")
     v.snapshot_sync()
     v.write_sync(f.ino, 70_000, b"!")  # (the node's parent still said `a`)
     v.close()

@@ -22,7 +22,6 @@ import pytest
 
 from casfs import images
 from casfs.errors import Corruption, MissingBlob
-from casfs.lifecycle.recovery import recover
 from casfs.refcount.fsck import fsck
 from casfs.refcount.gc import gc
 from casfs.repo import Repository
@@ -35,6 +34,7 @@ from casfs.store.packstore import PackBlobStore
 from casfs.store.s3 import packfmt
 from casfs.store.s3.location import Location
 from casfs.store.s3.store import connect
+from casfs.upkeep.recovery import recover
 from tests.helpers import blobs as blob_files
 from tests.helpers.seaweed import BUCKET, Seaweed, fresh_prefix
 

@@ -38,6 +38,7 @@ from casfs.repo import Repository
 from casfs.store.faulty import Faults, FaultyBlobStore
 from casfs.vfs.api import ROOT_INO, assemble
 from casfs.vfs.volume import Volume, open_volume
+from tests.helpers.volumes import names
 
 NAMES = st.sampled_from([b"a", b"b", b"c", b"d\nx", b"\xff"])
 CHUNK = 64 << 10
@@ -187,7 +188,7 @@ class VolumeModel(RuleBasedStateMachine):
         path = self._mp(parent + name)
         self._both(
             lambda: os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640)),
-            lambda: self.view.mknod(self._ino(parent), name, stat.S_IFREG | 0o640, 0, 0, 0),
+            lambda: names(self.view).mknod(self._ino(parent), name, stat.S_IFREG | 0o640, 0, 0, 0),
         )
 
     @rule(d=st.data(), name=NAMES)
@@ -195,7 +196,7 @@ class VolumeModel(RuleBasedStateMachine):
         parent = d.draw(st.sampled_from(self._dirs()))
         self._both(
             lambda: os.mkdir(self._mp(parent + name), 0o750),
-            lambda: self.view.mkdir(self._ino(parent), name, 0o750, 0, 0),
+            lambda: names(self.view).mkdir(self._ino(parent), name, 0o750, 0, 0),
         )
 
     @precondition(lambda self: self._files())
@@ -223,14 +224,15 @@ class VolumeModel(RuleBasedStateMachine):
     def unlink(self, d: st.DataObject, name: bytes) -> None:
         parent = d.draw(st.sampled_from(self._dirs()))
         self._both(
-            lambda: os.unlink(self._mp(parent + name)), lambda: self.view.unlink(self._ino(parent), name)
+            lambda: os.unlink(self._mp(parent + name)),
+            lambda: names(self.view).unlink(self._ino(parent), name),
         )
 
     @rule(d=st.data(), name=NAMES)
     def rmdir(self, d: st.DataObject, name: bytes) -> None:
         parent = d.draw(st.sampled_from(self._dirs()))
         self._both(
-            lambda: os.rmdir(self._mp(parent + name)), lambda: self.view.rmdir(self._ino(parent), name)
+            lambda: os.rmdir(self._mp(parent + name)), lambda: names(self.view).rmdir(self._ino(parent), name)
         )
 
     @rule(d=st.data(), a=NAMES, b=NAMES)
@@ -239,7 +241,7 @@ class VolumeModel(RuleBasedStateMachine):
         pb = d.draw(st.sampled_from(self._dirs()))
         self._both(
             lambda: os.rename(self._mp(pa + a), self._mp(pb + b)),
-            lambda: self.view.rename(self._ino(pa), a, self._ino(pb), b),
+            lambda: names(self.view).rename(self._ino(pa), a, self._ino(pb), b),
         )
 
     @precondition(lambda self: self._files())
@@ -249,7 +251,7 @@ class VolumeModel(RuleBasedStateMachine):
         parent = d.draw(st.sampled_from(self._dirs()))
         self._both(
             lambda: os.link(self._mp(rel), self._mp(parent + name)),
-            lambda: self.view.link(self._ino(rel), self._ino(parent), name),
+            lambda: names(self.view).link(self._ino(rel), self._ino(parent), name),
         )
 
     @rule(d=st.data(), name=NAMES, dest=st.sampled_from([b"a", b"../b", b"/etc/x"]))
@@ -257,7 +259,7 @@ class VolumeModel(RuleBasedStateMachine):
         parent = d.draw(st.sampled_from(self._dirs()))
         self._both(
             lambda: os.symlink(dest, self._mp(parent + name)),
-            lambda: self.view.symlink(self._ino(parent), name, dest, 0, 0),
+            lambda: names(self.view).symlink(self._ino(parent), name, dest, 0, 0),
         )
 
     @precondition(lambda self: self._files())

@@ -17,8 +17,9 @@ from casfs.errors import Corruption
 from casfs.fuse.daemon import READ_AHEAD_KB
 from casfs.repo import Repository
 from casfs.store.ids import BlobId, blob_id
-from casfs.vfs.api import Piece
-from casfs.vfs.chunks import ChunkCache, plan_pieces
+from casfs.vfs.api import ReadPiece
+from casfs.vfs.chunks import ChunkCache
+from casfs.vfs.plan import plan_pieces
 from tests.helpers.cli import casfs, run
 from tests.helpers.mount import cleanup, is_mounted, mounted
 
@@ -129,7 +130,9 @@ def test_chunk_cache_counts_corruption_and_reads_once() -> None:
     with pytest.raises(Corruption):
         cache.fetch_uncached(ids[3])
     assert cache.corrupt_reads == 2 and list(cache.last_corrupt) == [ids[3], ids[3]]
-    have, missing = cache.split([Piece(0, 10, ids[0]), Piece(0, 10, ids[1]), Piece(0, 10, data=b"x")])
+    have, missing = cache.split(
+        [ReadPiece(0, 10, ids[0]), ReadPiece(0, 10, ids[1]), ReadPiece(0, 10, data=b"x")]
+    )
     assert list(have) == [ids[0]] and missing == [ids[1]]
 
 
@@ -138,10 +141,10 @@ async def test_read_ahead_follows_a_sequential_reader() -> None:
     ids = list(blobs.by_id)
     # 64 KiB chunks, as casfs's (their bytes here are smaller: only the ids matter to the
     # plan), so that the random reads below jump further than the slack a sequential
-    # reader is allowed (chunks._SEQ_SLACK, 1 MiB).
+    # reader is allowed (readpolicy._SEQ_SLACK, 1 MiB).
     cs = 64 << 10
 
-    def plan(offset: int, size: int) -> list[Piece]:
+    def plan(offset: int, size: int) -> list[ReadPiece]:
         return plan_pieces(lambda first, count: ids[first : first + count], len(ids) * cs, cs, offset, size)
 
     cache = ChunkCache(blobs.get, max_bytes=1 << 22, readahead_bytes=16 * cs, workers=2)

@@ -14,7 +14,7 @@ from casfs.errors import Corruption
 from casfs.fuse.passthrough import content_key
 from casfs.store.filecache import FileCache, Part
 from casfs.store.ids import ZERO_ID, BlobId
-from casfs.vfs.api import Piece
+from casfs.vfs.api import ReadPiece
 
 CHUNK = 1 << 16
 
@@ -23,20 +23,20 @@ def blob(data: bytes) -> tuple[BlobId, bytes]:
     return BlobId(blake3.blake3(data).digest()), data
 
 
-def parts(pieces: list[Piece]) -> list[Part]:
+def parts(pieces: list[ReadPiece]) -> list[Part]:
     return [(p.blob, p.start, p.end) for p in pieces]
 
 
-def plan(*chunks: bytes | None) -> tuple[list[Piece], dict[BlobId, bytes]]:
+def plan(*chunks: bytes | None) -> tuple[list[ReadPiece], dict[BlobId, bytes]]:
     """A file of whole chunks (None: a hole), as a read plan and its blobs."""
     pieces, blobs = [], {}
     for data in chunks:
         if data is None:
-            pieces.append(Piece(0, CHUNK))
+            pieces.append(ReadPiece(0, CHUNK))
             continue
         bid, _ = blob(data)
         blobs[bid] = data
-        pieces.append(Piece(0, len(data), bid))
+        pieces.append(ReadPiece(0, len(data), bid))
     return pieces, blobs
 
 
@@ -84,7 +84,7 @@ def test_the_key_names_the_content_not_the_file() -> None:
     assert content_key(2 * CHUNK, same) != content_key(2 * CHUNK, plan(None, a)[0])
     assert content_key(2 * CHUNK, same) != content_key(2 * CHUNK + 1, same)
     # bytes that are not all in blobs (an upper file's, in memory) are not cached
-    assert content_key(5, [Piece(0, 5, ZERO_ID, data=b"hello")]) is None
+    assert content_key(5, [ReadPiece(0, 5, ZERO_ID, data=b"hello")]) is None
 
 
 def test_a_failed_fill_leaves_nothing(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""A fold's group of chunks stored at once (vfs.overlay.fold._put_group): spans of the
+"""A fold's group of chunks stored at once (vfs.rw.jobs.puts._put_group): spans of the
 upper file read into the worker's reused buffer (consecutive ones together), chunks
 given as bytes or read by a callable, in parts of at most the buffer; each id is its
 own chunk's, in order, and every chunk reads back."""
@@ -12,8 +12,8 @@ import pytest
 
 from casfs.repo import Repository
 from casfs.store.ids import ZERO_ID, blob_id
-from casfs.vfs.overlay import fold
 from casfs.vfs.overlay.upper import BLOCK, Upper
+from casfs.vfs.rw.jobs import puts as fold
 
 CS = 4 * BLOCK
 

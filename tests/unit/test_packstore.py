@@ -376,3 +376,32 @@ def test_warm_brings_the_index_into_the_page_cache(tmp_path: Path) -> None:
         time.sleep(0.05)
     assert _resident(path) == whole
     assert store.get(next(iter(store.list()))) is not None  # (still a working store)
+
+
+def test_a_cold_miss_asks_the_index_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trio thread's nowait try finds a blob out of the page cache (RWF_NOWAIT
+    fails, as the kernel answers for pages not in memory); the blocking read that
+    follows (casfs.vfs.readpolicy) reads where the try found it, without a second
+    look-up."""
+    store = _store(tmp_path)
+    first, second = _stage(store, 2)
+    blobs = {first: store.get(first)}  # (opens the pack: a nowait read needs it open)
+    store.index.located.clear()
+    real_preadv, real_locate = os.preadv, store.index.locate
+    asked: list[BlobId] = []
+
+    def preadv(fd: int, buffers: list[bytearray], offset: int, flags: int = 0) -> int:
+        if flags:
+            raise BlockingIOError(11, "would block")
+        return real_preadv(fd, buffers, offset)
+
+    def locate(bid: BlobId) -> object:
+        asked.append(bid)
+        return real_locate(bid)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    monkeypatch.setattr(store.index, "locate", locate)
+    assert store.get_if_cached(second, 1 << 20) is None
+    got = store.get(second)
+    assert blob_id(got) == second and asked == [second]
+    assert store.get(first) == blobs[first] and asked == [second, first]  # (others ask as before)

@@ -6,15 +6,16 @@ from __future__ import annotations
 import threading
 
 from casfs.store.ids import BlobId
-from casfs.vfs.api import Piece
-from casfs.vfs.chunks import DEFAULT_READAHEAD_BYTES, ChunkCache, Plan, plan_pieces
+from casfs.vfs.api import ReadPiece
+from casfs.vfs.chunks import DEFAULT_READAHEAD_BYTES, ChunkCache
+from casfs.vfs.plan import Planner, plan_pieces
 
 
-def _disk(n: int, cs: int) -> tuple[list[BlobId], Plan]:
+def _disk(n: int, cs: int) -> tuple[list[BlobId], Planner]:
     """A disk of n chunks of cs bytes, each distinct: their ids, and its read plan."""
     ids = [BlobId(i.to_bytes(32, "big")) for i in range(1, n + 1)]
 
-    def plan(offset: int, size: int) -> list[Piece]:
+    def plan(offset: int, size: int) -> list[ReadPiece]:
         return plan_pieces(lambda first, count: ids[first : first + count], n * cs, cs, offset, size)
 
     return ids, plan

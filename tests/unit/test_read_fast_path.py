@@ -15,7 +15,7 @@ import trio
 from casfs.errors import Corruption
 from casfs.repo import Repository
 from casfs.store.ids import BlobId, blob_id
-from casfs.vfs import chunks
+from casfs.vfs import readpolicy
 from casfs.vfs.chunks import ChunkCache
 from tests.helpers import blobs as blob_files
 
@@ -102,15 +102,15 @@ async def test_fetch_async_serves_cached_blobs_inline() -> None:
 
 
 async def test_fetch_async_backs_off_when_the_store_is_cold() -> None:
-    blobs = Blobs(chunks._INLINE_GIVE_UP + 4)
+    blobs = Blobs(readpolicy._INLINE_GIVE_UP + 4)
     ids = list(blobs.by_id)
     cache = ChunkCache(blobs.get, workers=0, get_nowait=blobs.get_nowait)
-    for bid in ids[: chunks._INLINE_GIVE_UP]:
+    for bid in ids[: readpolicy._INLINE_GIVE_UP]:
         await cache.fetch_async([bid])
-    assert blobs.nowait_calls == chunks._INLINE_GIVE_UP
+    assert blobs.nowait_calls == readpolicy._INLINE_GIVE_UP
     blobs.warm.update(ids)
     await cache.fetch_async([ids[-1]])  # not even tried: backing off
-    assert blobs.nowait_calls == chunks._INLINE_GIVE_UP and cache.inline == 0
+    assert blobs.nowait_calls == readpolicy._INLINE_GIVE_UP and cache.inline == 0
 
 
 def test_no_fast_path_without_get_nowait() -> None:
@@ -159,10 +159,10 @@ async def test_a_small_miss_from_a_local_store_is_read_here_even_when_others_wai
         # Cold tries do not back off for a local store: a failed try starts the disk read
         # (and the store's read-around), and the blocking read then waits for it.
         n = blobs.nowait_calls
-        for bid in ids[6:] * chunks._INLINE_GIVE_UP:
+        for bid in ids[6:] * readpolicy._INLINE_GIVE_UP:
             cache._lru.discard(bid)
             await cache.fetch_async([bid])
-        assert blobs.nowait_calls == n + 2 * chunks._INLINE_GIVE_UP
+        assert blobs.nowait_calls == n + 2 * readpolicy._INLINE_GIVE_UP
     finally:
         cache.close()
 
@@ -217,16 +217,16 @@ def test_a_cold_read_brings_in_the_pack_around_it(repo: Repository) -> None:
 
 
 async def test_a_slow_blocking_read_pauses_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    blobs = Blobs(chunks._BLOCKING_SLOW_RUN + 1)
+    blobs = Blobs(readpolicy._BLOCKING_SLOW_RUN + 1)
     ids = list(blobs.by_id)
     cache = ChunkCache(blobs.get, workers=0, idle=lambda: True)
-    monkeypatch.setattr(chunks, "_BLOCKING_SLOW_S", -1.0)  # every read is slow
+    monkeypatch.setattr(readpolicy, "_BLOCKING_SLOW_S", -1.0)  # every read is slow
     try:
         for bid in ids:
             await cache.fetch_async([bid])
-        assert cache.blocking == chunks._BLOCKING_SLOW_RUN  # a run of slow reads, then a pause
+        assert cache.blocking == readpolicy._BLOCKING_SLOW_RUN  # a run of slow reads, then a pause
         here = threading.current_thread().name
-        assert blobs.threads[:-1] == [here] * chunks._BLOCKING_SLOW_RUN and blobs.threads[-1] != here
+        assert blobs.threads[:-1] == [here] * readpolicy._BLOCKING_SLOW_RUN and blobs.threads[-1] != here
     finally:
         cache.close()
 
@@ -288,9 +288,9 @@ def test_blob_reads_fall_back_without_noatime(repo: Repository, monkeypatch: pyt
 async def test_a_big_miss_is_read_by_several_workers_at_once() -> None:
     """A read of many chunks (a 1 MiB request is 16) is split into runs read in parallel:
     three runs here, each waiting at a barrier only the three together can pass."""
-    blobs = Blobs(3 * chunks._PREFETCH_RUN)
+    blobs = Blobs(3 * readpolicy.PREFETCH_RUN)
     ids = list(blobs.by_id)
-    firsts = set(ids[:: chunks._PREFETCH_RUN])
+    firsts = set(ids[:: readpolicy.PREFETCH_RUN])
     barrier = threading.Barrier(len(firsts), timeout=10)
 
     def get(bid: BlobId) -> bytes:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from casfs.fuse.replybuf import ReplyBuffer
 from casfs.store.ids import ZERO_ID, blob_id
-from casfs.vfs.api import Piece, assemble, assemble_into
+from casfs.vfs.api import ReadPiece, assemble, assemble_into
 
 CHUNK = 1 << 12
 _BLOBS = {blob_id(b): b for b in (os.urandom(CHUNK), os.urandom(CHUNK // 3))}  # (one short chunk)
@@ -19,25 +19,25 @@ _IDS = [*_BLOBS, ZERO_ID]
 
 
 @st.composite
-def pieces(draw: st.DrawFn) -> list[Piece]:
+def pieces(draw: st.DrawFn) -> list[ReadPiece]:
     out = []
     for _ in range(draw(st.integers(0, 6))):
         start = draw(st.integers(0, CHUNK - 1))
         end = draw(st.integers(start + 1, CHUNK))
         kind = draw(st.sampled_from(["blob", "data", "read"]))
         if kind == "blob":
-            out.append(Piece(start, end, draw(st.sampled_from(_IDS))))
+            out.append(ReadPiece(start, end, draw(st.sampled_from(_IDS))))
         else:
             data = draw(st.binary(max_size=CHUNK))  # (shorter than the chunk: zeros follow)
             if kind == "data":
-                out.append(Piece(start, end, data=data))
+                out.append(ReadPiece(start, end, data=data))
             else:
-                out.append(Piece(start, end, read=functools.partial(bytes, data)))
+                out.append(ReadPiece(start, end, read=functools.partial(bytes, data)))
     return out
 
 
 @given(pieces(), st.integers(0, 3))
-def test_assemble_into_writes_what_assemble_returns(ps: list[Piece], slack: int) -> None:
+def test_assemble_into_writes_what_assemble_returns(ps: list[ReadPiece], slack: int) -> None:
     want = assemble(ps, _BLOBS.__getitem__)
     assert len(want) == sum(p.end - p.start for p in ps)
     out = bytearray(b"\xee" * (len(want) + slack))
@@ -47,7 +47,7 @@ def test_assemble_into_writes_what_assemble_returns(ps: list[Piece], slack: int)
 
 def test_holes_and_short_chunks_read_as_zeros() -> None:
     short = next(b for b in _BLOBS if len(_BLOBS[b]) < CHUNK)
-    ps = [Piece(10, 20, ZERO_ID), Piece(0, CHUNK, short), Piece(0, 3, data=b"ab")]
+    ps = [ReadPiece(10, 20, ZERO_ID), ReadPiece(0, CHUNK, short), ReadPiece(0, 3, data=b"ab")]
     want = bytes(10) + _BLOBS[short] + bytes(CHUNK - len(_BLOBS[short])) + b"ab\0"
     assert assemble(ps, _BLOBS.__getitem__) == want
     buf = ReplyBuffer()

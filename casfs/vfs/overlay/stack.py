@@ -2,7 +2,7 @@
 and not yet folded into blobs, oldest first) under the one writes go to. A block's
 current bytes are in the newest epoch that has it, else below them all (the base).
 
-Owned by the view (casfs.vfs.blockvolume), read by its background fold; a whole-store
+Owned by the view (casfs.vfs.rw.blockkind), read by its background fold; a whole-store
 mount reads a snapshot not yet folded through a stack of its own (casfs.vfs.frozenview).
 """
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 from casfs.ids import ChunkNo, SnapshotNo
 from casfs.store.ids import BlobId
-from casfs.vfs.api import Piece
-from casfs.vfs.chunks import chunk_spans
+from casfs.vfs.api import ReadPiece
 from casfs.vfs.overlay.upper import BLOCK, Upper
+from casfs.vfs.plan import chunk_spans
 
 
 @dataclass
@@ -78,7 +78,7 @@ class UpperStack:
 
     def plan(
         self, below: Callable[[ChunkNo], BlobId], disk_size: int, cs: int, offset: int, size: int
-    ) -> list[Piece]:
+    ) -> list[ReadPiece]:
         """The pieces of a read of the disk: each block from the newest epoch holding
         it (read when the reply is assembled), else from chunk `below(n)`."""
         per = cs // BLOCK
@@ -89,8 +89,8 @@ class UpperStack:
             for first, last, owner in self.runs(n * per + b0, -(-stop // BLOCK) - b0):
                 lo, hi = max(start, (b0 + first) * BLOCK), min(stop, (b0 + last) * BLOCK)
                 if owner is None:
-                    pieces.append(Piece(lo, hi, blob=below(n)))
+                    pieces.append(ReadPiece(lo, hi, blob=below(n)))
                 else:
                     read = functools.partial(owner.pread, n * cs + lo, hi - lo)
-                    pieces.append(Piece(0, hi - lo, read=read))
+                    pieces.append(ReadPiece(0, hi - lo, read=read))
         return pieces

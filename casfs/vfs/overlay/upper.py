@@ -23,7 +23,7 @@ does not name are left-overs (of a crash before the first sync, or after a fold)
 casfs.store.uppers.remove_stale deletes them.
 
 Trio-free; the writing view calls pwrite/pread on its thread, and sync from a worker
-beside its writes (casfs.vfs.overlay.writeback: capture() takes the pages to write).
+beside its writes (casfs.vfs.rw.jobs.sync: capture() takes the pages to write).
 """
 
 from __future__ import annotations
@@ -70,15 +70,6 @@ class Sync:
     first: bool  # the epoch's first sync: the catalog does not name it yet
     punched: bool  # holes were punched: their extents are metadata, fsync them
     unsynced_bytes: int = 0  # written before the capture (writes may go on during the sync)
-
-
-@dataclass
-class SyncJob:
-    """A sync of an epoch the catalog names already, that writes may go on beside
-    (casfs.vfs.blockvolume.prepare_sync): it touches only the epoch's files."""
-
-    upper: Upper
-    sync: Sync
 
 
 class Upper:

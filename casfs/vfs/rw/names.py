@@ -1,5 +1,6 @@
-"""A directory volume's names: copy-up, hardlinks in the base, lookup, readdir and
-the namespace changes (mknod, mkdir, symlink, link, unlink, rmdir, rename).
+"""A directory volume's names (casfs.vfs.rw.dirkind holds them): copy-up, hardlinks in
+the base, lookup, readdir and the namespace changes (mknod, mkdir, symlink, link,
+unlink, rmdir, rename).
 
 Copy-up rule: changing an inode materializes its parent directory (the listing, with
 every child copied up), which materializes the grandparent, up to the root. So the
@@ -19,9 +20,8 @@ from casfs.snapshots.tree import Attrs, Entry, Tree
 from casfs.store.cache import LRU
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.api import ROOT_INO, Stat, fs_error
-from casfs.vfs.overlay.data import Data
 from casfs.vfs.overlay.nodes import NO_LIMIT, Listing, Node
-from casfs.vfs.overlay.writeback import now_ns
+from casfs.vfs.rw.volume import RwVolume, now_ns
 
 NAME_MAX = 255
 RENAME_NOREPLACE = 1
@@ -30,57 +30,59 @@ RENAME_EXCHANGE = 2
 _TREE_CACHE_BYTES = 16 << 20
 
 
-class Namespace(Data):
-    def _load(self) -> None:
+class DirNames:
+    """A directory volume's names (casfs.vfs.api.Names, and lookup and readdir)."""
+
+    def __init__(self, vol: RwVolume) -> None:
+        self.vol = vol
         self._trees: LRU[BlobId, Tree] = LRU(_TREE_CACHE_BYTES)
         self._links: _BaseLinks | None = None  # the base's hardlinks, found when first needed
         self._linked: set[InodeNo] = set()  # hardlinked inodes whose every directory is materialized
-        super()._load()
 
-    def _copy_up(self, ino: InodeNo) -> None:
-        if ino not in self.overlay:
-            node = self.node(ino)
+    def materialize_up(self, ino: InodeNo) -> None:
+        if ino not in self.vol.overlay:
+            node = self.vol.node(ino)
             if ino != ROOT_INO:
                 self._materialize(node.parent)
-            self.overlay.add(ino)
-        known = self.nodes.get(ino)
+            self.vol.overlay.add(ino)
+        known = self.vol.nodes.get(ino)
         if known is not None and known.attrs.nlink > 1 and not known.is_dir and ino not in self._linked:
             # (not only at its own copy-up: a listing copies its children up unchanged)
             self._materialize_links(ino)
 
-    def _folded(self) -> None:
-        super()._folded()
+    def forget_links(self) -> None:
+        """The base changed: its hardlinks are found again when next needed."""
         self._links = None
         self._linked.clear()
 
-    def _tree(self, bid: BlobId) -> Tree:
+    def tree(self, bid: BlobId) -> Tree:
         """A base tree, decoded once: readdir of a big directory comes in many calls, and
         decoding it for each made `ls -lR` of a snapshot-based volume quadratic. Shared:
         callers must not change it."""
         tree = self._trees.get(bid)
         if tree is None:
-            plain = self.repo.get_meta(bid)
+            plain = self.vol.repo.get_meta(bid)
             tree = Tree.decode(plain)
             self._trees.put(bid, tree, len(plain))
         return tree
 
     def _base_entries(self, node: Node) -> list[Entry]:
-        return self._tree(node.base).entries if node.base != ZERO_ID else []
+        return self.tree(node.base).entries if node.base != ZERO_ID else []
 
     def _child_node(self, entry: Entry, parent: InodeNo) -> Node:
         """The node for a base entry: the overlay's when it has one (hardlinks!)."""
-        known = self.nodes.get(entry.attrs.ino)
+        known = self.vol.nodes.get(entry.attrs.ino)
         if known is not None:
             return known
         if entry.is_dir:
-            node = Node.from_tree(self._tree(entry.blob), entry.blob, parent)
+            node = Node.from_tree(self.tree(entry.blob), entry.blob, parent)
         else:
             node = Node.from_entry(entry, parent)
-        self.nodes[node.ino] = node
+        self.vol.nodes[node.ino] = node
         return node
 
     def _dir(self, ino: InodeNo) -> Node:
-        node = self.node(ino)
+        node = self.vol.node(ino)
         if not node.is_dir:
             raise fs_error(errno.ENOTDIR)
         return node
@@ -97,10 +99,10 @@ class Namespace(Data):
         for entry in self._base_entries(node):
             child = self._child_node(entry, dir_ino)
             listing.add(entry.name, child.ino)
-            self.overlay.add(child.ino)
-            self.dirty_nodes.add(child.ino)
+            self.vol.overlay.add(child.ino)
+            self.vol.dirty_nodes.add(child.ino)
         node.listing = listing
-        self._touch(dir_ino)
+        self.vol.touch(dir_ino)
         return listing
 
     def _materialize_links(self, ino: InodeNo) -> None:
@@ -111,7 +113,7 @@ class Namespace(Data):
         first change of a hardlinked file after a fold: O(directories) then, once."""
         self._linked.add(ino)
         if self._links is None:
-            self._links = _BaseLinks.scan(self._tree, self.base)
+            self._links = _BaseLinks.scan(self.tree, self.vol.base)
         for d in self._links.dirs.get(ino, ()):
             if self._load_base_dir(d):
                 self._materialize(d)
@@ -119,17 +121,17 @@ class Namespace(Data):
     def _load_base_dir(self, d: InodeNo) -> bool:
         """The node of base directory `d`, loaded through its base parents; False if it
         is gone (removed, or moved out of a parent that has changed since)."""
-        if d in self.nodes:
+        if d in self.vol.nodes:
             return True
         if d == ROOT_INO or self._links is None or d not in self._links.parents:
             return False
         parent, name = self._links.parents[d]
         if not self._load_base_dir(parent):
             return False
-        pnode = self.node(parent)
+        pnode = self.vol.node(parent)
         if pnode.listing is not None:
-            return d in self.nodes  # a materialized listing loaded every child it holds
-        entry = self._tree(pnode.base).find(name)
+            return d in self.vol.nodes  # a materialized listing loaded every child it holds
+        entry = self.tree(pnode.base).find(name)
         if entry is None or not entry.is_dir or entry.attrs.ino != d:
             return False
         self._child_node(entry, parent)
@@ -137,8 +139,8 @@ class Namespace(Data):
 
     # -- names ---------------------------------------------------------------------
 
-    def lookup(self, parent: InodeNo, name: bytes) -> Stat:
-        return self._stat(self._lookup_node(parent, name))
+    def find(self, parent: InodeNo, name: bytes) -> Stat:
+        return self.vol.stat(self._lookup_node(parent, name))
 
     def _lookup_node(self, parent: InodeNo, name: bytes) -> Node:
         pnode = self._dir(parent)
@@ -148,35 +150,29 @@ class Namespace(Data):
             ino = pnode.listing.ino(name)
             if ino is None:
                 raise fs_error(errno.ENOENT)
-            return self.node(ino)
-        entry = self._tree(pnode.base).find(name) if pnode.base != ZERO_ID else None
+            return self.vol.node(ino)
+        entry = self.tree(pnode.base).find(name) if pnode.base != ZERO_ID else None
         if entry is None:
             raise fs_error(errno.ENOENT)
         return self._child_node(entry, parent)
 
-    def readdir(self, ino: InodeNo, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
+    def entries(self, ino: InodeNo, offset: int) -> Iterator[tuple[bytes, Stat, int]]:
         node = self._dir(ino)
         if node.listing is not None:
             for cookie, name, child in node.listing.after(offset):
-                yield name, self._stat(self.node(child)), cookie
+                yield name, self.vol.stat(self.vol.node(child)), cookie
             return
         entries = self._base_entries(node)
         for index in range(offset, len(entries)):
             entry = entries[index]
-            yield entry.name, self._stat(self._child_node(entry, ino)), index + 1
+            yield entry.name, self.vol.stat(self._child_node(entry, ino)), index + 1
 
-    def readlink(self, ino: InodeNo) -> bytes:
-        node = self.node(ino)
-        if not stat.S_ISLNK(node.attrs.mode):
-            raise fs_error(errno.EINVAL)
-        return node.target
-
-    def path_of(self, ino: InodeNo) -> str:
+    def path(self, ino: InodeNo) -> str:
         """A path naming the inode now, or <inode N> if it has none (unlinked)."""
         parts: list[bytes] = []
         at = ino
         while at != ROOT_INO:
-            node = self.nodes.get(at)
+            node = self.vol.nodes.get(at)
             name = None if node is None else self._name_in(node.parent, at)
             if node is None or name is None:
                 return f"<inode {ino}>"
@@ -185,7 +181,7 @@ class Namespace(Data):
         return "/" + b"/".join(reversed(parts)).decode(errors="replace")
 
     def _name_in(self, parent: InodeNo, ino: InodeNo) -> bytes | None:
-        pnode = self.nodes.get(parent)
+        pnode = self.vol.nodes.get(parent)
         if pnode is None or not pnode.is_dir:
             return None
         if pnode.listing is not None:
@@ -208,24 +204,24 @@ class Namespace(Data):
         self, parent: InodeNo, name: bytes, mode: int, uid: int, gid: int, rdev: int = 0, target: bytes = b""
     ) -> Node:
         listing = self._check_new_name(parent, name)
-        pnode = self.node(parent)
+        pnode = self.vol.node(parent)
         if pnode.attrs.mode & stat.S_ISGID:
             gid = pnode.attrs.gid
             if stat.S_ISDIR(mode):
                 mode |= stat.S_ISGID
         now = now_ns()
-        ino = self.next_ino
-        self.next_ino = InodeNo(ino + 1)
+        ino = self.vol.next_ino
+        self.vol.next_ino = InodeNo(ino + 1)
         nlink = 2 if stat.S_ISDIR(mode) else 1
         attrs = Attrs(mode, uid, gid, rdev, len(target), now, now, now, ino, nlink)
         node = Node(attrs, {}, ZERO_ID, NO_LIMIT, target, parent, Listing() if stat.S_ISDIR(mode) else None)
-        self.nodes[ino] = node
+        self.vol.nodes[ino] = node
         listing.add(name, ino)
-        self._touch(ino)
+        self.vol.touch(ino)
         if node.is_dir:
             pnode.set(nlink=pnode.attrs.nlink + 1)
         pnode.set(mtime_ns=now, ctime_ns=now)
-        self._touch(parent)
+        self.vol.touch(parent)
         return node
 
     def mknod(self, parent: InodeNo, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Stat:
@@ -233,7 +229,7 @@ class Namespace(Data):
             mode |= stat.S_IFREG
         if stat.S_ISDIR(mode) or stat.S_ISLNK(mode):
             raise fs_error(errno.EINVAL)
-        return self._stat(self._new_node(parent, name, mode, uid, gid, rdev))
+        return self.vol.stat(self._new_node(parent, name, mode, uid, gid, rdev))
 
     def mkdir(self, parent: InodeNo, name: bytes, mode: int, uid: int, gid: int) -> Stat:
         return self._new_node(parent, name, stat.S_IFDIR | stat.S_IMODE(mode), uid, gid).stat()
@@ -244,19 +240,19 @@ class Namespace(Data):
         return self._new_node(parent, name, stat.S_IFLNK | 0o777, uid, gid, target=target).stat()
 
     def link(self, ino: InodeNo, new_parent: InodeNo, new_name: bytes) -> Stat:
-        node = self.node(ino)
+        node = self.vol.node(ino)
         if node.is_dir:
             raise fs_error(errno.EPERM)
         listing = self._check_new_name(new_parent, new_name)
-        self._touch(ino)
+        self.vol.touch(ino)
         listing.add(new_name, ino)
         now = now_ns()
         node.set(nlink=node.attrs.nlink + 1)
         node.set(ctime_ns=now)
-        pnode = self.node(new_parent)
+        pnode = self.vol.node(new_parent)
         pnode.set(mtime_ns=now, ctime_ns=now)
-        self._touch(new_parent)
-        return self._stat(node)
+        self.vol.touch(new_parent)
+        return self.vol.stat(node)
 
     def unlink(self, parent: InodeNo, name: bytes) -> None:
         child = self._lookup_node(parent, name)
@@ -279,10 +275,10 @@ class Namespace(Data):
 
     def _remove_name(self, parent: InodeNo, name: bytes, child: Node) -> None:
         listing = self._materialize(parent)
-        self._touch(child.ino)  # while nlink still counts this name (see _materialize_links)
+        self.vol.touch(child.ino)  # while nlink still counts this name (see _materialize_links)
         listing.remove(name)
         now = now_ns()
-        pnode = self.node(parent)
+        pnode = self.vol.node(parent)
         pnode.set(mtime_ns=now, ctime_ns=now)
         if child.is_dir:
             pnode.set(nlink=pnode.attrs.nlink - 1)
@@ -290,10 +286,10 @@ class Namespace(Data):
         else:
             child.set(nlink=child.attrs.nlink - 1)
             if child.attrs.nlink == 0 and child.is_file:
-                self.logical -= child.attrs.size
+                self.vol.logical -= child.attrs.size
         child.set(ctime_ns=now)
-        self._touch(parent)
-        self._touch(child.ino)
+        self.vol.touch(parent)
+        self.vol.touch(child.ino)
 
     def rename(
         self, old_parent: InodeNo, old_name: bytes, new_parent: InodeNo, new_name: bytes, flags: int = 0
@@ -335,7 +331,7 @@ class Namespace(Data):
             self._remove_name(new_parent, new_name, dst)
         old_listing = self._materialize(old_parent)
         new_listing = self._materialize(new_parent)
-        self._touch(src.ino)
+        self.vol.touch(src.ino)
         old_listing.remove(old_name)
         new_listing.add(new_name, src.ino)
         self._moved(src, old_parent, new_parent)
@@ -343,8 +339,8 @@ class Namespace(Data):
     def _exchange(self, op: InodeNo, on: bytes, src: Node, np: InodeNo, nn: bytes, dst: Node) -> None:
         old_listing = self._materialize(op)
         new_listing = self._materialize(np)
-        self._touch(src.ino)
-        self._touch(dst.ino)
+        self.vol.touch(src.ino)
+        self.vol.touch(dst.ino)
         old_listing.replace(on, dst.ino)
         new_listing.replace(nn, src.ino)
         self._moved(src, op, np)
@@ -354,13 +350,13 @@ class Namespace(Data):
         now = now_ns()
         node.set(ctime_ns=now)
         for p in {old_parent, new_parent}:
-            pnode = self.node(p)
+            pnode = self.vol.node(p)
             pnode.set(mtime_ns=now, ctime_ns=now)
-            self._touch(p)
+            self.vol.touch(p)
         if node.is_dir and old_parent != new_parent:
             node.parent = new_parent
-            self.node(old_parent).set(nlink=self.node(old_parent).attrs.nlink - 1)
-            self.node(new_parent).set(nlink=self.node(new_parent).attrs.nlink + 1)
+            self.vol.node(old_parent).set(nlink=self.vol.node(old_parent).attrs.nlink - 1)
+            self.vol.node(new_parent).set(nlink=self.vol.node(new_parent).attrs.nlink + 1)
 
     def _is_ancestor(self, ancestor: InodeNo, ino: InodeNo) -> bool:
         while True:
@@ -368,7 +364,7 @@ class Namespace(Data):
                 return True
             if ino == ROOT_INO:
                 return False
-            ino = self.node(ino).parent
+            ino = self.vol.node(ino).parent
 
 
 @dataclass

@@ -1,7 +1,7 @@
-"""A mounted read/write directory volume: a base tree plus the overlay (names,
-attributes), with the data of changed files in upper files (casfs.vfs.overlay.files).
-Synchronous and trio-free: tests drive it without a mount, the FUSE adapter through
-casfs.vfs.api.RwView."""
+"""A read/write directory volume's kind: a base tree plus the overlay (names,
+attributes: casfs.vfs.rw.names), the data of changed files in upper files
+(casfs.vfs.overlay.files), and writes the store's disk refused kept in memory until a
+flush can store them (casfs.vfs.overlay.spill)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,19 @@ import logging
 from collections.abc import Callable
 
 from casfs.catalog import overlay as rows
-from casfs.ids import ChunkNo, InodeNo
+from casfs.ids import ChunkNo, InodeNo, SnapshotNo
 from casfs.kinds import BlobKind, VolumeKind
 from casfs.snapshots import chunkmap
 from casfs.store.ids import ZERO_ID
-from casfs.vfs.api import ROOT_INO, Fetched, NeedWork, Piece, RwView, assemble, fs_error
+from casfs.vfs.api import ROOT_INO, Fetched, Job, NeedWork, ReadPiece, SnapshotJob, assemble, fs_error
 from casfs.vfs.overlay.files import FileUppers, Key, UpperFile, copy_in, copy_prefix
-from casfs.vfs.overlay.fold import FlushJob, FoldJob, run_fold_dir
-from casfs.vfs.overlay.namespace import Namespace
 from casfs.vfs.overlay.nodes import Node
 from casfs.vfs.overlay.spill import Spill, SpillJob
-from casfs.vfs.overlay.writeback import now_ns
+from casfs.vfs.rw.below import chunk_blocks
+from casfs.vfs.rw.jobs.flush import FlushJob
+from casfs.vfs.rw.jobs.fold_dir import DirFold
+from casfs.vfs.rw.names import DirNames
+from casfs.vfs.rw.volume import RwVolume, finish, now_ns
 
 log = logging.getLogger(__name__)
 
@@ -31,47 +33,62 @@ log = logging.getLogger(__name__)
 _SPILL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EPERM, errno.EACCES})
 
 
-class DirVolume(Namespace, volume_kind=VolumeKind.DIR):
-    files: FileUppers
+class DirKind:
+    volume_kind = VolumeKind.DIR
+    fixed_size = False
+    atime = True
 
-    @property
-    def rw(self) -> RwView:
-        return self
-
-    def _load(self) -> None:
-        self.files = FileUppers.of(self.repo.path, self.name)
+    def __init__(self, vol: RwVolume) -> None:
+        self.vol = vol
+        self.namespace = DirNames(vol)
+        self.files = FileUppers.of(vol.repo.path, vol.name)
         self.spill = Spill()
         self._no_upper: dict[InodeNo, int] = {}  # making its upper file failed: errno
-        super()._load()
+        self._next_gen = 1
 
-    def _load_overlay(self) -> None:
-        super()._load_overlay()
-        named = {(n.ino, n.upper) for n in self.nodes.values() if n.upper is not None}
-        on_disk = self.files.named() if self.claimed else set()
+    def load(self) -> None:
+        vol = self.vol
+        named = {(n.ino, n.upper) for n in vol.nodes.values() if n.upper is not None}
+        on_disk = self.files.named() if vol.claimed else set()
         # Generations are numbered per volume, above any a crash may have left behind.
         self._next_gen = 1 + max((gen for _, gen in named | on_disk), default=0)
-        if self.claimed:
+        if vol.claimed:
             self.files.remove_unnamed(named)
             self.files.trim(
-                {(n.ino, n.upper): n.attrs.size for n in self.nodes.values() if n.upper is not None}
+                {(n.ino, n.upper): n.attrs.size for n in vol.nodes.values() if n.upper is not None}
             )
 
-    def _base_root(self, size: int) -> Node:
-        return Node.from_tree(self._tree(self.base), self.base, ROOT_INO)
+    def base_root(self, size: int) -> Node:
+        return Node.from_tree(self.namespace.tree(self.vol.base), self.vol.base, ROOT_INO)
 
-    def _content(self, node: Node) -> chunkmap.Content | chunkmap.ChunkMap:
-        content = self._contents.get(node.ino)
+    def copy_up(self, ino: InodeNo) -> None:
+        self.namespace.materialize_up(ino)
+
+    def path_of(self, ino: InodeNo) -> str:
+        return self.namespace.path(ino)
+
+    def on_claim(self) -> None:
+        """(Nothing beside the core's: upper files are trimmed at load.)"""
+
+    def settle(self) -> None:
+        """(A directory volume's attributes are always up to date.)"""
+
+    def folded(self) -> None:
+        self.namespace.forget_links()
+
+    def content(self, node: Node) -> chunkmap.Content | chunkmap.ChunkMap:
+        content = self.vol.contents.get(node.ino)
         if content is None:
-            mapped = rows.blob_kind(self.repo.conn, node.base) == BlobKind.MAP_ROOT
+            mapped = rows.blob_kind(self.vol.repo.conn, node.base) == BlobKind.MAP_ROOT
             content = chunkmap.Content(
-                self.repo.get_meta, node.base, node.attrs.size, self.chunk_size, mapped
+                self.vol.repo.get_meta, node.base, node.attrs.size, self.vol.chunk_size, mapped
             )
-            self._contents[node.ino] = content
+            self.vol.contents[node.ino] = content
         return content
 
     @property
-    def size_bytes(self) -> int:
-        return self.logical
+    def volume_size(self) -> int:
+        return self.vol.logical
 
     # -- file data in upper files ------------------------------------------------------
 
@@ -79,34 +96,33 @@ class DirVolume(Namespace, volume_kind=VolumeKind.DIR):
         assert node.upper is not None
         return self.files.open((node.ino, node.upper))
 
-    def read_plan(self, ino: InodeNo, offset: int, size: int) -> list[Piece]:
-        node = self.node(ino)
+    def plan(self, node: Node, offset: int, size: int) -> list[ReadPiece]:
+        ino = node.ino
         n = min(offset + size, node.attrs.size) - offset
         if node.upper is None:
-            pieces = super().read_plan(ino, offset, size)
+            pieces = self.vol.chunk_plan(node, offset, size)
         elif n <= 0:
             return []
         else:
-            pieces = [Piece(0, n, read=functools.partial(self._upper(node).pread, offset, n))]
+            pieces = [ReadPiece(0, n, read=functools.partial(self._upper(node).pread, offset, n))]
         if ino in self.spill and n > 0:
-            return [Piece(0, n, read=functools.partial(self._read_spilled, ino, pieces, offset, n))]
+            return [ReadPiece(0, n, read=functools.partial(self._read_spilled, ino, pieces, offset, n))]
         return pieces
 
-    def _read_spilled(self, ino: InodeNo, pieces: list[Piece], offset: int, n: int) -> bytes:
-        buf = bytearray(assemble(pieces, self.repo.get))
+    def _read_spilled(self, ino: InodeNo, pieces: list[ReadPiece], offset: int, n: int) -> bytes:
+        buf = bytearray(assemble(pieces, self.vol.repo.get))
         buf.extend(bytes(n - len(buf)))
         self.spill.apply(ino, offset, buf)
         return bytes(buf)
 
-    def _blocks(self, node: Node) -> int:
+    def blocks(self, node: Node) -> int:
         if node.upper is None:
-            return super()._blocks(node)
-        assert node.upper is not None
+            return chunk_blocks(self.vol, node)
         return self.files.allocated_blocks((node.ino, node.upper))
 
-    def write(self, ino: InodeNo, offset: int, data: bytes, fetched: Fetched | None = None) -> int:
+    def write_at(self, node: Node, offset: int, data: bytes, fetched: Fetched | None) -> int:
         """One pwrite into the file's upper file (copied up first: NeedWork)."""
-        node = self.node(ino)
+        ino = node.ino
         if not node.is_file:
             raise fs_error(errno.EBADF)
         if ino in self.spill or ino in self._no_upper:
@@ -121,7 +137,7 @@ class DirVolume(Namespace, volume_kind=VolumeKind.DIR):
             except OSError as e:
                 if e.errno not in _SPILL_ERRNOS:
                     raise
-                log.warning("%s: kept in memory until a flush can store it: %s", self.describe(ino), e)
+                log.warning("%s: kept in memory until a flush can store it: %s", self.vol.describe(ino), e)
                 if node.upper is None:
                     self._no_upper[ino] = e.errno
                 self._spill(node, offset, data)
@@ -129,14 +145,16 @@ class DirVolume(Namespace, volume_kind=VolumeKind.DIR):
         now = now_ns()
         if end > node.attrs.size:
             if node.attrs.nlink:
-                self.logical += end - node.attrs.size
+                self.vol.logical += end - node.attrs.size
             node.set(size=end, mtime_ns=now, ctime_ns=now)
         else:
             node.set(mtime_ns=now, ctime_ns=now)
-        self._touch(ino)
+        self.vol.touch(ino)
         return len(data)
 
-    def _truncate(self, node: Node, size: int, fetched: Fetched) -> None:
+    def resize(self, node: Node, size: int, fetched: Fetched) -> None:
+        if not node.is_file:
+            raise fs_error(errno.EISDIR if node.is_dir else errno.EINVAL)
         failed = self._no_upper.get(node.ino)
         if failed is not None:  # (a truncate fails in its own call: nothing is dropped)
             raise fs_error(failed, "the store cannot take this file's data now")
@@ -154,21 +172,21 @@ class DirVolume(Namespace, volume_kind=VolumeKind.DIR):
         self.files.open(key).truncate(size)
         self.files.written(key)
         self.spill.cut(node.ino, size)
-        self.dirty_bytes = self.spill.size
+        self.vol.dirty_bytes = self.spill.size
         if node.attrs.nlink:
-            self.logical += size - node.attrs.size
+            self.vol.logical += size - node.attrs.size
         node.set(size=size)
-        self._touch(node.ino)
+        self.vol.touch(node.ino)
 
     def _start_upper(self, node: Node, keep: int | None = None) -> None:
         """Give a file an upper file: empty (a new, emptied or all-hole file) or a copy
         of its content up to `keep` bytes (NeedWork: read and written in a thread)."""
         keep = node.attrs.size if keep is None else min(keep, node.attrs.size)
-        cs = self.chunk_size
+        cs = self.vol.chunk_size
         refs = [
             (n * cs, ref)
             for n in range(chunkmap.n_chunks(keep, cs))
-            if (ref := self._chunk_ref(node, ChunkNo(n))) != ZERO_ID
+            if (ref := self.vol.chunk_ref(node, ChunkNo(n))) != ZERO_ID
         ]
         if not refs:
             f = self._new_upper(node.ino)
@@ -177,7 +195,7 @@ class DirVolume(Namespace, volume_kind=VolumeKind.DIR):
             self._adopt(node, f)
             return
         key = (node.ino, self._take_gen())
-        pieces = [(offset, functools.partial(self.repo.get, ref)) for offset, ref in refs]
+        pieces = [(offset, functools.partial(self.vol.repo.get, ref)) for offset, ref in refs]
         path = self.files.path(key)
         failed: list[OSError] = []
 
@@ -196,24 +214,24 @@ class DirVolume(Namespace, volume_kind=VolumeKind.DIR):
             else:
                 self._copied(key)
 
-        raise NeedWork(f"copying up {self.path_of(node.ino)}", run, apply)
+        raise NeedWork(f"copying up {self.namespace.path(node.ino)}", run, apply)
 
     def _spill(self, node: Node, offset: int, data: bytes) -> None:
         self.spill.add(node.ino, offset, data)
-        self.dirty_bytes = self.spill.size
+        self.vol.dirty_bytes = self.spill.size
 
     def _copy_prefix(self, node: Node, old: Key, size: int) -> NeedWork:
         new = (node.ino, self._take_gen())
         src, dst = self.files.path(old), self.files.path(new)
         return NeedWork(
-            f"cutting {self.path_of(node.ino)}",
+            f"cutting {self.namespace.path(node.ino)}",
             functools.partial(copy_prefix, src, dst, size),
             functools.partial(self._copied, new),
         )
 
     def _copied(self, key: Key) -> None:
         """A generation made in a worker thread (NeedWork) becomes the file's content."""
-        node = self.node(key[0])
+        node = self.vol.node(key[0])
         self.files.adopt(key)
         if node.upper is None:
             self._adopt(node, self.files.open(key))
@@ -235,41 +253,37 @@ class DirVolume(Namespace, volume_kind=VolumeKind.DIR):
         load, or rows a pending cut drops: a new file has none, and its flush then
         skips the cut's four statements.)"""
         node.upper = f.key[1]
-        if self.chunk_ids.pop(node.ino, None) is not None or node.ino in self.cuts:
-            self.cuts[node.ino] = ChunkNo(0)
+        if self.vol.chunk_ids.pop(node.ino, None) is not None or node.ino in self.vol.cuts:
+            self.vol.cuts[node.ino] = ChunkNo(0)
         node.base_limit = 0
-        self._contents.pop(node.ino, None)
-        self._touch(node.ino)
+        self.vol.contents.pop(node.ino, None)
+        self.vol.touch(node.ino)
 
     def _replace_upper(self, node: Node, f: UpperFile) -> None:
         assert node.upper is not None
         self.files.retire((node.ino, node.upper))
         node.upper = f.key[1]
-        self._touch(node.ino)
+        self.vol.touch(node.ino)
 
-    def _drop_inode(self, ino: InodeNo) -> None:
-        node = self.nodes.get(ino)
+    def dropped(self, ino: InodeNo) -> None:
+        node = self.vol.nodes.get(ino)
         if node is not None and node.upper is not None:
             self.files.retire((ino, node.upper))
         self.spill.drop(ino)
-        self.dirty_bytes = self.spill.size
+        self.vol.dirty_bytes = self.spill.size
         self._no_upper.pop(ino, None)
-        super()._drop_inode(ino)
 
-    def _unsaved_bytes(self) -> dict[InodeNo, int]:
-        held = super()._unsaved_bytes()
+    def unsaved_bytes(self, held: dict[InodeNo, int]) -> None:
         for ino, writes in self.spill.writes.items():
             held[ino] = held.get(ino, 0) + sum(len(d) for _, d in writes)
         for ino, _ in self.files.dirty | self.files.fresh:
-            node = self.nodes.get(ino)
+            node = self.vol.nodes.get(ino)
             if node is not None:
                 held[ino] = held.get(ino, 0) + node.attrs.size  # (its whole file: the upper's size)
-        return held
 
     # -- flush and fold ----------------------------------------------------------------
 
-    def prepare_flush(self) -> FlushJob | None:
-        job = super().prepare_flush()
+    def add_to_flush(self, job: FlushJob | None) -> FlushJob | None:
         if job is not None:
             job.files = self.files.capture()
             job.spilled = self._capture_spill(job) if self.spill.writes else None
@@ -282,19 +296,19 @@ class DirVolume(Namespace, volume_kind=VolumeKind.DIR):
         copies: dict[InodeNo, list[tuple[int, Callable[[], bytes]]]] = {}
         rows = {r[1]: i for i, r in enumerate(job.rows)}
         for ino in self.spill.writes:
-            node = self.nodes[ino]
+            node = self.vol.nodes[ino]
             if node.upper is not None:
                 targets[ino] = (self.files.path((ino, node.upper)), node.attrs.size, None)
                 continue
             key = (ino, self._take_gen())
             targets[ino] = (self.files.path(key), node.attrs.size, key[1])
-            cs = self.chunk_size
+            cs = self.vol.chunk_size
             refs = (
-                (n * cs, self._chunk_ref(node, ChunkNo(n)))
+                (n * cs, self.vol.chunk_ref(node, ChunkNo(n)))
                 for n in range(chunkmap.n_chunks(node.attrs.size, cs))
             )
-            copies[ino] = [(o, functools.partial(self.repo.get, r)) for o, r in refs if r != ZERO_ID]
-            row = dataclasses.replace(node, upper=key[1], base_limit=0).row(self.name)
+            copies[ino] = [(o, functools.partial(self.vol.repo.get, r)) for o, r in refs if r != ZERO_ID]
+            row = dataclasses.replace(node, upper=key[1], base_limit=0).row(self.vol.name)
             if ino in rows:
                 job.rows[rows[ino]] = row
             else:
@@ -302,45 +316,36 @@ class DirVolume(Namespace, volume_kind=VolumeKind.DIR):
             job.cuts[ino] = ChunkNo(0)
         return SpillJob(str(self.files.folder), self.spill.capture(), targets, copies)
 
-    def run_flush(self, job: FlushJob) -> None:
-        if job.spilled is not None:
-            job.spilled.run()
-        if job.files is not None:
-            job.files.sync()  # the data before the rows that name it
-        super().run_flush(job)
-        if job.files is not None:
-            job.files.after_commit()
-
-    def apply_flush(self, job: FlushJob) -> None:
+    def flushed(self, job: FlushJob) -> None:
         if job.files is not None:
             self.files.synced(job.files)
         if job.spilled is not None:
             self.spill.drained(job.spilled.captured)
-            self.dirty_bytes = self.spill.size
+            self.vol.dirty_bytes = self.spill.size
             for ino, (_, _, new) in job.spilled.targets.items():
-                node = self.nodes.get(ino)
+                node = self.vol.nodes.get(ino)
                 if new is not None and node is not None:
                     node.upper = new
                     node.base_limit = 0
-                    self.chunk_ids.pop(ino, None)
-                    self._contents.pop(ino, None)
+                    self.vol.chunk_ids.pop(ino, None)
+                    self.vol.contents.pop(ino, None)
                     self._no_upper.pop(ino, None)
-        super().apply_flush(job)
 
-    def prepare_fold(self, label: str | None) -> FoldJob:
-        job = super().prepare_fold(label)
-        job.files = self.files
-        return job
+    def flush_failed(self, job: FlushJob) -> None:
+        """(What the job carried stays: the spill, the dirty upper files.)"""
 
-    def run_fold(self, job: FoldJob) -> None:
-        run_fold_dir(self.repo, self.name, self.base, self.chunk_size, self.next_ino, job)
-        if job.files is not None:
-            job.files.unlink(job.folded_files)  # (after the commit: now in blobs)
+    def sync_job(self) -> Job | None:
+        return None  # (upper files are synced with the rows that name them)
 
-    def apply_fold(self, job: FoldJob) -> None:
-        for ino, gen in job.folded_files:
-            node = self.nodes.get(ino)
-            if node is not None and node.upper == gen:
-                node.upper = None
-        self.files.forget(job.folded_files)
-        super().apply_fold(job)
+    def snapshot_job(self, label: str | None) -> SnapshotJob:
+        return DirFold.capture(self, label)
+
+    def background_fold_job(self) -> Job | None:
+        return None  # (a snapshot is folded when taken)
+
+    def fold_now(self, label: str | None) -> SnapshotNo:
+        self.vol.flush_sync()
+        return finish(self.snapshot_job(label)).snapshot
+
+    def closing(self) -> None:
+        """(Nothing is left to fold before the last flush.)"""
