@@ -74,13 +74,15 @@ def _heal(repo: Repository, report: FsckReport, source: str) -> None:
     `casfs scrub --heal-from` does): marked repaired once they read back right."""
     from casfs.catalog import blobs as blob_rows
     from casfs.kinds import BlobKind
+    from casfs.replica.peers import blob_fetcher
     from casfs.store.ids import BlobId
     from casfs.upkeep.scrub import heal_blobs
 
     bad = [p for p in report.problems if p.kind in ("missing", "corrupt") and not p.repaired]
     ids = [BlobId(bytes.fromhex(p.blob)) for p in bad]
     kinds = {bid: BlobKind(row.kind) for bid, row in blob_rows.rows_of(repo.conn, ids)}
-    healed = heal_blobs(repo, [(bid, kinds[bid]) for bid in ids if bid in kinds], source)
+    with blob_fetcher(source) as fetch:
+        healed = heal_blobs(repo, [(bid, kinds[bid]) for bid in ids if bid in kinds], source, fetch)
     for problem, bid in zip(bad, ids, strict=True):
         why_not = healed.get(bid, "no catalog row says what kind of blob it is")
         problem.repaired = why_not is None

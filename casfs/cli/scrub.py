@@ -31,7 +31,10 @@ def cmd_scrub(args: argparse.Namespace) -> int:
         if show is not None:
             sys.stderr.write("\r\x1b[K")
         if args.heal_from and report.damaged:
-            scrub.heal(repo, report, args.heal_from)
+            from casfs.replica.peers import blob_fetcher
+
+            with blob_fetcher(args.heal_from) as fetch:
+                scrub.heal(repo, report, args.heal_from, fetch)
     if args.json:
         print_json(report.to_json())
     else:

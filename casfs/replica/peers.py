@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -253,3 +253,21 @@ class Connection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def blob_fetcher(source: str) -> Iterator[Callable[[BlobId, BlobKind], bytes]]:
+    """One blob at a time from `source` by its id, verified against it (Corruption if
+    other bytes came; the source's own error if it lacks it): scrub's and fsck's heal."""
+    from casfs.replica.wire import verify
+
+    with Connection(source) as conn:
+        conn.hello()
+
+        def fetch(bid: BlobId, kind: BlobKind) -> bytes:
+            conn.ask([(bid, kind)])
+            conn.flush()
+            (record,) = conn.blobs([(bid, kind)])
+            return verify(record)
+
+        yield fetch

@@ -11,10 +11,11 @@ file met again under another root (a clone's base, a snapshot sharing most of it
 volume) is not read again: the damage found below it is reported under the new holder
 too.
 
-Healing (`heal`) asks a source (a store path or ssh://, as `casfs pull` takes) for each
-damaged blob by its id, verifies the bytes against the id, and stores them again (a
-batch heals a blob marked damaged instead of deduplicating against it). A source that
-lacks a blob, or sends wrong bytes, leaves it unhealed, and the report says so.
+Healing (`heal`) asks a source (a store path or ssh://, as `casfs pull` takes, through
+replica.peers.blob_fetcher, which the CLI hands in) for each damaged blob by its id,
+verifies the bytes against the id, and stores them again (a batch heals a blob marked
+damaged instead of deduplicating against it). A source that lacks a blob, or sends
+wrong bytes, leaves it unhealed, and the report says so.
 
 Progress is saved after each root (STORE/scrub/state.json): an interrupted scrub, run
 again, resumes after the last root it finished. Safe beside mounts, imports and folds:
@@ -310,12 +311,17 @@ def _save_state(path: Path, done: set[str], report: ScrubReport) -> None:
 # -- healing -------------------------------------------------------------------------------
 
 
-def heal(repo: Repository, report: ScrubReport, source: str) -> None:
+# Fetches one blob by its id and kind from another store, verified against its id
+# (CasfsError when that store lacks it or sends other bytes): replica.peers.blob_fetcher.
+Fetch = Callable[[BlobId, BlobKind], bytes]
+
+
+def heal(repo: Repository, report: ScrubReport, source: str, fetch: Fetch) -> None:
     """Fetch each damaged blob of `report` from `source` by its id, verify it, and store
     it again; the report says what was healed from where, and why not otherwise."""
     todo = [d for d in report.damaged if not d.healed_from]
     wants = [(BlobId(bytes.fromhex(d.blob)), _KINDS[d.kind]) for d in todo]
-    for damage, why_not in zip(todo, heal_blobs(repo, wants, source).values(), strict=True):
+    for damage, why_not in zip(todo, heal_blobs(repo, wants, source, fetch).values(), strict=True):
         if why_not is None:
             damage.healed_from = source
         else:
@@ -323,32 +329,25 @@ def heal(repo: Repository, report: ScrubReport, source: str) -> None:
 
 
 def heal_blobs(
-    repo: Repository, wants: list[tuple[BlobId, BlobKind]], source: str
+    repo: Repository, wants: list[tuple[BlobId, BlobKind]], source: str, fetch: Fetch
 ) -> dict[BlobId, str | None]:
     """Fetch each blob from `source` by its id, verify it and store it again (a batch
     stores a blob marked damaged again instead of deduplicating against it): for each,
     None once it reads back through its check, or why not."""
-    from casfs.replica.peers import Connection
-    from casfs.replica.wire import verify
-
     result: dict[BlobId, str | None] = {}
     if not wants:
         return result
     for bid, _ in wants:  # (before the batch, which reads the marks: a missing blob too)
         repo.blobs.mark_damaged(bid)
-    with Connection(source) as conn, repo.batch() as batch:
-        conn.hello()
-        for want in wants:
+    with repo.batch() as batch:
+        for bid, kind in wants:
             try:
-                conn.ask([want])
-                conn.flush()
-                (record,) = conn.blobs([want])
-                plain = verify(record)
+                plain = fetch(bid, kind)
             except CasfsError as e:  # (the source lacks it, or sent other bytes)
-                result[want[0]] = f"{source}: {e}"
+                result[bid] = f"{source}: {e}"
                 continue
-            batch.put(plain, want[1])
-            result[want[0]] = None
+            batch.put(plain, kind)
+            result[bid] = None
         batch.commit()
     for bid, why_not in result.items():  # read back through the check: healed means readable
         if why_not is None:
