@@ -91,6 +91,11 @@ def _warm() -> None:
     """Import what a session runs, once the pull that started this server (served by
     its parent, on this machine's CPUs) is likely done: the next pull's session, this
     server's first, then starts without them."""
+    import casfs.replica.adopt  # (hello's)
+    import casfs.replica.serve
+    import casfs.repo
+    import casfs.store.packstore  # (a store's blobs, opened at its first read)
+    import casfs.upkeep.recovery  # noqa: F401
 
 
 def _serve_forever(listener: socket.socket, store: Path, idle: float, path: Path, pid_path: Path) -> None:

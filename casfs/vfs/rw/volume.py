@@ -17,7 +17,7 @@ docs/concurrency.md):
 Slow work is a Job (casfs.vfs.api.Job, one module each in casfs.vfs.rw.jobs): prepared
 here on the trio thread (a consistent capture), run in a worker thread, then applied
 or aborted here. Between a prepare and its apply (or abort) the view is *frozen*: no
-mutation may run (_check_mutation asserts it), and what may still arrive without the
+mutation may run (check_mutation asserts it), and what may still arrive without the
 lock (a read's atime, a forget) is deferred until the view thaws. A change stays dirty
 until a flush that contains it has committed, so a failed job is simply retried.
 """
