@@ -9,8 +9,9 @@ inside a function; `if TYPE_CHECKING:` blocks aside, as they never run) must poi
     casfs.catalog    imports only casfs.errors, casfs.ids, casfs.kinds, casfs.sqlitewal, casfs.store (ids)
                      and casfs.catalog
     casfs.vfs        never imports casfs.fuse, casfs.volumes, casfs.images or casfs.cli
-    only casfs.fuse imports pyfuse3; trio only casfs.fuse and casfs.vfs
-    commands that do not mount import neither trio nor pyfuse3 (checked by running them)
+    only casfs.fuse imports pyfuse3; trio only casfs.fuse and casfs.vfs; grpc and protobuf
+                     only casfs.csi
+    commands that do not mount import neither trio nor pyfuse3, nor grpc (checked by running them)
 """
 
 from __future__ import annotations
@@ -169,6 +170,12 @@ def test_only_the_fuse_layer_imports_pyfuse3_and_trio_stays_below_the_mount() ->
     }
 
 
+def test_only_the_csi_plugin_imports_grpc() -> None:
+    assert {m for m, deps in THIRD_PARTY.items() if deps & {"grpc", "google"}} <= {
+        m for m in MODULES if in_package(m, "casfs.csi")
+    }
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -179,14 +186,14 @@ def test_only_the_fuse_layer_imports_pyfuse3_and_trio_stays_below_the_mount() ->
         ["gc"],
     ],
 )
-def test_commands_that_do_not_mount_import_neither_trio_nor_pyfuse3(store: Path, argv: list[str]) -> None:
+def test_commands_that_do_not_mount_import_neither_trio_nor_pyfuse3_nor_grpc(store: Path, argv: list[str]) -> None:
     """(Orchestrators call the CLI per volume: importing the mount's libraries costs
     each call tens of milliseconds.)"""
     setup = [["volume", "create", "v", "--blank-dir"], ["snapshot", "create", "v"]]
     probe = (
         "import sys; sys.argv = ['casfs', '-s', sys.argv[1], *sys.argv[2:]]\n"
         + RUN_IN_PROBE
-        + "print('loaded:', sorted(m for m in ('trio', 'pyfuse3') if m in sys.modules))\n"
+        + "print('loaded:', sorted(m for m in ('trio', 'pyfuse3', 'grpc') if m in sys.modules))\n"
     )
     for step in setup:
         ok(store, *step)
