@@ -186,7 +186,9 @@ def test_only_the_csi_plugin_imports_grpc() -> None:
         ["gc"],
     ],
 )
-def test_commands_that_do_not_mount_import_neither_trio_pyfuse3_nor_grpc(store: Path, argv: list[str]) -> None:
+def test_commands_that_do_not_mount_import_neither_trio_pyfuse3_nor_grpc(
+    store: Path, argv: list[str]
+) -> None:
     """(Orchestrators call the CLI per volume: importing the mount's libraries costs
     each call tens of milliseconds.)"""
     setup = [["volume", "create", "v", "--blank-dir"], ["snapshot", "create", "v"]]
