@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -49,6 +50,15 @@ def block_cap(mode: int = Mode.SINGLE_NODE_WRITER) -> pb.VolumeCapability:
         block=pb.VolumeCapability.BlockVolume(),
         access_mode=Mode(mode=mode),  # type: ignore[arg-type]
     )
+
+
+class _Deadline(grpc.UnaryUnaryClientInterceptor):
+    """Every call from a test has a deadline (a hung plugin fails the test, not the run)."""
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        if details.timeout is None:
+            details = details._replace(timeout=RPC_TIMEOUT_S)
+        return continuation(details, request)
 
 
 @dataclass
@@ -86,9 +96,10 @@ class Plugin:
             time.sleep(0.02)
         self.channel = grpc.insecure_channel(self.endpoint)
         grpc.channel_ready_future(self.channel).result(timeout=START_TIMEOUT_S)
-        self.identity = rpc.IdentityStub(self.channel)
-        self.controller = rpc.ControllerStub(self.channel)
-        self.node = rpc.NodeStub(self.channel)
+        channel = grpc.intercept_channel(self.channel, _Deadline())
+        self.identity = rpc.IdentityStub(channel)
+        self.controller = rpc.ControllerStub(channel)
+        self.node = rpc.NodeStub(channel)
         assert self.identity.Probe(pb.ProbeRequest(), timeout=RPC_TIMEOUT_S).ready.value
 
     def log(self) -> str:
@@ -170,3 +181,66 @@ def plugin_running(store: Path, kubelet: Path, *extra: str) -> Iterator[Plugin]:
         finally:
             cleanup_under(kubelet)
             shutil.rmtree(sockdir, ignore_errors=True)
+
+
+# -- what kubelet and the provisioner send ------------------------------------------------
+
+
+def create(p: Plugin, name: str, cap: pb.VolumeCapability, size: int = 0, **kw: Any) -> pb.Volume:
+    req = pb.CreateVolumeRequest(
+        name=name, volume_capabilities=[cap], capacity_range=pb.CapacityRange(required_bytes=size), **kw
+    )
+    return p.controller.CreateVolume(req).volume
+
+
+def from_snapshot(snapshot_id: str) -> pb.VolumeContentSource:
+    return pb.VolumeContentSource(snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id=snapshot_id))
+
+
+def from_volume(volume_id: str) -> pb.VolumeContentSource:
+    return pb.VolumeContentSource(volume=pb.VolumeContentSource.VolumeSource(volume_id=volume_id))
+
+
+def stage(p: Plugin, vid: str, staging: Path, cap: pb.VolumeCapability) -> None:
+    p.node.NodeStageVolume(
+        pb.NodeStageVolumeRequest(volume_id=vid, staging_target_path=str(staging), volume_capability=cap)
+    )
+
+
+def publish(
+    p: Plugin, vid: str, staging: Path, target: Path, cap: pb.VolumeCapability, readonly: bool = False
+) -> None:
+    req = pb.NodePublishVolumeRequest(
+        volume_id=vid,
+        staging_target_path=str(staging),
+        target_path=str(target),
+        volume_capability=cap,
+        readonly=readonly,
+    )
+    p.node.NodePublishVolume(req)
+
+
+def unpublish(p: Plugin, vid: str, target: Path) -> None:
+    p.node.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id=vid, target_path=str(target)))
+
+
+def unstage(p: Plugin, vid: str, staging: Path) -> None:
+    p.node.NodeUnstageVolume(pb.NodeUnstageVolumeRequest(volume_id=vid, staging_target_path=str(staging)))
+
+
+def snapshot(p: Plugin, vid: str, name: str) -> pb.Snapshot:
+    return p.controller.CreateSnapshot(pb.CreateSnapshotRequest(source_volume_id=vid, name=name)).snapshot
+
+
+def snapshots_of(p: Plugin, vid: str) -> list[pb.Snapshot]:
+    entries = p.controller.ListSnapshots(pb.ListSnapshotsRequest(source_volume_id=vid)).entries
+    return [e.snapshot for e in entries]
+
+
+def code_of(call: Any, request: Any) -> grpc.StatusCode:
+    """The status code a call ends with (OK if it succeeds)."""
+    try:
+        call(request)
+    except grpc.RpcError as e:
+        return e.code()
+    return grpc.StatusCode.OK
