@@ -19,13 +19,14 @@ from google.protobuf import timestamp_pb2, wrappers_pb2
 from casfs import volumes
 from casfs.catalog import volumes as volume_rows
 from casfs.csi import capabilities, figures, naming, records
-from casfs.csi.codes import BadToken, InUse, NoRoom, OutOfRange
+from casfs.csi.codes import BadToken, InUse, NoRoom, OutOfRange, Pending
 from casfs.csi.health import condition
 from casfs.csi.plugin import Plugin
 from casfs.csi.proto import csi_pb2 as pb
 from casfs.errors import Conflict, NotFound, UsageError
 from casfs.ids import SnapshotNo
 from casfs.kinds import MAX_BLOCK_SIZE, VolumeKind, block_size_refusal
+from casfs.lifecycle import pids
 from casfs.lifecycle.phases import VolumePhase
 from casfs.repo import Repository
 from casfs.units import parse_size
@@ -66,10 +67,7 @@ class Controller:
         if not self.plugin.reachable(request.accessibility_requirements):
             raise NoRoom(f"a volume here is on node {self.plugin.node_id!r} only, which the request excludes")
         want = _request_record(request)
-        try:
-            info = volumes.get_volume(self.repo, vid)
-        except NotFound:
-            info = None
+        info = self._settled(vid)
         if info is not None:
             return self._repeat(info, want, caps, request)
         kind, source, size = self._plan(vid, want, caps)
@@ -82,6 +80,25 @@ class Controller:
             self.repo, vid, source, chunk_size=parse_size(chunk) if chunk and blank else None
         )
         return pb.CreateVolumeResponse(volume=self._volume(self._finish(vid, want), want))
+
+    def _settled(self, vid: str, recovered: bool = False) -> volumes.VolumeInfo | None:
+        """The volume, if any, once no other process is creating or deleting it: a live
+        one's phase is the lock (ABORTED); a dead one's is recovered first, as every
+        casfs command does at its start."""
+        try:
+            info = volumes.get_volume(self.repo, vid)
+        except NotFound:
+            return None
+        if info.phase not in (VolumePhase.CREATING, VolumePhase.DELETING):
+            return info
+        if recovered or pids.alive(info.owner_pid):
+            raise Pending(
+                f"volume {vid!r} is being {info.phase.removesuffix('ing')}ed by process {info.owner_pid}"
+            )
+        from casfs.lifecycle.recovery import recover
+
+        recover(self.repo)
+        return self._settled(vid, recovered=True)
 
     def _repeat(
         self,

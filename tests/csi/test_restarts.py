@@ -1,0 +1,178 @@
+"""Idempotency across kill -9 of the plugin, and concurrent RPCs for one volume.
+
+kubelet and the sidecars retry whatever did not answer: after a restart of the plugin
+each repeat must be answered as the first call was, from what the catalog, the run files
+and the kernel's mount table say (the plugin keeps nothing in memory that matters)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from casfs.csi.proto import csi_pb2 as pb
+from casfs.fuse.mountinfo import mounts
+from tests.helpers.csi import (
+    Plugin,
+    block_cap,
+    create,
+    from_snapshot,
+    from_volume,
+    mount_cap,
+    publish,
+    snapshot,
+    stage,
+    unpublish,
+    unstage,
+)
+
+
+def test_kill_9_between_any_two_steps_and_a_new_plugin_finishes_the_flow(
+    plugin: Plugin, kubelet: Path
+) -> None:
+    """After every step: kill -9, start a new plugin, repeat the step (it must succeed
+    and change nothing), go on."""
+    cap = mount_cap()
+    staging, target = kubelet / "staging" / "v", kubelet / "pods" / "a" / "v"
+    staging2, target2 = kubelet / "staging" / "v2", kubelet / "pods" / "b" / "v"
+    seen: dict[str, object] = {}
+
+    def write() -> None:
+        (target / "f.txt").write_text("survives restarts\n")
+
+    def read() -> None:
+        assert (target2 / "f.txt").read_text() == "survives restarts\n"
+
+    def snap() -> None:
+        seen["snap"] = snapshot(plugin, "v", "s1").snapshot_id
+
+    def clone() -> None:
+        vol = create(plugin, "v2", cap, volume_content_source=from_snapshot(str(seen["snap"])))
+        assert seen.setdefault("clone", vol) == vol
+
+    steps: list[tuple[str, Callable[[], object]]] = [
+        ("create", lambda: create(plugin, "v", cap)),
+        ("stage", lambda: stage(plugin, "v", staging, cap)),
+        ("publish", lambda: publish(plugin, "v", staging, target, cap)),
+        ("write", write),
+        ("unpublish", lambda: unpublish(plugin, "v", target)),
+        ("unstage", lambda: unstage(plugin, "v", staging)),
+        ("snapshot", snap),
+        ("clone", clone),
+        ("stage2", lambda: stage(plugin, "v2", staging2, cap)),
+        ("publish2", lambda: publish(plugin, "v2", staging2, target2, cap)),
+        ("read", read),
+        ("unpublish2", lambda: unpublish(plugin, "v2", target2)),
+        ("unstage2", lambda: unstage(plugin, "v2", staging2)),
+        ("delete2", lambda: plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id="v2"))),
+        (
+            "unsnap",
+            lambda: plugin.controller.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=str(seen["snap"]))),
+        ),
+        ("delete", lambda: plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id="v"))),
+    ]
+    for name, step in steps:
+        step()
+        table = _mounts_under(kubelet)
+        plugin.kill9()
+        plugin.start()
+        step()  # the repeat, answered by a plugin that never saw the first call
+        assert _mounts_under(kubelet) == table, (
+            f"the repeat of {name} changed mounts"
+        )
+    assert plugin.controller.ListVolumes(pb.ListVolumesRequest()).entries == []
+
+
+def test_a_block_volume_stays_staged_and_published_across_a_kill_9(plugin: Plugin, kubelet: Path) -> None:
+    cap = block_cap()
+    vol = create(plugin, "b", cap, 16 << 20)
+    staging, device = kubelet / "staging" / "b", kubelet / "pods" / "a" / "dev"
+    stage(plugin, vol.volume_id, staging, cap)
+    publish(plugin, vol.volume_id, staging, device, cap)
+    with open(device, "r+b") as f:
+        f.write(b"x" * 4096)
+    plugin.kill9()
+    plugin.start()
+    publish(plugin, vol.volume_id, staging, device, cap)
+    with open(device, "rb") as f:
+        assert f.read(4096) == b"x" * 4096
+    unpublish(plugin, vol.volume_id, device)
+    unstage(plugin, vol.volume_id, staging)
+
+
+def _mounts_under(base: Path) -> list[tuple[str, str]]:
+    return sorted((m.mountpoint, m.options) for m in mounts() if m.mountpoint.startswith(f"{base}/"))
+
+
+def _concurrently(n: int, call: Callable[[], object]) -> list[object]:
+    results: list[object] = [None] * n
+    start = threading.Barrier(n)
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            results[i] = call()
+        except grpc.RpcError as e:
+            results[i] = e.code()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return results
+
+
+def test_twenty_concurrent_creates_of_one_name_make_one_volume(plugin: Plugin) -> None:
+    results = _concurrently(20, lambda: create(plugin, "one", mount_cap()))
+    volumes = [r for r in results if isinstance(r, pb.Volume)]
+    assert volumes and all(v == volumes[0] for v in volumes)
+    assert all(isinstance(r, pb.Volume) or r == grpc.StatusCode.ABORTED for r in results), results
+    listed = plugin.controller.ListVolumes(pb.ListVolumesRequest()).entries
+    assert [e.volume.volume_id for e in listed] == ["one"]
+    assert create(plugin, "one", mount_cap()) == volumes[0]
+
+
+def test_twenty_concurrent_clones_of_one_volume_make_one_clone(plugin: Plugin) -> None:
+    create(plugin, "src", mount_cap())
+    results = _concurrently(
+        20, lambda: create(plugin, "copy", mount_cap(), volume_content_source=from_volume("src"))
+    )
+    assert all(isinstance(r, pb.Volume) or r == grpc.StatusCode.ABORTED for r in results), results
+    snaps = plugin.controller.ListSnapshots(pb.ListSnapshotsRequest(source_volume_id="src")).entries
+    assert len(snaps) == 1  # (the one snapshot the clone was made through)
+    plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id="copy"))
+    assert plugin.controller.ListSnapshots(pb.ListSnapshotsRequest(source_volume_id="src")).entries == []
+
+
+def test_publish_racing_unpublish_leaves_one_consistent_state(plugin: Plugin, kubelet: Path) -> None:
+    cap = mount_cap()
+    create(plugin, "race", cap)
+    staging, target = kubelet / "staging" / "race", kubelet / "pods" / "a" / "race"
+    stage(plugin, "race", staging, cap)
+    codes: list[grpc.StatusCode] = []
+
+    def loop(call: Callable[[], object]) -> None:
+        for _ in range(15):
+            try:
+                call()
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as e:
+                codes.append(e.code())
+
+    threads = [
+        threading.Thread(target=loop, args=(lambda: publish(plugin, "race", staging, target, cap),)),
+        threading.Thread(target=loop, args=(lambda: unpublish(plugin, "race", target),)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.ABORTED}, codes
+    binds = [m for m in mounts() if m.mountpoint == str(target)]
+    assert len(binds) <= 1  # published once or not at all, never stacked
+    unpublish(plugin, "race", target)
+    assert not target.exists() and not [m for m in mounts() if m.mountpoint == str(target)]
+    unstage(plugin, "race", staging)
