@@ -19,6 +19,7 @@ layer raises its own kinds where it knows which one it met:
 from __future__ import annotations
 
 import errno
+import sqlite3
 
 import grpc
 
@@ -82,7 +83,10 @@ FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def status_of(e: BaseException) -> grpc.StatusCode:
-    """The code of an error: its nearest class in CODES (an OSError by its errno)."""
+    """The code of an error: its nearest class in CODES (an OSError by its errno; SQLite's
+    full disk, which it reports as its own error, as a full store)."""
+    if isinstance(e, sqlite3.OperationalError) and "full" in str(e):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(e, OSError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED if e.errno in FULL else grpc.StatusCode.INTERNAL
     for kind in type(e).__mro__:

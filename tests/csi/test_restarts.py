@@ -79,9 +79,7 @@ def test_kill_9_between_any_two_steps_and_a_new_plugin_finishes_the_flow(
         plugin.kill9()
         plugin.start()
         step()  # the repeat, answered by a plugin that never saw the first call
-        assert _mounts_under(kubelet) == table, (
-            f"the repeat of {name} changed mounts"
-        )
+        assert _mounts_under(kubelet) == table, f"the repeat of {name} changed mounts"
     assert plugin.controller.ListVolumes(pb.ListVolumesRequest()).entries == []
 
 
