@@ -129,9 +129,10 @@ def _rpc(
 
 def socket_path(endpoint: str) -> str:
     """unix:///PATH (or unix:/PATH) -> PATH."""
-    for prefix in ("unix://", "unix:"):
-        if endpoint.startswith(prefix) and endpoint[len(prefix) :].startswith("/"):
-            return endpoint[len(prefix) :]
+    prefix = "unix://" if endpoint.startswith("unix://") else "unix:"
+    path = endpoint[len(prefix) :] if endpoint.startswith(prefix) else ""
+    if path.startswith("/") and not path.startswith("//"):
+        return path
     raise UsageError(f"invalid endpoint {endpoint!r}: expected unix:///PATH")
 
 
