@@ -85,7 +85,7 @@ FULL = (errno.ENOSPC, errno.EDQUOT)
 def status_of(e: BaseException) -> grpc.StatusCode:
     """The code of an error: its nearest class in CODES (an OSError by its errno; SQLite's
     full disk, which it reports as its own error, as a full store)."""
-    if isinstance(e, sqlite3.OperationalError) and "full" in str(e):
+    if _sqlite_full(e):
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(e, OSError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED if e.errno in FULL else grpc.StatusCode.INTERNAL
@@ -97,6 +97,12 @@ def status_of(e: BaseException) -> grpc.StatusCode:
 
 def message_of(e: BaseException) -> str:
     """The one line a caller is told: casfs's message (an OSError's strerror and path)."""
+    if _sqlite_full(e):
+        return f"no space left in the store (the catalog: {e})"
     if isinstance(e, OSError) and e.strerror:
         return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
     return " ".join(str(e).split()) or type(e).__name__
+
+
+def _sqlite_full(e: BaseException) -> bool:
+    return isinstance(e, sqlite3.OperationalError) and "full" in str(e)

@@ -68,17 +68,26 @@ class Controller:
             raise NoRoom(f"a volume here is on node {self.plugin.node_id!r} only, which the request excludes")
         want = _request_record(request)
         info = self._settled(vid)
-        if info is not None:
-            return self._repeat(info, want, caps, request)
+        had = records.read(self.plugin.store, vid) if info is not None else None
+        if info is not None and had is not None:
+            return self._repeat(info, had, want, caps, request)
+        # A new volume, or one whose record a crash lost (kept without an fsync:
+        # records.py): casfs's own create is idempotent by spec, so a repeat of the
+        # request that made it returns it, and another request is ALREADY_EXISTS.
         kind, source, size = self._plan(vid, want, caps)
         want["kind"] = kind.value
         want["capacity"] = size if kind == VolumeKind.BLOCK else want["required"]
-        records.write(self.plugin.store, vid, want)  # (before the volume: records.py)
         chunk = want["params"].get("chunkSize")
         blank = source.blank_dir or source.blank_block is not None
-        volumes.create_volume(
-            self.repo, vid, source, chunk_size=parse_size(chunk) if chunk and blank else None
-        )
+        try:
+            volumes.create_volume(
+                self.repo, vid, source, chunk_size=parse_size(chunk) if chunk and blank else None
+            )
+        except Conflict:
+            raise Conflict(
+                f"volume {vid!r} exists with another spec (made by `casfs volume create`?)"
+            ) from None
+        records.write(self.plugin.store, vid, want)
         return pb.CreateVolumeResponse(volume=self._volume(self._finish(vid, want), want))
 
     def _settled(self, vid: str, recovered: bool = False) -> volumes.VolumeInfo | None:
@@ -103,14 +112,12 @@ class Controller:
     def _repeat(
         self,
         info: volumes.VolumeInfo,
+        had: dict[str, Any],
         want: dict[str, Any],
         caps: list[pb.VolumeCapability],
         request: pb.CreateVolumeRequest,
     ) -> pb.CreateVolumeResponse:
         """The volume exists: the same volume if the request is compatible, else ALREADY_EXISTS."""
-        had = records.read(self.plugin.store, info.name)
-        if had is None:
-            raise Conflict(f"volume {info.name!r} exists and was not made by CSI with name {request.name!r}")
         same = had.get("params") == want["params"] and had.get("source") == want["source"]
         capacity = int(had.get("capacity", 0))
         fits = capacity >= want["required"] and (not want["limit"] or capacity <= want["limit"])
@@ -158,7 +165,8 @@ class Controller:
         _check_kind(params, kind)
         capabilities.check(caps, kind)
         if kind == VolumeKind.BLOCK:
-            size = max(size, _block_size(want["required"], chunk or kind.default_chunk_size))
+            if want["required"]:  # (a clone asked for no size keeps its source's)
+                size = max(size, _block_size(want["required"], chunk or kind.default_chunk_size))
             _check_block_capacity(size, want["limit"])
         return kind, source, size if kind == VolumeKind.BLOCK else 0
 
@@ -297,7 +305,7 @@ class Controller:
                     raise InUse(f"volume {info.name!r} is staged: a block volume grows unstaged (offline)")
                 volumes.resize(self.repo, info.name, capacity)
         if record and int(record.get("capacity", 0)) < capacity:
-            records.write(self.plugin.store, info.name, {**record, "capacity": capacity})
+            records.write(self.plugin.store, info.name, {**record, "capacity": capacity}, durable=True)
         return pb.ControllerExpandVolumeResponse(capacity_bytes=capacity, node_expansion_required=False)
 
     # -- snapshots --------------------------------------------------------------------
@@ -407,7 +415,7 @@ class Controller:
             raise NotFound(f"no snapshot {volume}@{n}")
         created = timestamp_pb2.Timestamp()
         created.FromNanoseconds(int(snap.created * 1e9))
-        stored = figures.snapshot_stored_bytes(self.repo, volume, n) if snap.folded else 0
+        stored = figures.snapshot_stored_bytes(self.repo, snap) if snap.folded else 0
         return pb.Snapshot(
             size_bytes=stored,
             snapshot_id=naming.snapshot_id(volume, n),
