@@ -404,8 +404,8 @@ class Controller:
 
     def _labelled(self, label: str, volume: str | None = None) -> tuple[str, SnapshotNo] | None:
         """The snapshot with this label (of `volume`, or of any volume)."""
-        names = [volume] if volume else [i.name for i in volumes.list_volumes(self.repo)]
-        return next(((s.volume, s.n) for v in names for s in self._snapshots_of(v) if s.label == label), None)
+        found = volume_rows.labelled(self.repo.conn, label)
+        return next((ref for ref in found if volume is None or ref[0] == volume), None)
 
     def _snapshot_message(
         self, volume: str, n: SnapshotNo, snap: volumes.SnapshotInfo | None = None
