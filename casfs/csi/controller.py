@@ -27,7 +27,7 @@ from casfs.errors import Conflict, NotFound, UsageError
 from casfs.ids import SnapshotNo
 from casfs.kinds import MAX_BLOCK_SIZE, VolumeKind, block_size_refusal
 from casfs.lifecycle import pids
-from casfs.lifecycle.phases import VolumePhase
+from casfs.lifecycle.phases import VOLUME_HELD, VolumePhase
 from casfs.repo import Repository
 from casfs.units import parse_size
 
@@ -92,22 +92,25 @@ class Controller:
 
     def _settled(self, vid: str, recovered: bool = False) -> volumes.VolumeInfo | None:
         """The volume, if any, once no other process is creating or deleting it: a live
-        one's phase is the lock (ABORTED); a dead one's is recovered first, as every
-        casfs command does at its start."""
+        one's phase is the lock (ABORTED). A phase whose process died (a create, a
+        delete, a mount whose daemon was killed) is recovered first, as every casfs
+        command does at its start."""
         try:
             info = volumes.get_volume(self.repo, vid)
         except NotFound:
             return None
-        if info.phase not in (VolumePhase.CREATING, VolumePhase.DELETING):
+        if info.phase not in VOLUME_HELD:
             return info
-        if recovered or pids.alive(info.owner_pid):
+        if not recovered and not pids.alive(info.owner_pid):
+            from casfs.lifecycle.recovery import recover
+
+            recover(self.repo)
+            return self._settled(vid, recovered=True)
+        if info.phase in (VolumePhase.CREATING, VolumePhase.DELETING):
             raise Pending(
                 f"volume {vid!r} is being {info.phase.removesuffix('ing')}ed by process {info.owner_pid}"
             )
-        from casfs.lifecycle.recovery import recover
-
-        recover(self.repo)
-        return self._settled(vid, recovered=True)
+        return info
 
     def _repeat(
         self,
@@ -191,9 +194,8 @@ class Controller:
         name = naming.known_volume(_required(request.volume_id, "a volume id"))
         if name is None:
             return pb.DeleteVolumeResponse()  # (no volume can have that id: deleted, as asked)
-        try:
-            info = volumes.get_volume(self.repo, name)
-        except NotFound:
+        info = self._settled(name)
+        if info is None:
             records.remove(self.plugin.store, name)
             return pb.DeleteVolumeResponse()
         if info.phase == VolumePhase.MOUNTED:
@@ -370,9 +372,10 @@ class Controller:
 
     def _volume_info(self, volume_id: str) -> volumes.VolumeInfo:
         name = naming.known_volume(_required(volume_id, "a volume id"))
-        if name is None:
+        info = self._settled(name) if name is not None else None
+        if info is None:
             raise NotFound(f"no volume {volume_id!r}")
-        return volumes.get_volume(self.repo, name)
+        return info
 
     def _volume(self, info: volumes.VolumeInfo, record: dict[str, Any]) -> pb.Volume:
         capacity = info.size if info.kind == VolumeKind.BLOCK else int(record.get("capacity", 0))

@@ -81,7 +81,8 @@ class Node:
             if entry is None or not entry.is_casfs:
                 continue
             self._check_unpublished(entry, where)
-            unmount(where, took=lambda snap: log.info("volume %s: snapshot %s at unmount", vid, snap))
+            if self._staged_at(where, naming.known_volume(vid) or vid):  # (a dead one: detached)
+                unmount(where, took=lambda snap: log.info("volume %s: snapshot %s at unmount", vid, snap))
         block_file = os.path.join(staging, BLOCK_FILE)
         if os.path.isfile(block_file) and system.mount_at(block_file) is None:
             os.unlink(block_file)
@@ -231,16 +232,21 @@ class Node:
         return True
 
     def _staged_at(self, where: str, volume: str) -> bool:
-        """Whether `where` is a casfs mount of `volume`; Conflict if of another one."""
+        """Whether `where` is a casfs mount of `volume` that a daemon serves; Conflict if
+        of another volume. The mount of a daemon that died (killed, or its container
+        restarted) only answers ENOTCONN: it is detached, and the volume is not staged."""
         entry = system.mount_at(where)
         if entry is None or not entry.is_casfs:
             return False
-        served = served_volume(self.plugin.store, where)
+        served, serving = served_volume(self.plugin.store, where)
         if served != volume:
             raise Conflict(
                 f"{where} is a casfs mount of {served or 'another store'}, not of volume {volume!r}"
             )
-        return True
+        if not serving:
+            log.warning("volume %s: its daemon at %s is gone: detaching the dead mount", volume, where)
+            system.run(["fusermount3", "-u", "-z", where], f"detaching the dead mount {where}")
+        return serving
 
 
 def _required(value: str, what: str) -> str:

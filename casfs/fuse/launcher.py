@@ -290,13 +290,14 @@ def live_mounts(store: Path) -> dict[str, str]:
     return found
 
 
-def served_volume(store: Path, mountpoint: str) -> str | None:
-    """The volume a live daemon serves alone at `mountpoint`, from its run file."""
+def served_volume(store: Path, mountpoint: str) -> tuple[str | None, bool]:
+    """(the volume, whether its daemon lives) of the single-volume mount of this store at
+    `mountpoint`, from its run file; (None, False) if the store has no such mount."""
     record = _read_run_file(run_path(store, mountpoint))
-    if record and record.get("state") == "mounted" and alive(record.get("pid")):
-        volume = record.get("volume")
-        return str(volume) if volume else None
-    return None
+    if not record or record.get("state") != "mounted" or record.get("mountpoint") != mountpoint:
+        return None, False
+    volume = record.get("volume")
+    return (str(volume) if volume else None), alive(record.get("pid"))
 
 
 # -- casfs umount ------------------------------------------------------------------------

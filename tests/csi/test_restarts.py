@@ -174,3 +174,55 @@ def test_publish_racing_unpublish_leaves_one_consistent_state(plugin: Plugin, ku
     unpublish(plugin, "race", target)
     assert not target.exists() and not [m for m in mounts() if m.mountpoint == str(target)]
     unstage(plugin, "race", staging)
+
+
+def test_a_staged_volume_whose_daemon_died_is_staged_again(
+    plugin: Plugin, store: Path, kubelet: Path
+) -> None:
+    """kill -9 of the mount daemon (as a restart of the plugin's container does): the
+    dead mount is detached and the volume mounted again, with what fsync acknowledged."""
+    import json
+    import os
+    import signal
+
+    from casfs.fuse.launcher import run_path
+    from tests.helpers.mount import wait_gone
+
+    cap = mount_cap()
+    create(plugin, "v", cap)
+    staging, target = kubelet / "staging" / "v", kubelet / "pods" / "a" / "v"
+    stage(plugin, "v", staging, cap)
+    publish(plugin, "v", staging, target, cap)
+    with open(target / "kept.txt", "w") as f:
+        f.write("acknowledged\n")
+        f.flush()
+        os.fsync(f.fileno())
+    pid = json.loads(run_path(store, str(staging)).read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)
+    assert wait_gone(pid, None, 30)
+    unpublish(plugin, "v", target)  # (the bind of a dead mount unmounts as any other)
+    stage(plugin, "v", staging, cap)
+    publish(plugin, "v", staging, target, cap)
+    assert (target / "kept.txt").read_text() == "acknowledged\n"
+    unpublish(plugin, "v", target)
+    unstage(plugin, "v", staging)
+
+
+def test_a_staged_volume_whose_daemon_died_unstages(plugin: Plugin, store: Path, kubelet: Path) -> None:
+    import json
+    import os
+    import signal
+
+    from casfs.fuse.launcher import run_path
+    from tests.helpers.mount import is_mounted, wait_gone
+
+    create(plugin, "v", mount_cap())
+    staging = kubelet / "staging" / "v"
+    stage(plugin, "v", staging, mount_cap())
+    pid = json.loads(run_path(store, str(staging)).read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)
+    assert wait_gone(pid, None, 30)
+    unstage(plugin, "v", staging)
+    assert not is_mounted(staging)
+    unstage(plugin, "v", staging)
+    plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id="v"))  # (its phase recovered)
