@@ -11,6 +11,7 @@ repeat after a crash reuses it).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Any
 
@@ -31,6 +32,7 @@ from casfs.lifecycle.phases import VOLUME_HELD, VolumePhase
 from casfs.repo import Repository
 from casfs.units import parse_size
 
+log = logging.getLogger("casfs.csi")
 DEFAULT_BLOCK_BYTES = 1 << 30  # a block volume asked without a capacity
 PARAMETERS = ("kind", "image", "chunkSize")
 # Keys the external-provisioner adds (--extra-create-metadata): not the volume's spec.
@@ -104,7 +106,8 @@ class Controller:
         if not recovered and not pids.alive(info.owner_pid):
             from casfs.lifecycle.recovery import recover
 
-            recover(self.repo)
+            for message in recover(self.repo):
+                log.info("recovered: %s", message)
             return self._settled(vid, recovered=True)
         if info.phase in (VolumePhase.CREATING, VolumePhase.DELETING):
             raise Pending(
