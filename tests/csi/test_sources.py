@@ -116,3 +116,42 @@ def test_a_volume_made_by_the_cli_is_not_taken_by_another_request(plugin: Plugin
     with pytest.raises(grpc.RpcError) as taken:
         create(plugin, "mine", mount_cap())
     assert taken.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+
+@pytest.mark.no_fsck("a blob is corrupted on purpose: fsck reports it")
+def test_a_volume_whose_mount_met_a_corrupt_blob_is_abnormal(
+    plugin: Plugin, store: Path, kubelet: Path, tmp_path: Path
+) -> None:
+    import errno
+    import mmap
+    import os
+
+    from casfs.ids import ChunkNo
+    from casfs.kinds import VolumeKind
+    from casfs.snapshots.chunkmap import Content
+    from casfs.store.ids import BlobId
+    from tests.helpers import blobs as blob_files
+
+    chunk, size = VolumeKind.BLOCK.default_chunk_size, 1 << 20
+    raw = tmp_path / "random.raw"
+    raw.write_bytes(os.urandom(size))
+    with contextlib.closing(Repository.open(store)) as repo:
+        images.import_image(repo, "rnd", raw)
+        root = BlobId(bytes.fromhex(images.get_image(repo, "rnd").root or ""))
+        blob_files.corrupt(repo, Content(repo.get, root, size, chunk).chunk(ChunkNo(7)))
+    create(plugin, "hurt", block_cap(), parameters={"image": "rnd"})
+    staging, device = kubelet / "staging" / "h", kubelet / "pods" / "a" / "h"
+    stage(plugin, "hurt", staging, block_cap())
+    publish(plugin, "hurt", staging, device, block_cap())
+    fd = os.open(staging / "disk", os.O_RDONLY | os.O_DIRECT)
+    try:
+        with pytest.raises(OSError) as failed:
+            os.preadv(fd, [mmap.mmap(-1, 4096)], 7 * chunk)
+        assert failed.value.errno == errno.EIO
+    finally:
+        os.close(fd)
+    request = pb.NodeGetVolumeStatsRequest(volume_id="hurt", volume_path=str(device))
+    condition = plugin.node.NodeGetVolumeStats(request).volume_condition
+    assert condition.abnormal and "corrupt" in condition.message
+    unpublish(plugin, "hurt", device)
+    unstage(plugin, "hurt", staging)
