@@ -117,11 +117,11 @@ def main() -> int:
         f"(stage+publish: {args.mounts})",
         "",
     ]
-    lines.append(f"{'step':24} {'median ms':>10} {'max ms':>9} {'/qemu-img':>10} {'target':>9}")
+    lines.append(f"{'step':30} {'median ms':>10} {'max ms':>9} {'/qemu-img':>10} {'target':>9}")
     for name, (median, worst) in figures.items():
         target = {**TARGETS_MS, "stage+publish": STAGE_TARGET_MS}.get(name)
         verdict = "" if target is None else ("met" if median <= target else "MISSED") + f" {target:.0f}"
-        lines.append(f"{name:24} {median:10.2f} {worst:9.2f} {median / qemu:9.2f}x {verdict:>9}")
+        lines.append(f"{name:30} {median:10.2f} {worst:9.2f} {median / qemu:9.2f}x {verdict:>9}")
     emit(report, args.json, *lines)
     return 0
 
