@@ -201,8 +201,9 @@ class Controller:
         if info is None:
             records.remove(self.plugin.store, name)
             return pb.DeleteVolumeResponse()
-        if info.phase == VolumePhase.MOUNTED:
-            raise InUse(f"volume {name!r} is staged (mounted by process {info.owner_pid}): unstage it first")
+        staged = self._staged_at(info)
+        if staged is not None:
+            raise InUse(f"volume {name!r} is staged at {staged}: unstage it first")
         users = volume_rows.made_from_snapshots_of(self.repo.conn, name)
         if users:
             raise InUse(f"volume {name!r} has snapshots that volume(s) {', '.join(users)} were made from")
@@ -306,7 +307,7 @@ class Controller:
             capacity = max(info.size, _block_size(required, info.chunk_size))
             _check_block_capacity(capacity, limit)
             if capacity > info.size:
-                if info.phase == VolumePhase.MOUNTED:
+                if self._staged_at(info) is not None:
                     raise InUse(f"volume {info.name!r} is staged: a block volume grows unstaged (offline)")
                 volumes.resize(self.repo, info.name, capacity)
         if record and int(record.get("capacity", 0)) < capacity:
@@ -397,7 +398,15 @@ class Controller:
         )
 
     def _published(self, info: volumes.VolumeInfo) -> list[str]:
-        return [self.plugin.node_id] if info.phase == VolumePhase.MOUNTED else []
+        return [self.plugin.node_id] if self._staged_at(info) is not None else []
+
+    def _staged_at(self, info: volumes.VolumeInfo) -> str | None:
+        """Where the volume is mounted (staged), read/write (its phase says so) or
+        read-only (which holds no phase: only the daemon's run file tells)."""
+        where = self.plugin.mountpoint(info.name)
+        if where is None and info.phase == VolumePhase.MOUNTED:
+            return f"a mount of process {info.owner_pid}"
+        return where
 
     def _snapshots_of(self, volume: str) -> list[volumes.SnapshotInfo]:
         try:

@@ -230,3 +230,16 @@ def test_resource_exhausted_for_a_full_store(tmp_path: Path, stores: Stores) -> 
         from tests.helpers.fsck import fsck_clean
 
         fsck_clean(store)  # here: the tmpfs is gone when the test ends
+
+
+def test_failed_precondition_for_deleting_a_volume_staged_read_only(plugin: Plugin, kubelet: Path) -> None:
+    """A read-only mount holds no phase: the plugin asks the daemons' run files."""
+    create(plugin, "v", mount_cap())
+    staging = kubelet / "staging" / "v"
+    stage(plugin, "v", staging, mount_cap(pb.VolumeCapability.AccessMode.SINGLE_NODE_READER_ONLY))
+    code, why = refused(plugin.controller.DeleteVolume, pb.DeleteVolumeRequest(volume_id="v"))
+    assert code == Code.FAILED_PRECONDITION and str(staging) in why
+    entry = plugin.controller.ListVolumes(pb.ListVolumesRequest()).entries[0]
+    assert list(entry.status.published_node_ids) == ["node-1"]
+    unstage(plugin, "v", staging)
+    plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id="v"))
