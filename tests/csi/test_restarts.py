@@ -6,11 +6,13 @@ and the kernel's mount table say (the plugin keeps nothing in memory that matter
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+import pytest
 
 from casfs.csi.proto import csi_pb2 as pb
 from casfs.fuse.mountinfo import mounts
@@ -28,22 +30,30 @@ from tests.helpers.csi import (
     unstage,
 )
 
+DATA = b"survives restarts\n".ljust(4096, b".")
 
+
+@pytest.mark.parametrize("kind", ["dir", "block"])
 def test_kill_9_between_any_two_steps_and_a_new_plugin_finishes_the_flow(
-    plugin: Plugin, kubelet: Path
+    plugin: Plugin, kubelet: Path, kind: str
 ) -> None:
     """After every step: kill -9, start a new plugin, repeat the step (it must succeed
-    and change nothing), go on."""
-    cap = mount_cap()
+    and change nothing), go on. (A block volume's data is written to its device.)"""
+    cap = mount_cap() if kind == "dir" else block_cap()
     staging, target = kubelet / "staging" / "v", kubelet / "pods" / "a" / "v"
     staging2, target2 = kubelet / "staging" / "v2", kubelet / "pods" / "b" / "v"
     seen: dict[str, object] = {}
 
     def write() -> None:
-        (target / "f.txt").write_text("survives restarts\n")
+        path = target / "f.txt" if kind == "dir" else target
+        with open(path, "r+b" if kind == "block" else "wb") as f:
+            f.write(DATA)
+            f.flush()
+            os.fsync(f.fileno())
 
     def read() -> None:
-        assert (target2 / "f.txt").read_text() == "survives restarts\n"
+        with open(target2 / "f.txt" if kind == "dir" else target2, "rb") as f:
+            assert f.read(len(DATA)) == DATA
 
     def snap() -> None:
         seen["snap"] = snapshot(plugin, "v", "s1").snapshot_id
@@ -53,7 +63,7 @@ def test_kill_9_between_any_two_steps_and_a_new_plugin_finishes_the_flow(
         assert seen.setdefault("clone", vol) == vol
 
     steps: list[tuple[str, Callable[[], object]]] = [
-        ("create", lambda: create(plugin, "v", cap)),
+        ("create", lambda: create(plugin, "v", cap, 16 << 20 if kind == "block" else 0)),
         ("stage", lambda: stage(plugin, "v", staging, cap)),
         ("publish", lambda: publish(plugin, "v", staging, target, cap)),
         ("write", write),

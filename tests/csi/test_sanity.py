@@ -341,6 +341,13 @@ def test_controller_expand_a_block_volume(plugin: Plugin, kubelet: Path) -> None
     assert c.ControllerExpandVolume(bigger).capacity_bytes == 32 << 20  # (a repeat: nothing to do)
     stage(plugin, vol.volume_id, kubelet / "s", block_cap())
     assert (kubelet / "s" / "disk").stat().st_size == 32 << 20
+    device = kubelet / "pod" / "dev"
+    publish(plugin, vol.volume_id, kubelet / "s", device, block_cap())
+    request = pb.NodeExpandVolumeRequest(volume_id=vol.volume_id, volume_path=str(device))
+    assert plugin.node.NodeExpandVolume(request).capacity_bytes == 32 << 20
+    with open(device, "rb") as f:
+        assert f.seek(0, 2) == 32 << 20  # (the loop device's size)
+    unpublish(plugin, vol.volume_id, device)
     unstage(plugin, vol.volume_id, kubelet / "s")
 
 
