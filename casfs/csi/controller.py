@@ -71,8 +71,9 @@ class Controller:
         want = _request_record(request)
         info = self._settled(vid)
         had = records.read(self.plugin.store, vid) if info is not None else None
-        if info is not None and had is not None:
+        if info is not None and had is not None and had.get("created") == info.created:
             return self._repeat(info, had, want, caps, request)
+        # (a record of another volume of that name, deleted and made again by the CLI: not this one's)
         # A new volume, or one whose record a crash lost (kept without an fsync:
         # records.py): casfs's own create is idempotent by spec, so a repeat of the
         # request that made it returns it, and another request is ALREADY_EXISTS.
@@ -82,13 +83,14 @@ class Controller:
         chunk = want["params"].get("chunkSize")
         blank = source.blank_dir or source.blank_block is not None
         try:
-            volumes.create_volume(
+            made, _ = volumes.create_volume(
                 self.repo, vid, source, chunk_size=parse_size(chunk) if chunk and blank else None
             )
         except Conflict:
             raise Conflict(
                 f"volume {vid!r} exists with another spec (made by `casfs volume create`?)"
             ) from None
+        want["created"] = made.created  # (which volume of that name the record is of)
         records.write(self.plugin.store, vid, want)
         return pb.CreateVolumeResponse(volume=self._volume(self._finish(vid, want), want))
 

@@ -12,7 +12,9 @@ Crash ordering: the record is written after the volume is created, without an fs
 CreateVolume falls back on casfs's own idempotent create, which compares the volume's
 casfs spec (its source, a block volume's size), and writes the record again. What only
 the record holds (a directory volume's capacity, the parameters) is then taken from the
-repeat. An expansion's record is written durably. A record is removed after its volume.
+repeat. An expansion's record is written durably. A record is removed after its volume;
+one left behind (the volume deleted with the CLI) names its volume's creation time, so
+it never speaks for another volume made later under the same name.
 """
 
 from __future__ import annotations

@@ -155,3 +155,14 @@ def test_a_volume_whose_mount_met_a_corrupt_blob_is_abnormal(
     assert condition.abnormal and "corrupt" in condition.message
     unpublish(plugin, "hurt", device)
     unstage(plugin, "hurt", staging)
+
+
+def test_the_record_of_a_deleted_volume_does_not_speak_for_a_new_one_of_that_name(
+    plugin: Plugin, store: Path
+) -> None:
+    create(plugin, "v", mount_cap(), 1 << 20)
+    ok(store, "volume", "rm", "v")  # (behind the plugin's back: the record stays)
+    ok(store, "volume", "create", "v", "--blank-block", "4M")
+    with pytest.raises(grpc.RpcError) as taken:
+        create(plugin, "v", mount_cap(), 1 << 20)
+    assert taken.value.code() == grpc.StatusCode.ALREADY_EXISTS
