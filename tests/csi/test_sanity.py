@@ -462,3 +462,15 @@ def test_node_full_cycle_with_stats_and_expansion(plugin: Plugin, kubelet: Path)
     assert not target.exists()
     unstage(plugin, vol.volume_id, staging)
     plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vol.volume_id))
+
+
+def test_each_rpc_logs_one_line_with_its_method_volume_code_and_time(plugin: Plugin) -> None:
+    import re
+
+    create(plugin, "logged", mount_cap())
+    code(plugin.controller.ControllerGetVolume, pb.ControllerGetVolumeRequest(volume_id="nope"))
+    lines = plugin.log().splitlines()
+    assert any(re.search(r"CreateVolume volume=logged code=OK \d+\.\d ms$", line) for line in lines), lines
+    assert any(
+        re.search(r"ControllerGetVolume volume=nope code=NOT_FOUND \d+\.\d ms$", line) for line in lines
+    )
