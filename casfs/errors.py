@@ -89,6 +89,12 @@ class UnsupportedFormat(CasfsError):
     exit_code = 1
 
 
+def error_of_exit_code(code: int, message: str) -> CasfsError:
+    """The error a casfs process's exit code stands for (4, conflict or busy, as Busy)."""
+    kind = {2: UsageError, 3: NotFound, 4: Busy, 5: Corruption}.get(code, CasfsError)
+    return kind(message)
+
+
 def transient(e: BaseException) -> bool:
     """Whether a second try may not meet `e`: an I/O error (the S3 store's RemoteError
     once its retries ran out, a dropped connection, a timeout), not an answer about the

@@ -35,7 +35,7 @@ from casfs.catalog import volumes as volume_rows
 from casfs.catalog.images import ImageRow
 from casfs.errors import Busy, CasfsError, Conflict, NotFound, UsageError
 from casfs.ids import FIRST_FREE_INO
-from casfs.kinds import VolumeKind
+from casfs.kinds import VolumeKind, chunk_size_refusal
 from casfs.lifecycle import pids
 from casfs.lifecycle.faults import fault_point, slow_import
 from casfs.lifecycle.phases import IMAGE_IN_PROGRESS, IMAGE_STEPS, ImagePhase, check_step
@@ -191,8 +191,9 @@ def import_image(
     check_name(name, "image")
     if fmt not in FORMATS:
         raise UsageError(f"invalid format {fmt!r}: one of {', '.join(FORMATS)}")
-    if chunk_size is not None and not (4096 <= chunk_size <= 4 << 20 and chunk_size & (chunk_size - 1) == 0):
-        raise UsageError("chunk size must be a power of two from 4 KiB to 4 MiB")
+    refusal = None if chunk_size is None else chunk_size_refusal(chunk_size)
+    if refusal is not None:
+        raise UsageError(refusal)
     import json
 
     from casfs.store.verify import parse_expect

@@ -57,6 +57,13 @@ class VolumeKind(StrEnum):
 MAX_BLOCK_SIZE = (16 << 40) - (1 << 20)
 
 
+def chunk_size_refusal(chunk_size: int) -> str | None:
+    """Why `chunk_size` cannot be an image's or a blank volume's chunk size, or None."""
+    if 4096 <= chunk_size <= 4 << 20 and chunk_size & (chunk_size - 1) == 0:
+        return None
+    return "chunk size must be a power of two from 4 KiB to 4 MiB"
+
+
 def block_size_refusal(size: int) -> str | None:
     """Why a read/write block volume cannot be `size` bytes, or None if it can."""
     if size <= MAX_BLOCK_SIZE:

@@ -306,6 +306,16 @@ def snapshot_numbers(conn: sqlite3.Connection, volume: str) -> list[SnapshotNo]:
     return [SnapshotNo(n) for (n,) in conn.execute(query, (volume, volume))]
 
 
+def labelled(conn: sqlite3.Connection, label: str) -> list[tuple[str, SnapshotNo]]:
+    """(volume, n) of every snapshot with this label: stored, or taken while mounted and
+    still folding (its upper epoch carries the label until the fold adds the row)."""
+    query = (
+        "SELECT volume, n FROM snapshots WHERE label = ? UNION "
+        "SELECT volume, snapshot FROM uppers WHERE label = ? AND snapshot IS NOT NULL ORDER BY 1, 2"
+    )
+    return [(str(v), SnapshotNo(n)) for v, n in conn.execute(query, (label, label))]
+
+
 def delete_snapshot(conn: sqlite3.Connection, volume: str, n: SnapshotNo) -> None:
     """Delete a snapshot row (the caller released its root)."""
     conn.execute("DELETE FROM snapshots WHERE volume = ? AND n = ?", (volume, n))

@@ -55,6 +55,7 @@ class LazyCommand:
 
 
 bundle = _Module("casfs.cli.bundle")
+csi = _Module("casfs.cli.csi")
 fetch = _Module("casfs.cli.fetch")
 images = _Module("casfs.cli.images")
 maintenance = _Module("casfs.cli.maintenance")
@@ -109,6 +110,7 @@ NOUNS = {
     "snapshot": "immutable, numbered states of a volume",
     "queue": "the store's bounded work queue (imports, snapshot folds, fsck, gc)",
     "config": "store settings, kept in the catalog",
+    "csi": "the Kubernetes CSI plugin",
 }
 
 NAME = Arg("name", metavar="NAME")
@@ -553,6 +555,38 @@ GRAMMAR = (
         maintenance.cmd_config_set,
         "store a setting, e.g. `casfs config set queue.limit 4`",
         [Arg("key", metavar="KEY"), Arg("value", metavar="VALUE")],
+    ),
+    Row(
+        "csi",
+        "serve",
+        csi.cmd_serve,
+        "serve the CSI plugin (identity, controller, node) on a unix socket",
+        [
+            Arg("--endpoint", metavar="unix:///PATH", help="the socket to listen on (required)"),
+            Arg("--node-id", metavar="NODE", help="this node's name, its topology (required)"),
+            Arg(
+                "--services",
+                default="controller,node",
+                metavar="LIST",
+                help="the services to serve: controller, node or both (default: controller,node)",
+            ),
+            Arg(
+                "--max-volumes",
+                type=int,
+                default=0,
+                metavar="N",
+                help="the volumes this node can stage, as NodeGetInfo says (default 0: no limit)",
+            ),
+            Arg(
+                "--log-level",
+                default="info",
+                choices=("debug", "info", "warning", "error"),
+                help="info logs one line per RPC: method, volume, code, milliseconds",
+            ),
+        ],
+        "Serve the Container Storage Interface v1 over gRPC for kubelet and the CSI sidecars,\n"
+        "with the volumes of --store. Runs until SIGTERM; mounts it staged stay up (one\n"
+        "daemon per volume), and a plugin started again answers for them.",
     ),
     Row(
         "config",

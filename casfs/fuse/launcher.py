@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Literal, TypedDict, cast
 
 from casfs import volumes
-from casfs.errors import Busy, CasfsError, NotFound, UsageError
+from casfs.errors import Busy, CasfsError, NotFound, UsageError, error_of_exit_code
 from casfs.fuse.mountinfo import find_mount
 from casfs.lifecycle.pids import alive
 from casfs.repo import Repository, store_path
@@ -137,6 +137,18 @@ def daemon_parser() -> argparse.ArgumentParser:
 
 
 def _spawn(cfg: Config) -> int:
+    try:
+        _warn(start_daemon(cfg))
+    except CasfsError as e:
+        _error(str(e))
+        return e.exit_code
+    return 0
+
+
+def start_daemon(cfg: Config) -> list[str]:
+    """Start the mount daemon in a new session (it outlives its caller) and return once
+    the mount answers, with the warnings for the user; the daemon's refusal raised as the
+    error of its exit code. (`casfs mount` and the CSI plugin's NodeStageVolume.)"""
     if not cfg.store.joinpath("catalog.db").exists():
         raise NotFound(f"no casfs store at {cfg.store} (create one with `casfs init`)")
     (cfg.store / "run").mkdir(exist_ok=True)
@@ -164,22 +176,19 @@ def _spawn(cfg: Config) -> int:
         os.close(r)
     if line.startswith("ready"):
         rest = line[len("ready") :].strip()
-        _warn(json.loads(rest) if rest else [])
-        return 0
+        warnings: list[str] = json.loads(rest) if rest else []
+        return warnings
     if line.startswith("error "):
         _, code, message = [*line.rstrip("\n").split(" ", 2), ""][:3]
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
-        _error(message)
-        return int(code) if code.isdigit() else 1
+        raise error_of_exit_code(int(code) if code.isdigit() else 1, message)
     if proc.poll() is None:
         proc.terminate()  # it never answered: end the daemon we started
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=30)
-        _error(f"the mount did not answer within {READY_TIMEOUT_S:.0f} s; see {logfile}")
-        return 1
-    _error(f"the mount daemon exited with status {proc.returncode}; see {logfile}")
-    return 1
+        raise CasfsError(f"the mount did not answer within {READY_TIMEOUT_S:.0f} s; see {logfile}")
+    raise CasfsError(f"the mount daemon exited with status {proc.returncode}; see {logfile}")
 
 
 def _error(message: str) -> None:
@@ -298,11 +307,43 @@ def _read_run_file(path: Path) -> RunRecord | None:
     return cast(RunRecord, data) if isinstance(data, dict) else None
 
 
+def live_mounts(store: Path) -> dict[str, str]:
+    """volume -> mount point of every single-volume mount a live daemon serves, from the
+    run files (the CSI plugin finds what it staged here after a restart)."""
+    found: dict[str, str] = {}
+    for path in (store / "run").glob("*.json"):
+        record = _read_run_file(path)
+        if record and record.get("state") == "mounted" and record.get("volume") and alive(record.get("pid")):
+            found[str(record["volume"])] = str(record.get("mountpoint"))
+    return found
+
+
+def served_volume(store: Path, mountpoint: str) -> tuple[str | None, bool]:
+    """(the volume, whether its daemon lives) of the single-volume mount of this store at
+    `mountpoint`, from its run file; (None, False) if the store has no such mount."""
+    record = _read_run_file(run_path(store, mountpoint))
+    if not record or record.get("state") != "mounted" or record.get("mountpoint") != mountpoint:
+        return None, False
+    volume = record.get("volume")
+    return (str(volume) if volume else None), alive(record.get("pid"))
+
+
 # -- casfs umount ------------------------------------------------------------------------
 
 
 def umount_main(args: argparse.Namespace) -> int:
-    mountpoint = os.path.abspath(args.mountpoint)
+    timeout = float(getattr(args, "timeout", None) or UMOUNT_TIMEOUT_S)
+    unmount(os.path.abspath(args.mountpoint), timeout, took=lambda snap: print(f"snapshot {snap}"))
+    return 0
+
+
+def unmount(
+    mountpoint: str, timeout: float = UMOUNT_TIMEOUT_S, took: Callable[[str], None] = lambda snap: None
+) -> list[str]:
+    """`casfs umount`: save, unmount, wait for the daemon; the snapshots its unmount took
+    ("volume@n"), each also given to `took` as soon as known (before any error below).
+    A failure to save refuses (the mount stays, nothing lost); a failure after the
+    unmount raises too, saying what was kept. (The CLI and NodeUnstageVolume.)"""
     entry = find_mount(mountpoint)
     if entry is None or not entry.is_casfs:
         raise NotFound(f"{mountpoint} is not a casfs mount")
@@ -320,13 +361,13 @@ def umount_main(args: argparse.Namespace) -> int:
         why = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"status {done.returncode}"
         raise Busy(f"cannot unmount {mountpoint}: {why}")
     if pid is None:
-        return 0
-    timeout = float(getattr(args, "timeout", None) or UMOUNT_TIMEOUT_S)
+        return []
     if not wait_pid_gone(pid, timeout):
         raise Busy(f"unmounted {mountpoint}, but its daemon (pid {pid}) is busy after {timeout:.0f} s")
     after = _read_run_file(run_file) or RunRecord()
-    for snap in after.get("snapshots", []):
-        print(f"snapshot {snap}")
+    snapshots = list(after.get("snapshots", []))
+    for snap in snapshots:
+        took(snap)
     where = log_path(store, mountpoint)
     if after.get("pid") != pid or after.get("state") != "exited":
         raise CasfsError(f"the daemon of {mountpoint} (pid {pid}) did not finish cleanly; see {where}")
@@ -339,7 +380,7 @@ def umount_main(args: argparse.Namespace) -> int:
             f"{mountpoint} unmounted and every change saved, but the snapshot of {which} failed "
             f"(the next mount or `casfs snapshot create` takes it); see {where}"
         )
-    return 0
+    return snapshots
 
 
 def _save_before_unmount(mountpoint: str, log: Path) -> None:

@@ -19,6 +19,12 @@ class MountEntry:
     mountpoint: str
     fstype: str
     source: str
+    root: str = "/"  # the mounted path inside its filesystem (a bind of /dev/loop3: "/loop3")
+    options: str = ""  # the mount's own options: "ro,nosuid,…" or "rw,…"
+
+    @property
+    def read_only(self) -> bool:
+        return "ro" in self.options.split(",")
 
     @property
     def minor(self) -> int:
@@ -43,10 +49,13 @@ def mounts() -> list[MountEntry]:
             left, _, right = line.partition(" - ")
             fields = left.split()
             rest = right.split()
-            if len(fields) < 5 or len(rest) < 2:
+            if len(fields) < 6 or len(rest) < 2:
                 continue
             point, source = unescape(fields[4]), unescape(rest[1])
-            out.append(MountEntry(int(fields[0]), fields[2], point, rest[0], source))
+            entry = MountEntry(
+                int(fields[0]), fields[2], point, rest[0], source, unescape(fields[3]), fields[5]
+            )
+            out.append(entry)
     return out
 
 

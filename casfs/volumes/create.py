@@ -12,7 +12,7 @@ from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, Conflict, NotFound, UsageError
 from casfs.ids import FIRST_FREE_INO, ROOT_INO
-from casfs.kinds import BlobKind, VolumeKind, block_size_refusal
+from casfs.kinds import BlobKind, VolumeKind, block_size_refusal, chunk_size_refusal
 from casfs.lifecycle import pids
 from casfs.lifecycle.faults import fault_point
 from casfs.lifecycle.phases import VolumePhase, give_volume, take_volume
@@ -48,11 +48,17 @@ def blank_tree(chunk_size: int) -> bytes:
 
 
 def create_volume(
-    repo: Repository, name: str, source: Source, read_only: bool = False, grace_s: float | None = None
+    repo: Repository,
+    name: str,
+    source: Source,
+    read_only: bool = False,
+    grace_s: float | None = None,
+    chunk_size: int | None = None,
 ) -> tuple[VolumeInfo, bool]:
     """Create a volume; returns (info, created). Repeating an identical create
     succeeds and changes nothing (created False); a different one is a Conflict.
-    With `grace_s` the volume is ephemeral: gc removes it once unused that long."""
+    With `grace_s` the volume is ephemeral: gc removes it once unused that long.
+    `chunk_size`: a blank volume's (None: its kind's default); a clone keeps its source's."""
     import json  # (here: of the commands that import this module, only a create needs it)
 
     check_name(name, "volume")
@@ -70,14 +76,21 @@ def create_volume(
         raise UsageError("give exactly one of --from IMAGE, --from VOL@N, --blank-dir, --blank-block SIZE")
     if grace_s is not None and grace_s <= 0:
         raise UsageError("a grace period must be positive")
+    blank = source.blank_dir or source.blank_block is not None
+    if chunk_size is not None:
+        refusal = chunk_size_refusal(chunk_size) if blank else "a clone keeps its source's chunk size"
+        if refusal is not None:
+            raise UsageError(refusal)
     mode = "ro" if read_only else "rw"
-    # grace_s only when given: the spec of a volume without one stays what format 2 wrote.
+    # grace_s and chunk_size only when given: the spec of a volume without them stays
+    # what format 2 wrote.
+    optional = {"grace_s": grace_s, "chunk_size": chunk_size}
     spec = json.dumps(
-        {**source.to_json(), "mode": mode, **({"grace_s": grace_s} if grace_s is not None else {})},
+        {**source.to_json(), "mode": mode, **{k: v for k, v in optional.items() if v is not None}},
         sort_keys=True,
     )
-    if source.blank_dir or source.blank_block is not None:
-        return _create_blank(repo, name, source, mode, spec, grace_s)
+    if blank:
+        return _create_blank(repo, name, source, mode, spec, grace_s, chunk_size)
     conn = repo.conn
     # A clone is one transaction: no phase 'creating' is ever visible, nothing to recover.
     with transaction(conn):
@@ -139,11 +152,17 @@ def _existing(conn: sqlite3.Connection, name: str, spec: str) -> bool:
 
 
 def _create_blank(
-    repo: Repository, name: str, source: Source, mode: str, spec: str, grace_s: float | None
+    repo: Repository,
+    name: str,
+    source: Source,
+    mode: str,
+    spec: str,
+    grace_s: float | None,
+    chunk_size: int | None,
 ) -> tuple[VolumeInfo, bool]:
     """Record the volume (phase creating) before writing its base, then publish both."""
     kind, size = (VolumeKind.DIR, 0) if source.blank_dir else (VolumeKind.BLOCK, int(source.blank_block or 0))
-    chunk_size = kind.default_chunk_size
+    chunk_size = chunk_size or kind.default_chunk_size
     conn = repo.conn
     with transaction(conn):
         if _existing(conn, name, spec):

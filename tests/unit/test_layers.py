@@ -13,9 +13,10 @@ row of the CLI grammar imports M.
     casfs.catalog    imports only casfs.errors, casfs.ids, casfs.kinds, casfs.sqlitewal, casfs.store (ids)
                      and casfs.catalog
     casfs.vfs        never imports casfs.fuse, casfs.volumes, casfs.images or casfs.cli
-    only casfs.fuse imports pyfuse3; trio only casfs.fuse and, in casfs.vfs, its chunk cache
+    only casfs.fuse imports pyfuse3; trio only casfs.fuse and, in casfs.vfs, its chunk cache;
+                     grpc and protobuf only casfs.csi
     only casfs.catalog, the pack index (and casfs.sqlitewal, which opens SQLite files) run SQL
-    commands that do not mount import neither trio nor pyfuse3 (checked by running them)
+    commands that do not mount import neither trio nor pyfuse3, nor grpc (checked by running them)
 """
 
 from __future__ import annotations
@@ -281,6 +282,12 @@ def test_only_the_catalog_and_the_pack_index_run_sql() -> None:
     assert {m for m, path in MODULES.items() if runs_sql(path) and not in_package(m, *SQL_ALLOWED)} == set()
 
 
+def test_only_the_csi_plugin_imports_grpc() -> None:
+    assert {m for m, deps in THIRD_PARTY.items() if deps & {"grpc", "google"}} <= {
+        m for m in MODULES if in_package(m, "casfs.csi")
+    }
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -291,14 +298,16 @@ def test_only_the_catalog_and_the_pack_index_run_sql() -> None:
         ["gc"],
     ],
 )
-def test_commands_that_do_not_mount_import_neither_trio_nor_pyfuse3(store: Path, argv: list[str]) -> None:
+def test_commands_that_do_not_mount_import_neither_trio_pyfuse3_nor_grpc(
+    store: Path, argv: list[str]
+) -> None:
     """(Orchestrators call the CLI per volume: importing the mount's libraries costs
     each call tens of milliseconds.)"""
     setup = [["volume", "create", "v", "--blank-dir"], ["snapshot", "create", "v"]]
     probe = (
         "import sys; sys.argv = ['casfs', '-s', sys.argv[1], *sys.argv[2:]]\n"
         + RUN_IN_PROBE
-        + "print('loaded:', sorted(m for m in ('trio', 'pyfuse3') if m in sys.modules))\n"
+        + "print('loaded:', sorted(m for m in ('trio', 'pyfuse3', 'grpc') if m in sys.modules))\n"
     )
     for step in setup:
         ok(store, *step)
