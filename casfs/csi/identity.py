@@ -7,6 +7,7 @@ import os
 from google.protobuf import wrappers_pb2
 
 from casfs import __version__
+from casfs.catalog import meta_value
 from casfs.csi.codes import Unmet
 from casfs.csi.plugin import DRIVER_NAME, Plugin
 from casfs.csi.proto import csi_pb2 as pb
@@ -35,7 +36,7 @@ class Identity:
 
     def Probe(self, request: pb.ProbeRequest) -> pb.ProbeResponse:
         """Ready when the catalog answers and /dev/fuse opens; otherwise the reason."""
-        self.plugin.repo.conn.execute("SELECT 1").fetchone()
+        meta_value(self.plugin.repo.conn, "format_version")  # (the catalog answers, or raises)
         try:
             os.close(os.open("/dev/fuse", os.O_RDWR))
         except OSError as e:
