@@ -274,6 +274,31 @@ def _migrate_8_to_9(conn: sqlite3.Connection) -> None:
     pass
 
 
+# Format 10: kept space figures (casfs.refcount.figures), so that listings cost what they
+# list. The step adds the table and the indexes that find a root's holders; it leaves
+# the table empty (every figure pending) and sets meta 'figures.recount', which makes the
+# next command count them all once, with progress on a terminal (casfs.cli.store).
+FIGURES_SCHEMA = """
+CREATE TABLE figures (
+    subject TEXT PRIMARY KEY,
+    stored  INTEGER NOT NULL,
+    written INTEGER NOT NULL,
+    uniq    INTEGER NOT NULL,
+    pending INTEGER NOT NULL DEFAULT 0,
+    marks   INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE INDEX images_root ON images (root);
+CREATE INDEX volumes_base ON volumes (base);
+CREATE INDEX snapshots_root ON snapshots (root);
+INSERT INTO meta (key, value) VALUES ('figures.recount', 'format 10')
+"""
+
+
+def _migrate_9_to_10(conn: sqlite3.Connection) -> None:
+    for statement in _statements(FIGURES_SCHEMA):
+        conn.execute(statement)
+
+
 Migration = Callable[[sqlite3.Connection], None]
 MIGRATIONS: dict[int, Migration] = {
     1: _migrate_1_to_2,
@@ -284,4 +309,5 @@ MIGRATIONS: dict[int, Migration] = {
     6: _migrate_6_to_7,
     7: _migrate_7_to_8,
     8: _migrate_8_to_9,
+    9: _migrate_9_to_10,
 }

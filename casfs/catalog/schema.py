@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-FORMAT_VERSION = 9
+FORMAT_VERSION = 10
 
 IMAGE_PHASES = ("queued", "importing", "verifying", "ready", "failed")
 VOLUME_PHASES = ("creating", "ready", "mounted", "snapshotting", "deleting")
@@ -125,6 +125,24 @@ CREATE TABLE snapshots (
     created    REAL NOT NULL,      -- unix time
     PRIMARY KEY (volume, n)
 );
+
+-- Space figures kept for every ready image, volume and snapshot (casfs.refcount.figures),
+-- so that listings read them instead of walking chunk maps. Kept in the transaction that
+-- changes what they count; a figure that operation cannot know exactly is marked pending
+-- and counted again later (within a budget by the next command, in full by `casfs gc`
+-- and `casfs fsck --repair`). No row: every figure pending.
+CREATE TABLE figures (
+    subject TEXT PRIMARY KEY,      -- 'image:NAME', 'volume:NAME' or 'snapshot:VOL@N'
+    stored  INTEGER NOT NULL,      -- bytes on disk of the distinct blobs its roots reach
+    written INTEGER NOT NULL,      -- of those, what its origin (a snapshot: the one before) does not reach
+    uniq    INTEGER NOT NULL,      -- bytes removing it and running gc would free
+    pending INTEGER NOT NULL DEFAULT 0, -- bits that may be out of date: 1 stored, 2 written, 4 unique
+    marks   INTEGER NOT NULL DEFAULT 0  -- bumped by every change: a count made meanwhile is not written
+) WITHOUT ROWID;
+-- Who holds a root (catalog.figures.holder_rows): one indexed lookup per table.
+CREATE INDEX images_root ON images (root);
+CREATE INDEX volumes_base ON volumes (base);
+CREATE INDEX snapshots_root ON snapshots (root);
 
 -- Inodes of a read/write volume changed (or copied up) since its base: the whole
 -- inode, so a row never needs its base entry. A directory's children are copied up

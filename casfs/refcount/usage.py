@@ -16,6 +16,7 @@ roots of logical size 0 (their bytes are counted when a snapshot folds them in).
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections import Counter
 from collections.abc import Iterable
@@ -81,15 +82,37 @@ class StoreUsage:
         return self.logical / self.stored if self.stored else 0.0
 
 
-def usage(repo: Repository, roots: Iterable[Root]) -> Usage:
-    roots = list(roots)
+class OverBudget(Exception):
+    """A walk would read more blobs than it was allowed (casfs.refcount.figures keeps
+    the figure pending instead)."""
+
+
+class Budget:
+    """How many blob rows a walk may still look up; None: no limit."""
+
+    def __init__(self, blobs: int | None = None) -> None:
+        self.left = blobs
+
+    def spend(self, n: int) -> None:
+        if self.left is not None:
+            self.left -= n
+            if self.left < 0:
+                raise OverBudget
+
+
+def reach(
+    repo: Repository, roots: Iterable[BlobId], budget: Budget | None = None
+) -> tuple[dict[BlobId, blob_rows.BlobRow], dict[BlobId, Counter[BlobId]], int]:
+    """Every blob reachable from `roots` with its row, each metadata blob's children
+    (with multiplicity), and how many metadata blobs could not be read."""
     conn = repo.conn
-    root_refs: Counter[BlobId] = Counter(r.blob for r in roots if r.blob != ZERO_ID)
     rows: dict[BlobId, blob_rows.BlobRow] = {}
-    edges: dict[BlobId, Counter[BlobId]] = {}  # metadata blob -> children with multiplicity
+    edges: dict[BlobId, Counter[BlobId]] = {}
     unreadable = 0
-    frontier = list(root_refs)
+    frontier = list(dict.fromkeys(r for r in roots if r != ZERO_ID))
     while frontier:
+        if budget is not None:
+            budget.spend(len(frontier))
         found = dict(blob_rows.rows_of(conn, [b for b in frontier if b not in rows]))
         rows.update(found)
         nxt: list[BlobId] = []
@@ -104,23 +127,80 @@ def usage(repo: Repository, roots: Iterable[Root]) -> Usage:
             edges[bid] = kids
             nxt.extend(c for c in kids if c not in rows)
         frontier = list(dict.fromkeys(nxt))
+    return rows, edges, unreadable
 
-    # gc's cascade on a copy of the counts: drop the roots' references, free what reaches 0.
-    remaining = {bid: row.refs - root_refs[bid] for bid, row in rows.items()}
-    queue = [bid for bid, n in remaining.items() if n == 0 and bid in root_refs]
-    freed: set[BlobId] = set()
+
+def garbage_holds(repo: Repository, budget: Budget | None = None) -> Counter[BlobId]:
+    """The references that garbage holds: rows at refs 0, and the rows only garbage
+    references (gc's cascade, simulated), counted on each child they name. A unique
+    figure leaves these out, so that gc, which frees them, changes no figure."""
+    conn = repo.conn
+    holds: Counter[BlobId] = Counter()
+    queue = [(bid, kind) for bid, kind, _ in blob_rows.garbage(conn, -1)]
     while queue:
-        bid = queue.pop()
-        freed.add(bid)
-        for child, n in edges.get(bid, Counter()).items():
-            if child in remaining:
-                remaining[child] -= n
-                if remaining[child] == 0:
-                    queue.append(child)
+        if budget is not None:
+            budget.spend(len(queue))
+        kids: Counter[BlobId] = Counter()
+        for bid, kind in queue:
+            if kind == BlobKind.DATA:
+                continue
+            with contextlib.suppress(Corruption, ValueError):
+                kids.update(c for c, _ in children(kind, repo.get_meta(bid)))
+        kids.pop(ZERO_ID, None)
+        holds.update(kids)
+        queue = [
+            (bid, row.kind)
+            for bid, row in blob_rows.rows_of(conn, list(kids))
+            if row.refs > 0 and row.refs - holds[bid] <= 0 and row.refs - holds[bid] + kids[bid] > 0
+        ]
+    return holds
+
+
+def unique_bytes(
+    repo: Repository, roots: Iterable[BlobId], held: Counter[BlobId], budget: Budget | None = None
+) -> int:
+    """Stored bytes that removing the root references `roots` (with multiplicity) and
+    running gc would free: gc's cascade, simulated, visiting only what it frees (a clone
+    that shares everything costs one row). `held`: garbage_holds()."""
+    conn = repo.conn
+    drop: Counter[BlobId] = Counter(r for r in roots if r != ZERO_ID)
+    rows: dict[BlobId, blob_rows.BlobRow] = {}
+    freed: set[BlobId] = set()
+    todo = list(drop)
+    total = 0
+    while todo:
+        if budget is not None:
+            budget.spend(len(todo))
+        rows.update(blob_rows.rows_of(conn, [b for b in todo if b not in rows]))
+        gone = [b for b in todo if b not in freed and b in rows and rows[b].refs - held[b] - drop[b] <= 0]
+        todo = []
+        for bid in gone:
+            freed.add(bid)
+            row = rows[bid]
+            total += row.stored
+            if row.kind == BlobKind.DATA:
+                continue
+            try:
+                kids = Counter(c for c, _ in children(row.kind, repo.get_meta(bid)))
+            except (Corruption, ValueError):
+                continue
+            kids.pop(ZERO_ID, None)
+            for child, n in kids.items():
+                drop[child] += n
+                todo.append(child)
+        todo = list(dict.fromkeys(todo))
+    return total
+
+
+def usage(repo: Repository, roots: Iterable[Root], budget: Budget | None = None) -> Usage:
+    """The figures of `roots`, counted in full (fsck's recount and the kept figures' source)."""
+    roots = list(roots)
+    rows, _, unreadable = reach(repo, [r.blob for r in roots], budget)
+    held = garbage_holds(repo, budget)
     return Usage(
         logical=sum(r.size for r in roots),
         stored=sum(row.stored for row in rows.values()),
-        unique=sum(rows[b].stored for b in freed),
+        unique=unique_bytes(repo, [r.blob for r in roots], held, budget),
         unreadable=unreadable,
     )
 

@@ -28,7 +28,7 @@ from casfs.catalog import volumes as rows
 from casfs.ids import ChunkNo, InodeNo, SnapshotNo
 from casfs.kinds import BlobKind
 from casfs.lifecycle.faults import fault_point
-from casfs.refcount import ledger
+from casfs.refcount import figures, ledger
 from casfs.repo import Repository
 from casfs.snapshots import chunkmap
 from casfs.snapshots.tree import Entry, Tree, dir_entry
@@ -108,6 +108,8 @@ def run_flush(repo: Repository, volume: str, job: FlushJob) -> None:
                 ledger.release(conn, [old])
             ledger.retain(conn, [bid])
         overlay.flushed(conn, volume, job.next_ino, job.logical)
+        if job.ids:  # chunks held by overlay rows: who shares them is not followed
+            figures.changed(conn, [f"volume:{volume}"])
 
     if not job.chunks:
         with transaction(repo.conn) as conn:  # (releases only: no lock against gc needed)
@@ -134,9 +136,14 @@ def _publish(
         job.snapshot = rows.add_snapshot(conn, volume, job.new_root, job.size, next_ino, job.label)
         ledger.retain(conn, [job.new_root, job.new_root])  # the snapshot's and the base's
         ledger.release(conn, [base])
-        ledger.release(conn, overlay.fold(conn, volume, job.new_root, job.size, next_ino, keep))
+        chunks = [
+            c for c in overlay.fold(conn, volume, job.new_root, job.size, next_ino, keep) if c != ZERO_ID
+        ]
+        ledger.release(conn, chunks)
         if upper is not None:
             overlay.drop_upper(conn, volume, upper)
+        shared = batch.shared or bool(chunks)
+        figures.folded(conn, volume, job.snapshot, base, job.new_root, batch.stored_bytes, shared)
 
     batch.commit(then=publish)
 
@@ -360,6 +367,8 @@ def run_fold_frozen(repo: Repository, volume: str, job: FrozenFold) -> None:
             ledger.release(conn, [job.base])
             rows.set_base(conn, volume, job.new_root, job.size, job.next_ino)
             overlay.drop_upper(conn, volume, upper.epoch)
+            stored, shared = batch.stored_bytes, batch.shared
+            figures.folded(conn, volume, frozen.snapshot, job.base, job.new_root, stored, shared)
 
         batch.commit(then=publish)
     fault_point("fold:after-publish")

@@ -1,0 +1,226 @@
+"""Kept space figures as read (refcount.figures keeps them): one subject's, or a page
+of a listing's, in O(1) a subject; and the counts that settle pending figures, within
+a budget (every command that shows figures) or in full (gc, fsck --repair, the
+migration to format 10). A count is written only if the subject's row did not change
+while it was made (catalog.figures.put_if_unchanged), so a count never overwrites a
+change it did not see.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable, Iterable, Sequence
+
+from casfs.catalog import figures as kept
+from casfs.catalog import images as image_rows
+from casfs.catalog import read_transaction, transaction
+from casfs.catalog import volumes as volume_rows
+from casfs.ids import SnapshotNo
+from casfs.refcount import usage as u
+from casfs.refcount.figures import origin_root, previous_root
+from casfs.repo import Repository
+from casfs.store import uppers
+from casfs.store.ids import BlobId
+
+# Blob rows a command may look up to settle pending figures (~5 µs each): enough for
+# subjects of a few GiB, bounded whatever the store holds.
+BUDGET = 50_000
+
+
+class Figures:
+    """One subject's figures as shown (kept ones, plus a volume's upper files)."""
+
+    __slots__ = ("local", "logical", "pending", "stored", "unique", "written")
+
+    def __init__(
+        self, logical: int, stored: int, written: int, unique: int, pending: int, local: int = 0
+    ) -> None:
+        self.logical, self.stored, self.written, self.unique = logical, stored, written, unique
+        self.pending = pending  # catalog.figures bits: STORED, WRITTEN, UNIQUE
+        # A volume's upper files: written since its last fold, on this host's disk only;
+        # part of stored, written and unique.
+        self.local = local
+
+    @property
+    def ratio(self) -> float:
+        return self.logical / self.stored if self.stored else 0.0
+
+    def is_pending(self, bit: int) -> bool:
+        return bool(self.pending & bit)
+
+    def pending_names(self) -> list[str]:
+        return [name for bit, name in kept.NAMES.items() if self.pending & bit]
+
+    def to_json(self) -> dict[str, object]:
+        """As `ls --json` and `info --json` show them: `pending` lists the estimates."""
+        return {
+            "logical": self.logical,
+            "stored": self.stored,
+            "written": self.written,
+            "unique": self.unique,
+            "ratio": round(self.ratio, 3),
+            "local": self.local,
+            "pending": self.pending_names(),
+        }
+
+
+# -- reading --------------------------------------------------------------------------
+
+
+def volume_figures(repo: Repository, name: str, budget: int | None = BUDGET) -> Figures:
+    """One volume's figures: its kept row (settled first within `budget` blob rows if
+    pending; None: not settled), its sizes and its upper files. O(1) in the volume's
+    size: the call the CSI plugin's ListVolumes, GetCapacity and NodeGetVolumeStats use.
+    NotFound if there is no such volume."""
+    from casfs.volumes.info import volume_row
+
+    row = volume_row(repo.conn, name)
+    if budget is not None:
+        settle(repo, [kept.volume(name)], budget)
+    return volume_listing(repo, [row.name])[row.name]
+
+
+def volume_listing(repo: Repository, names: Sequence[str]) -> dict[str, Figures]:
+    """The figures of the named volumes (those that exist), in a few queries."""
+    conn = repo.conn
+    rows = kept.get_many(conn, [kept.volume(n) for n in names])
+    logical = volume_rows.logical_sizes(conn, names)
+    epochs = volume_rows.upper_epochs(conn, names)
+    folders = _upper_folders(repo)
+    out = {}
+    for name in names:
+        if name not in logical:
+            continue
+        k = rows.get(kept.volume(name), kept.MISSING)
+        local = uppers.local_bytes(repo.path, name, epochs.get(name, ())) if name in folders else 0
+        out[name] = Figures(
+            logical[name], k.stored + local, k.written + local, k.unique + local, k.pending, local
+        )
+    return out
+
+
+def _upper_folders(repo: Repository) -> set[str]:
+    try:
+        return set(os.listdir(repo.path / "upper"))  # (uppers.upper_dir's parent)
+    except FileNotFoundError:
+        return set()
+
+
+def image_figures(repo: Repository, name: str, budget: int | None = BUDGET) -> Figures:
+    row = image_rows.image_row(repo.conn, name)
+    if budget is not None:
+        settle(repo, [kept.image(name)], budget)
+    k = kept.get(repo.conn, kept.image(name))
+    if row is None or row.phase != "ready":  # (nothing stored yet: nothing pending)
+        return Figures(row.size if row else 0, 0, 0, 0, 0)
+    return Figures(row.size, k.stored, k.written, k.unique, k.pending)
+
+
+def snapshot_figures(repo: Repository, volume: str, n: SnapshotNo, budget: int | None = BUDGET) -> Figures:
+    row = volume_rows.snapshot_row(repo.conn, volume, n)
+    if row is None:  # (taken while mounted, not folded yet: nothing stored yet)
+        return Figures(0, 0, 0, 0, kept.ALL)
+    if budget is not None:
+        settle(repo, [kept.snapshot(volume, n)], budget)
+    k = kept.get(repo.conn, kept.snapshot(volume, n))
+    return Figures(row.size, k.stored, k.written, k.unique, k.pending)
+
+
+# -- counting -------------------------------------------------------------------------
+
+
+def settle(repo: Repository, subjects: Iterable[str] | None = None, budget: int | None = BUDGET) -> int:
+    """Count the pending figures of `subjects` (None: every subject) within `budget`
+    blob rows (None: no limit), and keep each count unless its row changed meanwhile.
+    Returns how many subjects stay pending."""
+    conn = repo.conn
+    with read_transaction(conn):
+        names = (
+            list(dict.fromkeys(subjects)) if subjects is not None else kept.pending(conn) + kept.missing(conn)
+        )
+        rows = kept.get_many(conn, names)
+        todo = [(s, rows.get(s, kept.MISSING)) for s in names]
+        todo = [(s, k) for s, k in todo if k.pending]
+        if not todo:
+            return 0
+        spend = u.Budget(budget)
+        held = None
+        counted: list[tuple[str, kept.Kept, kept.Kept | None]] = []
+        for subject, was in todo:
+            try:
+                if was.pending & kept.UNIQUE and held is None:
+                    held = u.garbage_holds(repo, spend)
+                counted.append((subject, was, count(repo, subject, was, held, spend)))
+            except u.OverBudget:
+                break
+    with transaction(conn):
+        for subject, was, now in counted:
+            if now is None:
+                kept.delete(conn, [subject])
+            else:
+                kept.put_if_unchanged(conn, subject, was, now)
+    return len(todo) - len(counted)
+
+
+def refresh(repo: Repository, progress: Callable[[int, int], None] | None = None) -> int:
+    """Count every pending or missing figure of the store, without a budget; returns
+    how many subjects were counted. `progress(done, total)` if given."""
+    conn = repo.conn
+    with read_transaction(conn):
+        names = kept.pending(conn) + kept.missing(conn)
+    for i, subject in enumerate(names):
+        settle(repo, [subject], None)
+        if progress is not None:
+            progress(i + 1, len(names))
+    return len(names)
+
+
+def count(
+    repo: Repository,
+    subject: str,
+    was: kept.Kept = kept.MISSING,
+    held: object = None,
+    budget: u.Budget | None = None,
+) -> kept.Kept | None:
+    """The subject's figures counted (the pending ones; the others as kept), or None if
+    the subject is gone. `held`: usage.garbage_holds(), for a unique figure."""
+    roots, origin = _roots(repo.conn, subject)
+    if roots is None:
+        return None
+    stored, written, unique = was.stored, was.written, was.unique
+    if was.pending & (kept.STORED | kept.WRITTEN):
+        rows, _, _ = u.reach(repo, roots, budget)
+        stored = sum(r.stored for r in rows.values())
+        if origin is None:
+            written = stored
+        else:
+            before, _, _ = u.reach(repo, [origin], budget)
+            written = sum(r.stored for b, r in rows.items() if b not in before)
+    if was.pending & kept.UNIQUE:
+        if held is None:
+            held = u.garbage_holds(repo, budget)
+        assert isinstance(held, dict)
+        unique = u.unique_bytes(repo, roots, held, budget)  # type: ignore[arg-type]
+    return kept.Kept(stored, written, unique, 0)
+
+
+def _roots(conn: sqlite3.Connection, subject: str) -> tuple[list[BlobId] | None, BlobId | None]:
+    """A subject's root references (None: no such subject) and the root its written
+    figure is counted against (None: none, all is written)."""
+    what, _, name = subject.partition(":")
+    if what == "image":
+        row = image_rows.image_row(conn, name)
+        if row is None or row.root is None or row.phase != "ready":
+            return None, None
+        return [row.root, *image_rows.chain_roots(conn, name)], None
+    if what == "volume":
+        vrow = volume_rows.volume_row(conn, name)
+        if vrow is None:
+            return None, None
+        return volume_rows.held_roots(conn, name), origin_root(conn, vrow.origin)
+    vol, _, n = name.rpartition("@")
+    snap = volume_rows.snapshot_row(conn, vol, SnapshotNo(int(n)))
+    if snap is None:
+        return None, None
+    return [snap.root], previous_root(conn, vol, snap.n)
