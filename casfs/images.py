@@ -154,8 +154,8 @@ def _json_loads(text: str) -> dict[str, Any]:
     return loaded
 
 
-def list_images(repo: Repository) -> list[ImageInfo]:
-    return [_info(r) for r in rows.image_rows(repo.conn)]
+def list_images(repo: Repository, after: str | None = None, limit: int | None = None) -> list[ImageInfo]:
+    return [_info(r) for r in rows.image_rows(repo.conn, after, limit)]
 
 
 def _row(conn: sqlite3.Connection, name: str) -> ImageRow:

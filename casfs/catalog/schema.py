@@ -139,6 +139,28 @@ CREATE TABLE figures (
     pending INTEGER NOT NULL DEFAULT 0, -- bits that may be out of date: 1 stored, 2 written, 4 unique
     marks   INTEGER NOT NULL DEFAULT 0  -- bumped by every change: a count made meanwhile is not written
 ) WITHOUT ROWID;
+-- The blobs table's totals, kept by triggers so that the store's summary line reads one
+-- row, not millions (fsck recounts it). Garbage: the stored bytes of rows at refs 0.
+CREATE TABLE blob_totals (
+    one     INTEGER PRIMARY KEY CHECK (one = 0),
+    blobs   INTEGER NOT NULL,
+    stored  INTEGER NOT NULL,
+    garbage INTEGER NOT NULL
+);
+CREATE TRIGGER blob_totals_insert AFTER INSERT ON blobs BEGIN
+    UPDATE blob_totals SET blobs = blobs + 1, stored = stored + NEW.stored,
+        garbage = garbage + (CASE WHEN NEW.refs = 0 THEN NEW.stored ELSE 0 END);
+END;
+CREATE TRIGGER blob_totals_delete AFTER DELETE ON blobs BEGIN
+    UPDATE blob_totals SET blobs = blobs - 1, stored = stored - OLD.stored,
+        garbage = garbage - (CASE WHEN OLD.refs = 0 THEN OLD.stored ELSE 0 END);
+END;
+CREATE TRIGGER blob_totals_update AFTER UPDATE OF refs, stored ON blobs
+WHEN (OLD.refs = 0) != (NEW.refs = 0) OR OLD.stored != NEW.stored BEGIN
+    UPDATE blob_totals SET stored = stored + NEW.stored - OLD.stored,
+        garbage = garbage + (CASE WHEN NEW.refs = 0 THEN NEW.stored ELSE 0 END)
+            - (CASE WHEN OLD.refs = 0 THEN OLD.stored ELSE 0 END);
+END;
 -- Who holds a root (catalog.figures.holder_rows): one indexed lookup per table.
 CREATE INDEX images_root ON images (root);
 CREATE INDEX volumes_base ON volumes (base);
@@ -245,5 +267,6 @@ def create_tables(conn: sqlite3.Connection) -> None:
         + TABLES
         + f"INSERT INTO meta VALUES ('format_version', '{FORMAT_VERSION}');"
         + f"INSERT INTO meta VALUES ('created', '{time.time()}');"
+        + "INSERT INTO blob_totals VALUES (0, 0, 0, 0);"
         + "COMMIT;"
     )

@@ -75,6 +75,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     from casfs.lifecycle.ephemeral import expire
     from casfs.lifecycle.queue import job_slot
+    from casfs.refcount.accounts import refresh
     from casfs.refcount.gc import gc
 
     kept: list[str] = []
@@ -82,6 +83,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         expired = expire(repo, kept=kept)  # first: what they held is freed by this gc
         report = gc(repo)
         repacked, reclaimed = _repack(repo, args.repack_below)
+        counted = refresh(repo)  # (after gc: no garbage left for the counts to walk)
     for why in kept:
         warn(f"ephemeral volume {why}: kept")
     if args.json:
@@ -91,6 +93,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
                 "expired_volumes": expired,
                 "packs_repacked": repacked,
                 "bytes_repacked": reclaimed,
+                "figures_counted": counted,
             }
         )
     else:
