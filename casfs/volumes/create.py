@@ -181,6 +181,9 @@ def _create_blank(
                 rows.set_base(c, name, base)
                 give_volume(c, name, VolumePhase.CREATING, os.getpid())
                 figures.new_subject(c, f"volume:{name}")
+                figures.retained(c, base, [f"volume:{name}"])  # (a blank base of that size may exist)
+                if batch.shared:
+                    figures.shared_unknown(c)
 
             batch.commit({base: 1}, then=finish)
     except BaseException:

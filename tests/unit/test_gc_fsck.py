@@ -14,10 +14,10 @@ import pytest
 
 from casfs import catalog
 from casfs.catalog import blobs as blob_rows
+from casfs.catalog import figures as kept
 from casfs.errors import Busy, MissingBlob
 from casfs.ids import FIRST_FREE_INO, ROOT_INO, InodeNo
 from casfs.kinds import BlobKind
-from casfs.catalog import figures as kept
 from casfs.refcount import ledger
 from casfs.refcount.fsck import FsckReport, fsck
 from casfs.refcount.gc import gc
