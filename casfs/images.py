@@ -440,6 +440,7 @@ def _count(repo: Repository, name: str) -> None:
     """The new image's figures, counted in full: an import reads all its data anyway."""
     from casfs.refcount.accounts import settle
 
+    fault_point("import:after-commit")
     settle(repo, [f"image:{name}"], budget=None)
 
 

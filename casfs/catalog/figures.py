@@ -161,18 +161,26 @@ def prune(conn: sqlite3.Connection) -> int:
 # -- holders -------------------------------------------------------------------------
 
 
-def holder_rows(conn: sqlite3.Connection, root: BlobId) -> list[frozenset[str]]:
-    """Each catalog row that holds a reference on `root`, as the subjects it belongs to
-    (a snapshot's row is its own and its volume's)."""
-    query = (
-        "SELECT 'image:' || name, NULL FROM images WHERE root = ?1 "
-        "UNION ALL SELECT 'image:' || image, NULL FROM image_chains WHERE root = ?1 "
-        "UNION ALL SELECT 'volume:' || name, NULL FROM volumes WHERE base = ?1 "
-        "UNION ALL SELECT 'volume:' || volume, 'snapshot:' || volume || '@' || n "
-        "FROM snapshots WHERE root = ?1 "
-        "UNION ALL SELECT 'volume:' || volume, NULL FROM overlay_chunks WHERE chunk = ?1"
-    )
-    return [frozenset(s for s in row if s is not None) for row in conn.execute(query, (root,))]
+_HOLDERS = (
+    "SELECT 'image:' || name, NULL FROM images WHERE root = ?1 "
+    "UNION ALL SELECT 'image:' || image, NULL FROM image_chains WHERE root = ?1 "
+    "UNION ALL SELECT 'volume:' || name, NULL FROM volumes WHERE base = ?1 "
+    "UNION ALL SELECT 'volume:' || volume, 'snapshot:' || volume || '@' || n "
+    "FROM snapshots WHERE root = ?1 "
+    "UNION ALL SELECT 'volume:' || volume, NULL FROM overlay_chunks WHERE chunk = ?1"
+)
+
+
+def holder_rows(conn: sqlite3.Connection, root: BlobId, limit: int = -1) -> list[frozenset[str]]:
+    """Catalog rows that hold a reference on `root` (at most `limit`), each as the
+    subjects it belongs to: its owner (an image or a volume), and a snapshot's row its
+    snapshot too."""
+    query = f"{_HOLDERS} LIMIT ?2"
+    return [frozenset(s for s in row if s is not None) for row in conn.execute(query, (root, limit))]
+
+
+def holder_count(conn: sqlite3.Connection, root: BlobId) -> int:
+    return int(conn.execute(f"SELECT COUNT(*) FROM ({_HOLDERS})", (root,)).fetchone()[0])
 
 
 def refs(conn: sqlite3.Connection, root: BlobId) -> int:

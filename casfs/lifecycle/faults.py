@@ -13,6 +13,8 @@ operation in progress and then let it go on (SIGCONT).
     delete:after-phase     phase deleting is recorded, nothing released yet
     fold:before-publish    a block volume's fold stored its blobs, its snapshot not committed
     fold:after-publish     the fold's snapshot committed, its upper files not yet deleted
+    import:after-commit    an import committed, its figures not yet counted (no row: pending)
+    figures:counted        a settle counted figures, not yet written (refcount.accounts)
 
 `CASFS_SLOW_IMPORT_S=SECONDS` makes an import sleep that long once it runs (phase
 importing, in its job slot): a slow import without a big source, for queue tests.

@@ -18,6 +18,7 @@ from casfs.catalog import images as image_rows
 from casfs.catalog import read_transaction, transaction
 from casfs.catalog import volumes as volume_rows
 from casfs.ids import SnapshotNo
+from casfs.lifecycle.faults import fault_point
 from casfs.refcount import usage as u
 from casfs.refcount.figures import origin_root, previous_root
 from casfs.repo import Repository
@@ -157,6 +158,7 @@ def settle(repo: Repository, subjects: Iterable[str] | None = None, budget: int 
                 break
     if not counted:
         return len(todo)
+    fault_point("figures:counted")
     with transaction(conn):
         for subject, was, now in counted:
             if now is None:

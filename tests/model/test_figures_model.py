@@ -16,6 +16,7 @@ and after a refresh nothing is pending and every figure is the count.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -134,26 +135,20 @@ class FiguresModel(RuleBasedStateMachine):
     @precondition(lambda self: self._snapshots())
     @rule(d=st.data())
     def rm_snapshot(self, d: st.DataObject) -> None:
-        try:
+        with contextlib.suppress(Busy):  # a volume was made from it
             volumes.remove_snapshot(self.repo, d.draw(st.sampled_from(self._snapshots())))
-        except Busy:
-            pass  # a volume was made from it
 
     @precondition(lambda self: self._volumes())
     @rule(d=st.data())
     def rm_volume(self, d: st.DataObject) -> None:
-        try:
+        with contextlib.suppress(Busy):
             volumes.remove_volume(self.repo, d.draw(st.sampled_from(self._volumes())))
-        except Busy:
-            pass
 
     @precondition(lambda self: self._images())
     @rule(d=st.data())
     def rm_image(self, d: st.DataObject) -> None:
-        try:
+        with contextlib.suppress(Busy):
             images.remove_image(self.repo, d.draw(st.sampled_from(self._images())))
-        except Busy:
-            pass
 
     @rule()
     def collect(self) -> None:
