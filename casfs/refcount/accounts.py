@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from casfs.catalog import blobs as blob_rows
 from casfs.catalog import figures as kept
@@ -19,11 +20,13 @@ from casfs.catalog import read_transaction, transaction
 from casfs.catalog import volumes as volume_rows
 from casfs.ids import SnapshotNo
 from casfs.lifecycle.faults import fault_point
-from casfs.refcount import usage as u
 from casfs.refcount.figures import origin_root, previous_root
 from casfs.repo import Repository
-from casfs.store import uppers
 from casfs.store.ids import BlobId
+
+if TYPE_CHECKING:  # (the walks' codecs and the upper files' module are imported where used:
+    # a listing with nothing pending needs neither, and a command's start-up pays for each)
+    from casfs.refcount import usage as u
 
 # Blob rows a command may look up to settle pending figures (~5 µs each): enough for
 # subjects of a few GiB, bounded whatever the store holds.
@@ -95,11 +98,17 @@ def volume_listing(repo: Repository, names: Sequence[str]) -> dict[str, Figures]
         if name not in logical:
             continue
         k = rows.get(kept.volume(name), kept.MISSING)
-        local = uppers.local_bytes(repo.path, name, epochs.get(name, ())) if name in folders else 0
+        local = _local(repo, name, epochs.get(name, [])) if name in folders else 0
         out[name] = Figures(
             logical[name], k.stored + local, k.written + local, k.unique + local, k.pending, local
         )
     return out
+
+
+def _local(repo: Repository, name: str, epochs: list[int]) -> int:
+    from casfs.store import uppers
+
+    return uppers.local_bytes(repo.path, name, epochs)
 
 
 def _upper_folders(repo: Repository) -> set[str]:
@@ -146,6 +155,8 @@ def settle(repo: Repository, subjects: Iterable[str] | None = None, budget: int 
         todo = [(s, k) for s, k in todo if k.pending]
         if not todo:
             return 0
+        from casfs.refcount import usage as u
+
         spend = u.Budget(budget)
         held = None
         counted: list[tuple[str, kept.Kept, kept.Kept | None]] = []
@@ -195,6 +206,8 @@ def count(
     """The subject's figures counted (the pending ones; the others as kept), or None if
     the subject is gone. `held`: usage.garbage_holds(), for a unique figure; `memo`:
     the reach of roots counted before (fsck's 10,000 clones of one image walk it once)."""
+    from casfs.refcount import usage as u
+
     roots, origin = _roots(repo.conn, subject)
     if roots is None:
         return None
@@ -220,6 +233,8 @@ def count(
 
 def _reach(repo: Repository, root: BlobId, budget: u.Budget | None, memo: dict[BlobId, Reach]) -> Reach:
     if root not in memo:
+        from casfs.refcount import usage as u
+
         rows, _, _ = u.reach(repo, [root], budget)
         memo[root] = {b: r.stored for b, r in rows.items()}
     return memo[root]
@@ -241,6 +256,8 @@ def audit(repo: Repository, repair: bool = False) -> list[Drift]:
     """Count every subject's figures and the blob totals in one read transaction and
     compare them with what is kept (a pending figure is not a drift); with `repair`,
     keep the counts (pending ones too) and delete rows of subjects that are gone."""
+    from casfs.refcount import usage as u
+
     conn = repo.conn
     found: list[Drift] = []
     fixes: list[tuple[str, kept.Kept, kept.Kept]] = []
