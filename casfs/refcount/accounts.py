@@ -170,12 +170,17 @@ def settle(repo: Repository, subjects: Iterable[str] | None = None, budget: int 
     if not counted:
         return len(todo)
     fault_point("figures:counted")
-    with transaction(conn):
-        for subject, was, now in counted:
-            if now is None:
-                kept.delete(conn, [subject])
-            else:
-                kept.put_if_unchanged(conn, subject, was, now)
+    try:
+        with transaction(conn):
+            for subject, was, now in counted:
+                if now is None:
+                    kept.delete(conn, [subject])
+                else:
+                    kept.put_if_unchanged(conn, subject, was, now)
+    except sqlite3.OperationalError as e:
+        if "readonly" not in str(e):
+            raise
+        return len(todo)  # (a store this user may read, not write: shown as kept, pending)
     return len(todo) - len(counted)
 
 
