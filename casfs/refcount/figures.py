@@ -165,9 +165,12 @@ def snapshot_taken(conn: sqlite3.Connection, volume: str, n: SnapshotNo, root: B
     v, s = kept.volume(volume), kept.snapshot(volume, n)
     retained(conn, root, [v, s])
     same = volume_rows.snapshots_with_root(conn, volume, root, but=n)
-    stored, pending = (kept.get(conn, v).stored, kept.STORED)
+    whole = kept.get(conn, v)
+    stored, pending = whole.stored, kept.STORED
     if same:
         stored, pending = _single_root_stored(conn, kept.snapshot(volume, same[0]))
+    elif set(volume_rows.held_roots(conn, volume)) == {root}:  # the volume is this one root
+        pending = whole.pending & kept.STORED
     prev = previous_root(conn, volume, n)
     written_pending = 0 if prev == root else kept.WRITTEN  # (the base as the snapshot before it: nothing new)
     kept.put(conn, s, stored, 0, 0, pending | written_pending)  # (unique 0: the base holds the same root)

@@ -181,8 +181,7 @@ def _create_blank(
                 rows.set_base(c, name, base)
                 give_volume(c, name, VolumePhase.CREATING, os.getpid())
                 figures.new_subject(c, f"volume:{name}")
-                figures.retained(c, base, [f"volume:{name}"])  # (a blank base of that size may exist)
-                if batch.shared:
+                if batch.shared:  # (a blank base of that size was stored already: now shared)
                     figures.shared_unknown(c)
 
             batch.commit({base: 1}, then=finish)
