@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -158,7 +159,7 @@ def settle(repo: Repository, subjects: Iterable[str] | None = None, budget: int 
         from casfs.refcount import usage as u
 
         spend = u.Budget(budget)
-        held = None
+        held: Counter[BlobId] | None = None
         counted: list[tuple[str, kept.Kept, kept.Kept | None]] = []
         for subject, was in todo:
             try:
@@ -204,7 +205,7 @@ def count(
     repo: Repository,
     subject: str,
     was: kept.Kept = kept.MISSING,
-    held: object = None,
+    held: Counter[BlobId] | None = None,
     budget: u.Budget | None = None,
     memo: dict[BlobId, Reach] | None = None,
 ) -> kept.Kept | None:
@@ -231,8 +232,7 @@ def count(
     if was.pending & kept.UNIQUE:
         if held is None:
             held = u.garbage_holds(repo, budget)
-        assert isinstance(held, dict)
-        unique = u.unique_bytes(repo, roots, held, budget)  # type: ignore[arg-type]
+        unique = u.unique_bytes(repo, roots, held, budget)
     return kept.Kept(stored, written, unique, 0)
 
 
