@@ -1,70 +1,31 @@
-"""Space accounting: what a set of roots costs the store, and what removing it would free.
+"""Space accounting by walks: what a set of roots reaches, what removing them would
+free, and the store's totals. The walks are the counts behind the kept figures
+(refcount.accounts, which listings read instead); each takes a Budget of blob rows.
 
-For roots R (an image's root; a volume's base plus its snapshots' roots):
+  reach           every blob reachable from the roots, with its row (stored bytes: a sum)
+  garbage_holds   the references rows at refs 0 hold (and the rows only they hold):
+                  left out of unique figures, so that gc changes none
+  unique_bytes    gc's cascade from the roots, simulated, visiting only what it frees
 
-  logical   the sizes the catalog records for those roots, added up (a volume with two
-            snapshots counts three states: what they would take without casfs)
-  stored    bytes on disk of every blob reachable from R, each blob counted once
-  unique    bytes on disk that removing R would free: gc's cascade, simulated. A blob is
-            freed when every reference it holds (`blobs.refs`) comes from R itself or
-            from blobs that are freed in turn, multiplicity counted.
-
-The walk reads only metadata blobs (trees and chunk maps), through the repository's
-verified cache; data chunks are never read. A mounted volume's overlay chunks count as
-roots of logical size 0 (their bytes are counted when a snapshot folds them in).
+The walks read only metadata blobs (trees and chunk maps), through the repository's
+verified cache; data chunks are never read.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from casfs.catalog import blobs as blob_rows
 from casfs.catalog import images as image_rows
-from casfs.catalog import overlay as overlay_rows
 from casfs.catalog import volumes as volume_rows
 from casfs.errors import Corruption
-from casfs.ids import SnapshotNo
 from casfs.kinds import BlobKind
 from casfs.repo import Repository
 from casfs.snapshots.children import children
-from casfs.store import uppers
 from casfs.store.ids import ZERO_ID, BlobId
-
-
-@dataclass(frozen=True)
-class Root:
-    blob: BlobId
-    size: int  # logical bytes the catalog records for this root
-
-
-@dataclass(frozen=True)
-class Usage:
-    logical: int
-    stored: int
-    unique: int
-    unreadable: int = 0  # metadata blobs that could not be read: the figures are a lower bound
-    # A volume's upper files: written since its last fold, on this host's disk only (for
-    # a store on S3, not yet uploaded); part of stored and unique.
-    local: int = 0
-
-    @property
-    def ratio(self) -> float:
-        """Logical bytes per stored byte (holes, compression and dedup together)."""
-        return self.logical / self.stored if self.stored else 0.0
-
-    def to_json(self) -> dict[str, int | float]:
-        """The figures as `ls --json` and `info --json` show them (unreadable_blobs apart)."""
-        return {
-            "logical": self.logical,
-            "stored": self.stored,
-            "unique": self.unique,
-            "ratio": round(self.ratio, 3),
-            "local": self.local,
-        }
 
 
 @dataclass(frozen=True)
@@ -192,40 +153,6 @@ def unique_bytes(
     return total
 
 
-def usage(repo: Repository, roots: Iterable[Root], budget: Budget | None = None) -> Usage:
-    """The figures of `roots`, counted in full (fsck's recount and the kept figures' source)."""
-    roots = list(roots)
-    rows, _, unreadable = reach(repo, [r.blob for r in roots], budget)
-    held = garbage_holds(repo, budget)
-    return Usage(
-        logical=sum(r.size for r in roots),
-        stored=sum(row.stored for row in rows.values()),
-        unique=unique_bytes(repo, [r.blob for r in roots], held, budget),
-        unreadable=unreadable,
-    )
-
-
-def image_roots(conn: sqlite3.Connection, name: str) -> list[Root]:
-    row = image_rows.image_row(conn, name)
-    out = [Root(row.root, row.size)] if row is not None and row.root is not None else []
-    return out + [Root(r, 0) for r in image_rows.chain_roots(conn, name)]  # (an OCI image's first layers)
-
-
-def volume_roots(conn: sqlite3.Connection, name: str) -> list[Root]:
-    """A volume's base, its snapshots' roots and its overlay's chunks (each chunk holds
-    a reference of its own until a snapshot folds it into the base)."""
-    row = volume_rows.volume_row(conn, name)
-    out = [Root(row.base, row.size)] if row is not None else []
-    out += [Root(s.root, s.size) for s in volume_rows.snapshot_rows(conn, name)]
-    out += [Root(c, 0) for c in volume_rows.overlay_chunks(conn, name)]
-    return out
-
-
-def snapshot_roots(conn: sqlite3.Connection, volume: str, n: SnapshotNo) -> list[Root]:
-    row = volume_rows.snapshot_row(conn, volume, n)
-    return [Root(row.root, row.size)] if row is not None else []
-
-
 def store_usage(repo: Repository) -> StoreUsage:
     conn = repo.conn
     images, image_bytes = image_rows.ready_totals(conn)
@@ -240,23 +167,3 @@ def store_usage(repo: Repository) -> StoreUsage:
         volumes=volumes,
         snapshots=snapshots,
     )
-
-
-# The usage of one image, volume (with its snapshots) or snapshot: the CLI listings and
-# the control plane's user.casfs.unique read these.
-
-
-def image_usage(repo: Repository, name: str) -> Usage:
-    return usage(repo, image_roots(repo.conn, name))
-
-
-def volume_usage(repo: Repository, name: str) -> Usage:
-    """The volume's blobs, and its upper files: data written since the base, not yet
-    folded into blobs, is stored (locally) and unique to it."""
-    found = usage(repo, volume_roots(repo.conn, name))
-    local = uppers.local_bytes(repo.path, name, [u.epoch for u in overlay_rows.uppers(repo.conn, name)])
-    return replace(found, stored=found.stored + local, unique=found.unique + local, local=local)
-
-
-def snapshot_usage(repo: Repository, volume: str, n: SnapshotNo) -> Usage:
-    return usage(repo, snapshot_roots(repo.conn, volume, n))
