@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from casfs import catalog, images, volumes
 from casfs.catalog import figures as kept
+from casfs.cli.output import figure
 from casfs.kinds import BlobKind
 from casfs.refcount import accounts
 from casfs.repo import Repository
@@ -227,3 +229,24 @@ def test_bad_paging_is_a_usage_error(store: Path, args: list[str], message: str)
     p = casfs(store, *args)
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert message in p.stderr and len(p.stderr.strip().splitlines()) == 1 and p.stdout == ""
+
+
+def test_fsck_reports_a_drifted_figure_and_repair_sets_the_count(store: Path, tmp_path: Path) -> None:
+    ok(store, "image", "import", "disk", str(_disk(tmp_path)))
+    ok(store, "volume", "create", "a", "--from", "disk")
+    right = js(store, "volume", "info", "a")
+    with sqlite3.connect(store / "catalog.db") as conn:
+        conn.execute("UPDATE figures SET uniq = 12345 WHERE subject = 'volume:a'")
+        conn.execute("UPDATE blob_totals SET stored = stored + 7")
+    conn.close()
+    p = casfs(store, "fsck")
+    assert p.returncode == 5, p.stdout
+    assert "volume:a: unique 12345 kept, 0 counted" in p.stdout and "blob totals" in p.stdout
+    ok(store, "fsck", "--repair")
+    assert js(store, "volume", "info", "a")["unique"] == right["unique"] == 0
+    assert_consistent(store)
+
+
+def test_a_pending_figure_is_marked_in_tables() -> None:
+    doc = {"stored": 3 << 20, "unique": 0, "pending": ["stored"]}
+    assert (figure(doc, "stored"), figure(doc, "unique")) == ("~3.0 MiB", "0 B")
