@@ -39,7 +39,7 @@ from casfs.kinds import VolumeKind, chunk_size_refusal
 from casfs.lifecycle import pids
 from casfs.lifecycle.faults import fault_point, slow_import
 from casfs.lifecycle.phases import IMAGE_IN_PROGRESS, IMAGE_STEPS, ImagePhase, check_step
-from casfs.refcount import ledger
+from casfs.refcount import figures, ledger
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
 from casfs.units import check_name
@@ -155,8 +155,8 @@ def _json_loads(text: str) -> dict[str, Any]:
     return loaded
 
 
-def list_images(repo: Repository) -> list[ImageInfo]:
-    return [_info(r) for r in rows.image_rows(repo.conn)]
+def list_images(repo: Repository, after: str | None = None, limit: int | None = None) -> list[ImageInfo]:
+    return [_info(r) for r in rows.image_rows(repo.conn, after, limit)]
 
 
 def _row(conn: sqlite3.Connection, name: str) -> ImageRow:
@@ -328,9 +328,13 @@ def _do_import_oci(
             if not rows.finish(conn, name, os.getpid(), built.root, built.size, built.next_ino, digest, oci):
                 raise Busy(f"image {name!r} was taken over by another process during the import")
             rows.insert_chains(conn, name, done.chains)
+            figures.new_subject(conn, f"image:{name}")
+            if batch.shared or done.reused_layers:  # (a tree begun from another image's layers)
+                figures.shared_unknown(conn)
 
         roots = Counter([built.root, *(root for _, _, root in done.chains)])
         batch.commit(roots, then=finish)
+    _count(repo, name)
     if on_stored is not None:
         on_stored(batch.stored_bytes)
 
@@ -428,6 +432,9 @@ def _do_import(
             done = rows.finish(conn, name, os.getpid(), root, size, next_ino, digest)
             if not done:  # rolls the commit back: the published files become orphans for gc
                 raise Busy(f"image {name!r} was taken over by another process during the import")
+            figures.new_subject(conn, f"image:{name}")
+            if batch.shared:
+                figures.shared_unknown(conn)
 
         fault_point("import:after-stage")
         # Batch.commit publishes too (publishing is idempotent); done here first so that a
@@ -435,8 +442,17 @@ def _do_import(
         batch.staging.publish()
         fault_point("import:after-publish")
         batch.commit({root: 1}, then=finish)
+    _count(repo, name)
     if on_stored is not None:
         on_stored(batch.stored_bytes)
+
+
+def _count(repo: Repository, name: str) -> None:
+    """The new image's figures, counted in full: an import reads all its data anyway."""
+    from casfs.refcount.accounts import settle
+
+    fault_point("import:after-commit")
+    settle(repo, [f"image:{name}"], budget=None)
 
 
 def _set_phase(repo: Repository, name: str, old: ImagePhase, new: ImagePhase) -> None:
@@ -465,8 +481,11 @@ def remove_image(repo: Repository, name: str, if_exists: bool = False) -> bool:
         if users:
             raise Busy(f"image {name!r} is in use by volume(s): {', '.join(users)}")
         if row.root is not None:
-            ledger.release(conn, [row.root, *rows.chain_roots(conn, name)])
+            held = [row.root, *rows.chain_roots(conn, name)]
+            ledger.release(conn, held)
         rows.delete(conn, name)
+        if row.root is not None:
+            figures.image_removed(conn, name, held)
     return True
 
 

@@ -107,16 +107,16 @@ def format_version(conn: sqlite3.Connection) -> int:
     return int(row[0])
 
 
-def check_and_migrate(conn: sqlite3.Connection, store: str) -> None:
+def check_and_migrate(conn: sqlite3.Connection, store: str) -> bool:
     """Refuse a catalog newer than this casfs; migrate an older one (`store`: its
-    directory, for the message)."""
+    directory, for the message). True if the store was older (whoever migrated it)."""
     version = format_version(conn)
     if version > FORMAT_VERSION:
         raise UnsupportedFormat(
             f"store at {store} has format {version}; this casfs reads up to {FORMAT_VERSION}: upgrade casfs"
         )
     if version == FORMAT_VERSION:
-        return
+        return False
     from casfs.catalog.migrate import MIGRATIONS  # (only for an old store: not every open's)
 
     # Off while tables are rebuilt (a PRAGMA that is a no-op inside a transaction),
@@ -143,6 +143,7 @@ def check_and_migrate(conn: sqlite3.Connection, store: str) -> None:
             version += 1
     finally:
         conn.execute("PRAGMA foreign_keys = ON")
+    return True
 
 
 # -- meta ---------------------------------------------------------------------

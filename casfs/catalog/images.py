@@ -72,8 +72,12 @@ def ready_image_row(conn: sqlite3.Connection, name: str) -> ImageRow:
     return row
 
 
-def image_rows(conn: sqlite3.Connection) -> list[ImageRow]:
-    return [_image(r) for r in conn.execute(f"{_IMAGE} ORDER BY name")]
+def image_rows(
+    conn: sqlite3.Connection, after: str | None = None, limit: int | None = None
+) -> list[ImageRow]:
+    """Images by name: those after `after` (a cursor), at most `limit`."""
+    query = f"{_IMAGE} WHERE name > ? ORDER BY name LIMIT ?"
+    return [_image(r) for r in conn.execute(query, (after or "", -1 if limit is None else limit))]
 
 
 def insert_queued(

@@ -274,6 +274,63 @@ def _migrate_8_to_9(conn: sqlite3.Connection) -> None:
     pass
 
 
+# Format 10: kept space figures (casfs.refcount.figures), so that listings cost what they
+# list. The step adds the table and the indexes that find a root's holders; it leaves
+# the table empty (every figure pending) and sets meta 'figures.recount', which makes the
+# next command count them all once, with progress on a terminal (casfs.cli.store).
+FIGURES_SCHEMA = """
+CREATE TABLE figures (
+    subject TEXT PRIMARY KEY,
+    stored  INTEGER NOT NULL,
+    written INTEGER NOT NULL,
+    uniq    INTEGER NOT NULL,
+    pending INTEGER NOT NULL DEFAULT 0,
+    marks   INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE INDEX images_root ON images (root);
+CREATE INDEX volumes_base ON volumes (base);
+CREATE INDEX snapshots_root ON snapshots (root);
+INSERT INTO meta (key, value) VALUES ('figures.recount', 'format 10')
+"""
+# And the blobs table's totals, kept by triggers (counted once here). The triggers' bodies
+# hold ';': each is one statement, run whole.
+TOTALS_TABLE = """
+CREATE TABLE blob_totals (
+    one     INTEGER PRIMARY KEY CHECK (one = 0),
+    blobs   INTEGER NOT NULL,
+    stored  INTEGER NOT NULL,
+    garbage INTEGER NOT NULL
+)"""
+TOTALS_TRIGGERS = (
+    """CREATE TRIGGER blob_totals_insert AFTER INSERT ON blobs BEGIN
+    UPDATE blob_totals SET blobs = blobs + 1, stored = stored + NEW.stored,
+        garbage = garbage + (CASE WHEN NEW.refs = 0 THEN NEW.stored ELSE 0 END);
+END""",
+    """CREATE TRIGGER blob_totals_delete AFTER DELETE ON blobs BEGIN
+    UPDATE blob_totals SET blobs = blobs - 1, stored = stored - OLD.stored,
+        garbage = garbage - (CASE WHEN OLD.refs = 0 THEN OLD.stored ELSE 0 END);
+END""",
+    """CREATE TRIGGER blob_totals_update AFTER UPDATE OF refs, stored ON blobs
+WHEN (OLD.refs = 0) != (NEW.refs = 0) OR OLD.stored != NEW.stored BEGIN
+    UPDATE blob_totals SET stored = stored + NEW.stored - OLD.stored,
+        garbage = garbage + (CASE WHEN NEW.refs = 0 THEN NEW.stored ELSE 0 END)
+            - (CASE WHEN OLD.refs = 0 THEN OLD.stored ELSE 0 END);
+END""",
+)
+
+
+def _migrate_9_to_10(conn: sqlite3.Connection) -> None:
+    for statement in _statements(FIGURES_SCHEMA):
+        conn.execute(statement)
+    conn.execute(TOTALS_TABLE)
+    conn.execute(
+        "INSERT INTO blob_totals SELECT 0, COUNT(*), COALESCE(SUM(stored), 0), "
+        "COALESCE(SUM(CASE WHEN refs = 0 THEN stored END), 0) FROM blobs"
+    )
+    for trigger in TOTALS_TRIGGERS:
+        conn.execute(trigger)
+
+
 Migration = Callable[[sqlite3.Connection], None]
 MIGRATIONS: dict[int, Migration] = {
     1: _migrate_1_to_2,
@@ -284,4 +341,5 @@ MIGRATIONS: dict[int, Migration] = {
     6: _migrate_6_to_7,
     7: _migrate_7_to_8,
     8: _migrate_8_to_9,
+    9: _migrate_9_to_10,
 }

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-FORMAT_VERSION = 9
+FORMAT_VERSION = 10
 
 IMAGE_PHASES = ("queued", "importing", "verifying", "ready", "failed")
 VOLUME_PHASES = ("creating", "ready", "mounted", "snapshotting", "deleting")
@@ -126,6 +126,46 @@ CREATE TABLE snapshots (
     PRIMARY KEY (volume, n)
 );
 
+-- Space figures kept for every ready image, volume and snapshot (casfs.refcount.figures),
+-- so that listings read them instead of walking chunk maps. Kept in the transaction that
+-- changes what they count; a figure that operation cannot know exactly is marked pending
+-- and counted again later (within a budget by the next command, in full by `casfs gc`
+-- and `casfs fsck --repair`). No row: every figure pending.
+CREATE TABLE figures (
+    subject TEXT PRIMARY KEY,      -- 'image:NAME', 'volume:NAME' or 'snapshot:VOL@N'
+    stored  INTEGER NOT NULL,      -- bytes on disk of the distinct blobs its roots reach
+    written INTEGER NOT NULL,      -- of those, what its origin (a snapshot: the one before) does not reach
+    uniq    INTEGER NOT NULL,      -- bytes removing it and running gc would free
+    pending INTEGER NOT NULL DEFAULT 0, -- bits that may be out of date: 1 stored, 2 written, 4 unique
+    marks   INTEGER NOT NULL DEFAULT 0  -- bumped by every change: a count made meanwhile is not written
+) WITHOUT ROWID;
+-- The blobs table's totals, kept by triggers so that the store's summary line reads one
+-- row, not millions (fsck recounts it). Garbage: the stored bytes of rows at refs 0.
+CREATE TABLE blob_totals (
+    one     INTEGER PRIMARY KEY CHECK (one = 0),
+    blobs   INTEGER NOT NULL,
+    stored  INTEGER NOT NULL,
+    garbage INTEGER NOT NULL
+);
+CREATE TRIGGER blob_totals_insert AFTER INSERT ON blobs BEGIN
+    UPDATE blob_totals SET blobs = blobs + 1, stored = stored + NEW.stored,
+        garbage = garbage + (CASE WHEN NEW.refs = 0 THEN NEW.stored ELSE 0 END);
+END;
+CREATE TRIGGER blob_totals_delete AFTER DELETE ON blobs BEGIN
+    UPDATE blob_totals SET blobs = blobs - 1, stored = stored - OLD.stored,
+        garbage = garbage - (CASE WHEN OLD.refs = 0 THEN OLD.stored ELSE 0 END);
+END;
+CREATE TRIGGER blob_totals_update AFTER UPDATE OF refs, stored ON blobs
+WHEN (OLD.refs = 0) != (NEW.refs = 0) OR OLD.stored != NEW.stored BEGIN
+    UPDATE blob_totals SET stored = stored + NEW.stored - OLD.stored,
+        garbage = garbage + (CASE WHEN NEW.refs = 0 THEN NEW.stored ELSE 0 END)
+            - (CASE WHEN OLD.refs = 0 THEN OLD.stored ELSE 0 END);
+END;
+-- Who holds a root (catalog.figures.holder_rows): one indexed lookup per table.
+CREATE INDEX images_root ON images (root);
+CREATE INDEX volumes_base ON volumes (base);
+CREATE INDEX snapshots_root ON snapshots (root);
+
 -- Inodes of a read/write volume changed (or copied up) since its base: the whole
 -- inode, so a row never needs its base entry. A directory's children are copied up
 -- with it, so every inode an overlay listing names has a row here.
@@ -227,5 +267,6 @@ def create_tables(conn: sqlite3.Connection) -> None:
         + TABLES
         + f"INSERT INTO meta VALUES ('format_version', '{FORMAT_VERSION}');"
         + f"INSERT INTO meta VALUES ('created', '{time.time()}');"
+        + "INSERT INTO blob_totals VALUES (0, 0, 0, 0);"
         + "COMMIT;"
     )

@@ -11,6 +11,7 @@ everything that writes volumes (casfs.volumes at rest, casfs.vfs while mounted, 
 
 import sqlite3
 import time
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from casfs.catalog.overlay import PENDING_INODE
@@ -245,6 +246,58 @@ def totals(conn: sqlite3.Connection) -> tuple[int, int, int, int]:
     return int(volumes), int(volume_bytes), int(snaps), int(snap_bytes)
 
 
+def volume_page(conn: sqlite3.Connection, after: str | None, limit: int | None) -> list[VolumeRow]:
+    """Volumes by name, those after `after` (any string: a cursor), at most `limit`."""
+    query = f"{_VOLUME} WHERE name > ? ORDER BY name LIMIT ?"
+    return [_volume(r) for r in conn.execute(query, (after or "", -1 if limit is None else limit))]
+
+
+def _marks(names: Sequence[str]) -> str:
+    return ",".join("?" * len(names))
+
+
+def _by_volume(conn: sqlite3.Connection, query: str, names: Sequence[str]) -> list[tuple[Any, ...]]:
+    """Rows of `query` (with one IN (...) mark group) for `names`, in batches of 500."""
+    out: list[tuple[Any, ...]] = []
+    for i in range(0, len(names), 500):
+        part = names[i : i + 500]
+        out += conn.execute(query.format(marks=_marks(part)), part).fetchall()
+    return out
+
+
+def logical_sizes(conn: sqlite3.Connection, names: Sequence[str]) -> dict[str, int]:
+    """Each named volume's base size plus its snapshots' (what they take without casfs)."""
+    query = (
+        "SELECT v.name, v.size + COALESCE((SELECT SUM(s.size) FROM snapshots s WHERE s.volume = v.name), 0) "
+        "FROM volumes v WHERE v.name IN ({marks})"
+    )
+    return {name: int(size) for name, size in _by_volume(conn, query, names)}
+
+
+def upper_epochs(conn: sqlite3.Connection, names: Sequence[str]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for name, epoch in _by_volume(conn, "SELECT volume, epoch FROM uppers WHERE volume IN ({marks})", names):
+        out.setdefault(name, []).append(epoch)
+    return out
+
+
+def snapshot_lists(conn: sqlite3.Connection, names: Sequence[str]) -> dict[str, list[SnapshotNo]]:
+    """snapshot_numbers() of many volumes at once."""
+    query = (
+        "SELECT volume, n FROM snapshots WHERE volume IN ({marks}) "
+        "UNION SELECT volume, snapshot FROM uppers WHERE snapshot IS NOT NULL AND volume IN ({marks})"
+    )
+    out: dict[str, list[SnapshotNo]] = {n: [] for n in names}
+    for i in range(0, len(names), 250):
+        part = list(names[i : i + 250])
+        q = query.format(marks=_marks(part))
+        for vol, n in conn.execute(q, part + part):
+            out[vol].append(SnapshotNo(n))
+    for numbers in out.values():
+        numbers.sort()
+    return out
+
+
 # -- snapshots ---------------------------------------------------------------------
 
 
@@ -314,6 +367,27 @@ def labelled(conn: sqlite3.Connection, label: str) -> list[tuple[str, SnapshotNo
         "SELECT volume, snapshot FROM uppers WHERE label = ? AND snapshot IS NOT NULL ORDER BY 1, 2"
     )
     return [(str(v), SnapshotNo(n)) for v, n in conn.execute(query, (label, label))]
+
+
+def snapshot_roots(conn: sqlite3.Connection, volume: str) -> dict[SnapshotNo, BlobId]:
+    query = "SELECT n, root FROM snapshots WHERE volume = ? ORDER BY n"
+    return {SnapshotNo(n): BlobId(bytes(r)) for n, r in conn.execute(query, (volume,))}
+
+
+def snapshots_with_root(conn: sqlite3.Connection, volume: str, root: BlobId, but: int) -> list[SnapshotNo]:
+    query = "SELECT n FROM snapshots WHERE volume = ? AND root = ? AND n != ? ORDER BY n"
+    return [SnapshotNo(n) for (n,) in conn.execute(query, (volume, root, but))]
+
+
+def previous_snapshot_root(conn: sqlite3.Connection, volume: str, n: int) -> BlobId | None:
+    query = "SELECT root FROM snapshots WHERE volume = ? AND n < ? ORDER BY n DESC LIMIT 1"
+    row = conn.execute(query, (volume, n)).fetchone()
+    return None if row is None else BlobId(bytes(row[0]))
+
+
+def next_snapshot_after(conn: sqlite3.Connection, volume: str, n: int) -> SnapshotNo | None:
+    row = conn.execute("SELECT MIN(n) FROM snapshots WHERE volume = ? AND n > ?", (volume, n)).fetchone()
+    return None if row is None or row[0] is None else SnapshotNo(row[0])
 
 
 def delete_snapshot(conn: sqlite3.Connection, volume: str, n: SnapshotNo) -> None:

@@ -116,6 +116,14 @@ NOUNS = {
 NAME = Arg("name", metavar="NAME")
 JSON_LIST = Arg("--json", action="store_true", help="print one JSON list")
 JSON_OBJECT = Arg("--json", action="store_true", help="print one JSON object")
+LIMIT = Arg("--limit", metavar="N", help="at most N entries (an integer >= 1)")
+AFTER = Arg("--after", metavar="NAME", help="only names sorting after NAME (a cursor: it need not exist)")
+AFTER_N = Arg("--after", metavar="N", help="only snapshots numbered above N (it need not exist)")
+PAGING = (
+    "Entries come sorted; --limit N and --after LAST page through them (the next page\n"
+    "starts after the last name printed). A figure marked ~ (listed in --json's pending)\n"
+    "is an estimate until counted: `casfs gc` or `casfs fsck --repair` count them all."
+)
 DEST = Arg("dest", metavar="DEST", help="must not exist (or be an empty directory)")
 EXPORT_FORMAT = Arg("--format", choices=("auto", "raw", "dir", "tar"), default="auto")
 
@@ -181,7 +189,14 @@ GRAMMAR = (
         "An OCI image has every blob checked against its digest and each layer's content\n"
         "against its diff_id, and its layers applied in order (whiteouts, opaque directories).",
     ),
-    Row("image", "ls", images.cmd_ls, "list images with their logical, stored and unique bytes", [JSON_LIST]),
+    Row(
+        "image",
+        "ls",
+        images.cmd_ls,
+        "list images with their logical, stored and unique bytes",
+        [JSON_LIST, LIMIT, AFTER],
+        PAGING,
+    ),
     Row("image", "info", images.cmd_info, "show one image", [NAME, JSON_OBJECT]),
     Row(
         "image",
@@ -259,8 +274,9 @@ GRAMMAR = (
         "volume",
         "ls",
         volumes.cmd_ls,
-        "list volumes with their logical, stored and unique bytes",
-        [JSON_LIST],
+        "list volumes with their logical, stored, written and unique bytes",
+        [JSON_LIST, LIMIT, AFTER],
+        PAGING,
     ),
     Row("volume", "info", volumes.cmd_info, "show one volume", [NAME, JSON_OBJECT]),
     Row(
@@ -335,7 +351,8 @@ GRAMMAR = (
         "ls",
         snapshots.cmd_ls,
         "list a volume's snapshots",
-        [Arg("volume", metavar="VOL"), JSON_LIST],
+        [Arg("volume", metavar="VOL"), JSON_LIST, LIMIT, AFTER_N],
+        PAGING,
     ),
     Row(
         "snapshot",

@@ -6,7 +6,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from casfs.cli.output import Progress, check_unreadable, keyvalues, phase, print_json, ratio, table, when
+from casfs.cli.output import Progress, figure, keyvalues, page, phase, print_json, ratio, table, when
 from casfs.cli.store import open_store, store_footer
 from casfs.units import format_size, parse_size
 
@@ -20,14 +20,12 @@ if TYPE_CHECKING:
 
 def _doc(repo: Repository, info: ImageInfo) -> dict[str, Any]:
     from casfs.images import image_users
-    from casfs.refcount.usage import image_usage
+    from casfs.refcount.accounts import image_figures
 
-    u = image_usage(repo, info.name)
     return {
         **info.to_json(),
-        **u.to_json(),
+        **image_figures(repo, info.name).to_json(),
         "volumes": image_users(repo.conn, info.name),
-        "unreadable_blobs": u.unreadable,
     }
 
 
@@ -78,9 +76,13 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     from casfs.images import list_images
+    from casfs.refcount.accounts import settle
 
+    after, limit = page(args)
     with open_store(args) as repo:
-        docs = [_doc(repo, i) for i in list_images(repo)]
+        infos = list_images(repo, after=after, limit=limit)
+        settle(repo, [f"image:{i.name}" for i in infos])
+        docs = [_doc(repo, i) for i in infos]
         if args.json:
             print_json(docs)
         else:
@@ -90,8 +92,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
                     d["kind"],
                     d["phase"],
                     format_size(d["size"]),
-                    format_size(d["stored"]),
-                    format_size(d["unique"]),
+                    figure(d, "stored"),
+                    figure(d, "unique"),
                     ratio(d["logical"], d["stored"]),
                     ",".join(d["volumes"]) or "-",
                 ]
@@ -102,8 +104,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 rows,
                 right=["SIZE", "STORED", "UNIQUE", "RATIO"],
             )
-            store_footer(repo)
-        check_unreadable(docs)
+            store_footer(repo, docs)
     return 0
 
 
@@ -121,8 +122,8 @@ def cmd_info(args: argparse.Namespace) -> int:
                     ("kind", d["kind"]),
                     ("phase", phase(d)),
                     ("size", f"{format_size(d['size'])} ({d['size']} bytes)"),
-                    ("stored", f"{format_size(d['stored'])} ({d['stored']} bytes)"),
-                    ("unique", f"{format_size(d['unique'])} ({d['unique']} bytes, freed by rm + gc)"),
+                    ("stored", f"{figure(d, 'stored')} ({d['stored']} bytes)"),
+                    ("unique", f"{figure(d, 'unique')} ({d['unique']} bytes, freed by rm + gc)"),
                     ("ratio", f"{ratio(d['logical'], d['stored'])} (logical / stored)"),
                     ("chunk size", format_size(d["chunk_size"])),
                     ("source", d["source"]),
@@ -134,7 +135,6 @@ def cmd_info(args: argparse.Namespace) -> int:
                     *_oci_lines(d["oci"]),
                 ]
             )
-        check_unreadable([d])
     return 0
 
 

@@ -103,6 +103,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     import dataclasses
 
     from casfs.lifecycle.queue import job_slot
+    from casfs.refcount.accounts import refresh
     from casfs.refcount.gc import gc
     from casfs.store.reserve import short_of_room
     from casfs.upkeep.ephemeral import expire
@@ -112,6 +113,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         expired = expire(repo, kept=kept)  # first: what they held is freed by this gc
         report = gc(repo, small_rounds=short_of_room(repo.path, reserve_size(repo)))
         repacked, reclaimed = _repack(repo, args.repack_below)
+        counted = refresh(repo)  # (after gc: no garbage left for the counts to walk)
         keep_reserve(repo)  # (last: the repack may have needed the room)
     for why in kept:
         warn(f"ephemeral volume {why}: kept")
@@ -122,6 +124,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
                 "expired_volumes": expired,
                 "packs_repacked": repacked,
                 "bytes_repacked": reclaimed,
+                "figures_counted": counted,
             }
         )
     else:

@@ -61,6 +61,29 @@ def ratio(logical: int, stored: int) -> str:
     return f"{r:.2f}x" if r < 100 else f"{r:.0f}x" if r < 10_000 else ">9999x"
 
 
+def figure(d: dict[str, Any], key: str) -> str:
+    """A size from a figures document: marked ~ while it is an estimate (pending)."""
+    return ("~" if key in d.get("pending", ()) else "") + format_size(d[key])
+
+
+def page(args: Any, numbered: bool = False) -> tuple[str | None, int | None]:
+    """--after and --limit of a listing: (cursor, limit). A cursor need not exist (a
+    paging loop goes on past a name removed meanwhile), but it must be a name (or, for
+    snapshots, a number) that could exist."""
+    from casfs.errors import UsageError
+    from casfs.units import check_name
+
+    limit = args.limit
+    if limit is not None and (not limit.isdigit() or int(limit) < 1):
+        raise UsageError(f"invalid --limit {limit!r}: expected an integer >= 1")
+    after = args.after
+    if after is not None and numbered and not after.isdigit():
+        raise UsageError(f"invalid --after {after!r}: expected a snapshot number")
+    if after is not None and not numbered:
+        check_name(after, "--after")
+    return after, None if limit is None else int(limit)
+
+
 def count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
@@ -82,12 +105,6 @@ def error(msg: str) -> None:
 
 def warn(msg: str) -> None:
     print(f"casfs: warning: {msg}", file=sys.stderr)
-
-
-def check_unreadable(docs: Sequence[dict[str, Any]]) -> None:
-    bad = sum(d["unreadable_blobs"] for d in docs)
-    if bad:
-        warn(f"{bad} metadata blob(s) could not be read, sizes are lower bounds: run `casfs fsck`")
 
 
 class Progress:

@@ -13,8 +13,9 @@ from casfs.units import format_size
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
     from pathlib import Path
+    from typing import Any
 
     from casfs.repo import Repository
 
@@ -36,9 +37,30 @@ def open_store(args: argparse.Namespace, frees: bool = False) -> Iterator[Reposi
     try:
         for message in recover(repo):
             print(f"casfs: recovered: {message}", file=sys.stderr)
+        _count_figures(repo)
         yield repo
     finally:
         _close(repo)
+
+
+def _count_figures(repo: Repository) -> None:
+    """After the upgrade to format 10 (or a crash during this): every figure counted
+    once, with progress on a terminal. One indexed read otherwise."""
+    from casfs.catalog import meta_value, set_meta, transaction
+
+    if meta_value(repo.conn, "figures.recount") is None:
+        return
+    from casfs.refcount.accounts import refresh
+
+    def progress(done: int, total: int) -> None:
+        sys.stderr.write(f"\r\x1b[Kcounting space figures (format 10): {done}/{total}")
+        sys.stderr.flush()
+
+    refresh(repo, progress if sys.stderr.isatty() else None)
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\x1b[K")
+    with transaction(repo.conn):
+        set_meta(repo.conn, "figures.recount", None)
 
 
 # The `casfs` program (cli.run) ends with os._exit right after its command: a store
@@ -81,9 +103,12 @@ def _wal_bytes(repo: Repository) -> int:
         return 0
 
 
-def store_footer(repo: Repository) -> None:
+def store_footer(repo: Repository, docs: Sequence[dict[str, Any]] = ()) -> None:
+    """The totals line under a listing, and what the ~ of its rows means."""
     from casfs.refcount.usage import store_usage
 
+    if any(d.get("pending") for d in docs):
+        print("~ an estimate, not counted since a change (`casfs gc` counts every figure)")
     s = store_usage(repo)
     garbage = f", {format_size(s.garbage)} garbage (`casfs gc`)" if s.garbage else ""
     print(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from casfs.cli.output import check_unreadable, keyvalues, phase, print_json, ratio, table, warn, when
+from casfs.cli.output import figure, keyvalues, page, phase, print_json, ratio, table, warn, when
 from casfs.cli.store import check_dest, open_store, store_footer
 from casfs.errors import UsageError
 from casfs.units import format_duration, format_size, parse_duration, parse_size
@@ -18,15 +18,13 @@ if TYPE_CHECKING:
     from casfs.volumes import VolumeInfo
 
 
-def _doc(repo: Repository, info: VolumeInfo) -> dict[str, Any]:
-    from casfs.refcount.usage import volume_usage
+def _docs(repo: Repository, infos: list[VolumeInfo]) -> list[dict[str, Any]]:
+    """Each volume's fields and kept figures (pending ones settled within the budget)."""
+    from casfs.refcount.accounts import settle, volume_listing
 
-    u = volume_usage(repo, info.name)
-    return {
-        **info.to_json(),
-        **u.to_json(),
-        "unreadable_blobs": u.unreadable,
-    }
+    settle(repo, [f"volume:{v.name}" for v in infos])
+    figures = volume_listing(repo, [v.name for v in infos])
+    return [{**v.to_json(), **figures[v.name].to_json()} for v in infos if v.name in figures]
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -54,8 +52,9 @@ def cmd_create(args: argparse.Namespace) -> int:
 def cmd_ls(args: argparse.Namespace) -> int:
     from casfs.volumes import list_volumes
 
+    after, limit = page(args)
     with open_store(args) as repo:
-        docs = [_doc(repo, v) for v in list_volumes(repo)]
+        docs = _docs(repo, list_volumes(repo, after=after, limit=limit))
         if args.json:
             print_json(docs)
         else:
@@ -67,8 +66,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
                     d["phase"],
                     str(d["owner_pid"] or "-"),
                     format_size(d["size"]),
-                    format_size(d["stored"]),
-                    format_size(d["unique"]),
+                    figure(d, "stored"),
+                    figure(d, "written"),
+                    figure(d, "unique"),
                     ratio(d["logical"], d["stored"]),
                     d["origin"],
                     str(len(d["snapshots"])),
@@ -84,16 +84,16 @@ def cmd_ls(args: argparse.Namespace) -> int:
                     "PID",
                     "SIZE",
                     "STORED",
+                    "WRITTEN",
                     "UNIQUE",
                     "RATIO",
                     "ORIGIN",
                     "SNAPSHOTS",
                 ],
                 rows,
-                right=["SIZE", "STORED", "UNIQUE", "RATIO", "SNAPSHOTS"],
+                right=["SIZE", "STORED", "WRITTEN", "UNIQUE", "RATIO", "SNAPSHOTS"],
             )
-            store_footer(repo)
-        check_unreadable(docs)
+            store_footer(repo, docs)
     return 0
 
 
@@ -101,7 +101,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from casfs.volumes import describe_unsaved, get_volume
 
     with open_store(args) as repo:
-        d = _doc(repo, get_volume(repo, args.name))
+        [d] = _docs(repo, [get_volume(repo, args.name)])
         replicas = _replica_lines(repo, d)
         if args.json:
             print_json(d)
@@ -115,8 +115,9 @@ def cmd_info(args: argparse.Namespace) -> int:
                     ("origin", d["origin"]),
                     ("size", f"{format_size(d['size'])} ({d['size']} bytes)"),
                     ("logical", f"{format_size(d['logical'])} (the volume and its snapshots)"),
-                    ("stored", f"{format_size(d['stored'])} ({d['stored']} bytes)"),
-                    ("unique", f"{format_size(d['unique'])} ({d['unique']} bytes, freed by rm + gc)"),
+                    ("stored", _exact(d, "stored", "")),
+                    ("written", _exact(d, "written", ", not in its origin")),
+                    ("unique", _exact(d, "unique", ", freed by rm + gc")),
                     ("ratio", f"{ratio(d['logical'], d['stored'])} (logical / stored)"),
                     ("local", _local(repo, d["local"])),
                     ("chunk size", format_size(d["chunk_size"])),
@@ -129,8 +130,13 @@ def cmd_info(args: argparse.Namespace) -> int:
                     *replicas,
                 ]
             )
-        check_unreadable([d])
     return 0
+
+
+def _exact(d: dict[str, Any], key: str, what: str) -> str:
+    """A figure for `info`, with its bytes and whether it is an estimate."""
+    pending = " (an estimate: `casfs gc` counts it)" if key in d["pending"] else ""
+    return f"{figure(d, key)} ({d[key]} bytes{what}){pending}"
 
 
 def _local(repo: Repository, local: int) -> str | None:

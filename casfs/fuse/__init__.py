@@ -3,7 +3,7 @@
     inodes.py      (view, inode) <-> FUSE inode numbers; lookup counts and forget
     operations.py  the pyfuse3.Operations adapter: translate, call a view, map errors
     control.py     the user.casfs.* xattr control plane, as a table (no SQL: it asks
-                   casfs.volumes, casfs.images and casfs.refcount.usage)
+                   casfs.volumes, casfs.images and casfs.refcount.accounts)
     daemon.py      serve(cfg): the mounted daemon's lifetime (exit stack, nursery, signals)
     launcher.py    starting the daemon (ready pipe), its run files, `casfs umount`
     mountinfo.py   /proc/self/mountinfo: what is mounted where, without a stat

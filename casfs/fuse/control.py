@@ -22,7 +22,7 @@ on set; a name asked of something it does not apply to: ENODATA; a bad value: EI
 
 Slow work (usage walks, digests, catalog writes, syncfs) runs in worker threads;
 catalog writes go through one CatalogWriter (its own connection, one thread at a time).
-No SQL here: getters read through casfs.volumes, casfs.images and casfs.refcount.usage.
+No SQL here: getters read through casfs.volumes, casfs.images and casfs.refcount.accounts.
 """
 
 from __future__ import annotations
@@ -227,17 +227,19 @@ class ControlPlane:
         s = t.subject
         if s is None:
             raise nodata()
-        from casfs.refcount import usage as u
+        from casfs.refcount import accounts as a
 
         def work(repo: Repository) -> int:
+            # The kept figure, settled first within the budget if pending (a write
+            # transaction then: a worker thread's own connection).
             if s.what == "volume":
-                return u.volume_usage(repo, s.name).unique
+                return a.volume_figures(repo, s.name).unique
             if s.what == "image":
-                return u.image_usage(repo, s.name).unique
+                return a.image_figures(repo, s.name).unique
             assert s.n is not None
-            return u.snapshot_usage(repo, s.name, s.n).unique
+            return a.snapshot_figures(repo, s.name, s.n).unique
 
-        # The reader's repository: usage() takes per-thread connections and only reads.
+        # The reader's repository: per-thread connections.
         unique = await trio.to_thread.run_sync(work, self.repo)
         return str(unique).encode()
 

@@ -15,6 +15,8 @@ operation in progress and then let it go on (SIGCONT).
     fold:after-publish     the fold's snapshot committed, its upper files not yet deleted
     gc:after-commit        a gc round's rows are deleted, its blobs not yet
     scrub:after-root       a scrub saved its progress after a root (resumes after it)
+    import:after-commit    an import committed, its figures not yet counted (no row: pending)
+    figures:counted        a settle counted figures, not yet written (refcount.accounts)
 
 `CASFS_SLOW_IMPORT_S=SECONDS` makes an import sleep that long once it runs (phase
 importing, in its job slot): a slow import without a big source, for queue tests.

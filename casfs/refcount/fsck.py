@@ -18,6 +18,9 @@ a `sample` fraction of data blobs (re-hashing is the expensive part), and report
               the children it sees are not the ones the row holds references on
   logical     an image's, volume's or snapshot's recorded size differs from what its
               root holds (refcount.logical); repair sets the recomputed one
+  figures     a kept space figure (refcount.figures) or the blob totals differ from
+              their count (a pending figure is no problem); repair keeps the counts,
+              pending ones too
 
 Consistency: the rows, the roots and the file list are read in one read transaction
 while fsck holds the store's lock exclusively, so no batch is between publishing its
@@ -60,7 +63,16 @@ if TYPE_CHECKING:
     from casfs.repo import Repository
 
 ProblemKind = Literal[
-    "missing", "corrupt", "miscounted", "dangling", "orphan", "size", "kind", "logical", "cache"
+    "missing",
+    "corrupt",
+    "miscounted",
+    "dangling",
+    "orphan",
+    "size",
+    "kind",
+    "logical",
+    "figures",
+    "cache",
 ]
 
 READ_WORKERS = 4
@@ -145,6 +157,7 @@ def fsck(
         _check_file_cache(repo, report)
         if repair and report.problems:
             _repair(repo, conn, plan, report)
+        _check_figures(repo, report, repair)
     report.problems.sort(key=lambda p: (p.kind, p.blob))
     return report
 
@@ -339,6 +352,14 @@ def _check_logical(repo: Repository, conn: sqlite3.Connection, report: FsckRepor
     for m in found:
         message = f"{m.what}: size {m.recorded} recorded, its root holds {m.actual} bytes"
         report.problems.append(Problem("logical", "", message, repaired=repair))
+
+
+def _check_figures(repo: Repository, report: FsckReport, repair: bool) -> None:
+    """After the refcounts' repair: figures are counted from the counts."""
+    from casfs.refcount.accounts import audit
+
+    for drift in audit(repo, repair=repair and not report.incomplete):
+        report.problems.append(Problem("figures", "", str(drift), repaired=repair and not report.incomplete))
 
 
 def _repair(repo: Repository, conn: sqlite3.Connection, plan: _Plan, report: FsckReport) -> None:

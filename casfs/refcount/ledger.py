@@ -47,6 +47,7 @@ class Batch:
         self.new: dict[BlobId, tuple[BlobKind, int, int, Counter[BlobId]]] = {}
         self.stored_bytes = 0
         self.reused = 0
+        self.revived = 0  # staged again over a garbage row (refcount.figures: a dedup of sorts)
         self.closed = False
         # Found damaged by a read: stored again, not deduplicated against (heals them).
         self.damaged = repo.blobs.damaged()
@@ -93,12 +94,14 @@ class Batch:
         asked = [bid for bid in fresh if bid not in self.damaged]
         # The catalog first (one query for the group: a fold's chunks are mostly new);
         # a live row whose bytes the store lacks is stored again.
-        rows = blob_rows.rows_of(self.repo.conn, asked) if asked else ()
+        rows = list(blob_rows.rows_of(self.repo.conn, asked)) if asked else []
         live = {bid for bid, row in rows if row.refs > 0 and self.repo.blobs.has(bid)}
-        if heal or live:
+        dead = sum(1 for _, row in rows if row.refs <= 0)
+        if heal or live or dead:
             with self._mutex:
                 self.healed.update(heal)
                 self.reused += len(live)
+                self.revived += dead
         return [bid for bid in fresh if bid not in live]
 
     def _staged(
@@ -121,6 +124,12 @@ class Batch:
             if bid not in self.new:
                 self.new[bid] = (kind, size, stored, kids)
                 self.stored_bytes += stored
+
+    @property
+    def shared(self) -> bool:
+        """Whether it used blobs stored before (dedup) or revived garbage: their holders
+        may now share them (refcount.figures)."""
+        return bool(self.reused or self.revived or self.healed)
 
     def put_kind(self, plain: bytes, kind: BlobKind) -> BlobId:
         """put() with the (plain, kind) order chunkmap.Put expects."""

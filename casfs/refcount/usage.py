@@ -1,72 +1,34 @@
-"""Space accounting: what a set of roots costs the store, and what removing it would free.
+"""Space accounting by walks: what a set of roots reaches, what removing them would
+free, and the store's totals. The walks are the counts behind the kept figures
+(refcount.accounts, which listings read instead); each takes a Budget of blob rows.
 
-For roots R (an image's root; a volume's base plus its snapshots' roots):
+  reach           every blob reachable from the roots, with its row (stored bytes: a sum)
+  garbage_holds   the references rows at refs 0 hold (and the rows only they hold):
+                  left out of unique figures, so that gc changes none
+  unique_bytes    gc's cascade from the roots, simulated, visiting only what it frees
 
-  logical   the sizes the catalog records for those roots, added up (a volume with two
-            snapshots counts three states: what they would take without casfs)
-  stored    bytes on disk of every blob reachable from R, each blob counted once
-  unique    bytes on disk that removing R would free: gc's cascade, simulated. A blob is
-            freed when every reference it holds (`blobs.refs`) comes from R itself or
-            from blobs that are freed in turn, multiplicity counted.
-
-The walk reads only metadata blobs (trees and chunk maps), through the repository's
-verified cache; data chunks are never read. A mounted volume's overlay chunks count as
-roots of logical size 0 (their bytes are counted when a snapshot folds them in).
+The walks read only metadata blobs (trees and chunk maps), through the repository's
+verified cache; data chunks are never read.
 """
 
 from __future__ import annotations
 
-import sqlite3
+import contextlib
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from casfs.catalog import blobs as blob_rows
 from casfs.catalog import images as image_rows
-from casfs.catalog import overlay as overlay_rows
 from casfs.catalog import volumes as volume_rows
 from casfs.errors import Corruption
-from casfs.ids import SnapshotNo
 from casfs.kinds import BlobKind
 from casfs.snapshots.children import children
-from casfs.store import uppers
 from casfs.store.ids import ZERO_ID, BlobId
 
 if TYPE_CHECKING:
     from casfs.repo import Repository  # (types only: repo sits above refcount's ledger)
-
-
-@dataclass(frozen=True)
-class Root:
-    blob: BlobId
-    size: int  # logical bytes the catalog records for this root
-
-
-@dataclass(frozen=True)
-class Usage:
-    logical: int
-    stored: int
-    unique: int
-    unreadable: int = 0  # metadata blobs that could not be read: the figures are a lower bound
-    # A volume's upper files: written since its last fold, on this host's disk only (for
-    # a store on S3, not yet uploaded); part of stored and unique.
-    local: int = 0
-
-    @property
-    def ratio(self) -> float:
-        """Logical bytes per stored byte (holes, compression and dedup together)."""
-        return self.logical / self.stored if self.stored else 0.0
-
-    def to_json(self) -> dict[str, int | float]:
-        """The figures as `ls --json` and `info --json` show them (unreadable_blobs apart)."""
-        return {
-            "logical": self.logical,
-            "stored": self.stored,
-            "unique": self.unique,
-            "ratio": round(self.ratio, 3),
-            "local": self.local,
-        }
 
 
 @dataclass(frozen=True)
@@ -84,15 +46,37 @@ class StoreUsage:
         return self.logical / self.stored if self.stored else 0.0
 
 
-def usage(repo: Repository, roots: Iterable[Root]) -> Usage:
-    roots = list(roots)
+class OverBudget(Exception):
+    """A walk would read more blobs than it was allowed (casfs.refcount.figures keeps
+    the figure pending instead)."""
+
+
+class Budget:
+    """How many blob rows a walk may still look up; None: no limit."""
+
+    def __init__(self, blobs: int | None = None) -> None:
+        self.left = blobs
+
+    def spend(self, n: int) -> None:
+        if self.left is not None:
+            self.left -= n
+            if self.left < 0:
+                raise OverBudget
+
+
+def reach(
+    repo: Repository, roots: Iterable[BlobId], budget: Budget | None = None
+) -> tuple[dict[BlobId, blob_rows.BlobRow], dict[BlobId, Counter[BlobId]], int]:
+    """Every blob reachable from `roots` with its row, each metadata blob's children
+    (with multiplicity), and how many metadata blobs could not be read."""
     conn = repo.conn
-    root_refs: Counter[BlobId] = Counter(r.blob for r in roots if r.blob != ZERO_ID)
     rows: dict[BlobId, blob_rows.BlobRow] = {}
-    edges: dict[BlobId, Counter[BlobId]] = {}  # metadata blob -> children with multiplicity
+    edges: dict[BlobId, Counter[BlobId]] = {}
     unreadable = 0
-    frontier = list(root_refs)
+    frontier = list(dict.fromkeys(r for r in roots if r != ZERO_ID))
     while frontier:
+        if budget is not None:
+            budget.spend(len(frontier))
         found = dict(blob_rows.rows_of(conn, [b for b in frontier if b not in rows]))
         rows.update(found)
         nxt: list[BlobId] = []
@@ -107,46 +91,69 @@ def usage(repo: Repository, roots: Iterable[Root]) -> Usage:
             edges[bid] = kids
             nxt.extend(c for c in kids if c not in rows)
         frontier = list(dict.fromkeys(nxt))
+    return rows, edges, unreadable
 
-    # gc's cascade on a copy of the counts: drop the roots' references, free what reaches 0.
-    remaining = {bid: row.refs - root_refs[bid] for bid, row in rows.items()}
-    queue = [bid for bid, n in remaining.items() if n == 0 and bid in root_refs]
-    freed: set[BlobId] = set()
+
+def garbage_holds(repo: Repository, budget: Budget | None = None) -> Counter[BlobId]:
+    """The references that garbage holds: rows at refs 0, and the rows only garbage
+    references (gc's cascade, simulated), counted on each child they name. A unique
+    figure leaves these out, so that gc, which frees them, changes no figure."""
+    conn = repo.conn
+    holds: Counter[BlobId] = Counter()
+    queue = [(bid, kind) for bid, kind, _ in blob_rows.garbage(conn, -1)]
     while queue:
-        bid = queue.pop()
-        freed.add(bid)
-        for child, n in edges.get(bid, Counter()).items():
-            if child in remaining:
-                remaining[child] -= n
-                if remaining[child] == 0:
-                    queue.append(child)
-    return Usage(
-        logical=sum(r.size for r in roots),
-        stored=sum(row.stored for row in rows.values()),
-        unique=sum(rows[b].stored for b in freed),
-        unreadable=unreadable,
-    )
+        if budget is not None:
+            budget.spend(len(queue))
+        kids: Counter[BlobId] = Counter()
+        for bid, kind in queue:
+            if kind == BlobKind.DATA:
+                continue
+            with contextlib.suppress(Corruption, ValueError):
+                kids.update(c for c, _ in children(kind, repo.get_meta(bid)))
+        kids.pop(ZERO_ID, None)
+        holds.update(kids)
+        queue = [
+            (bid, row.kind)
+            for bid, row in blob_rows.rows_of(conn, list(kids))
+            if row.refs > 0 and row.refs - holds[bid] <= 0 and row.refs - holds[bid] + kids[bid] > 0
+        ]
+    return holds
 
 
-def image_roots(conn: sqlite3.Connection, name: str) -> list[Root]:
-    row = image_rows.image_row(conn, name)
-    out = [Root(row.root, row.size)] if row is not None and row.root is not None else []
-    return out + [Root(r, 0) for r in image_rows.chain_roots(conn, name)]  # (an OCI image's first layers)
-
-
-def volume_roots(conn: sqlite3.Connection, name: str) -> list[Root]:
-    """A volume's base, its snapshots' roots and its overlay's chunks (each chunk holds
-    a reference of its own until a snapshot folds it into the base)."""
-    row = volume_rows.volume_row(conn, name)
-    out = [Root(row.base, row.size)] if row is not None else []
-    out += [Root(s.root, s.size) for s in volume_rows.snapshot_rows(conn, name)]
-    out += [Root(c, 0) for c in volume_rows.overlay_chunks(conn, name)]
-    return out
-
-
-def snapshot_roots(conn: sqlite3.Connection, volume: str, n: SnapshotNo) -> list[Root]:
-    row = volume_rows.snapshot_row(conn, volume, n)
-    return [Root(row.root, row.size)] if row is not None else []
+def unique_bytes(
+    repo: Repository, roots: Iterable[BlobId], held: Counter[BlobId], budget: Budget | None = None
+) -> int:
+    """Stored bytes that removing the root references `roots` (with multiplicity) and
+    running gc would free: gc's cascade, simulated, visiting only what it frees (a clone
+    that shares everything costs one row). `held`: garbage_holds()."""
+    conn = repo.conn
+    drop: Counter[BlobId] = Counter(r for r in roots if r != ZERO_ID)
+    rows: dict[BlobId, blob_rows.BlobRow] = {}
+    freed: set[BlobId] = set()
+    todo = list(drop)
+    total = 0
+    while todo:
+        if budget is not None:
+            budget.spend(len(todo))
+        rows.update(blob_rows.rows_of(conn, [b for b in todo if b not in rows]))
+        gone = [b for b in todo if b not in freed and b in rows and rows[b].refs - held[b] - drop[b] <= 0]
+        todo = []
+        for bid in gone:
+            freed.add(bid)
+            row = rows[bid]
+            total += row.stored
+            if row.kind == BlobKind.DATA:
+                continue
+            try:
+                kids = Counter(c for c, _ in children(row.kind, repo.get_meta(bid)))
+            except (Corruption, ValueError):
+                continue
+            kids.pop(ZERO_ID, None)
+            for child, n in kids.items():
+                drop[child] += n
+                todo.append(child)
+        todo = list(dict.fromkeys(todo))
+    return total
 
 
 def store_usage(repo: Repository) -> StoreUsage:
@@ -163,23 +170,3 @@ def store_usage(repo: Repository) -> StoreUsage:
         volumes=volumes,
         snapshots=snapshots,
     )
-
-
-# The usage of one image, volume (with its snapshots) or snapshot: the CLI listings and
-# the control plane's user.casfs.unique read these.
-
-
-def image_usage(repo: Repository, name: str) -> Usage:
-    return usage(repo, image_roots(repo.conn, name))
-
-
-def volume_usage(repo: Repository, name: str) -> Usage:
-    """The volume's blobs, and its upper files: data written since the base, not yet
-    folded into blobs, is stored (locally) and unique to it."""
-    found = usage(repo, volume_roots(repo.conn, name))
-    local = uppers.local_bytes(repo.path, name, [u.epoch for u in overlay_rows.uppers(repo.conn, name)])
-    return replace(found, stored=found.stored + local, unique=found.unique + local, local=local)
-
-
-def snapshot_usage(repo: Repository, volume: str, n: SnapshotNo) -> Usage:
-    return usage(repo, snapshot_roots(repo.conn, volume, n))

@@ -30,7 +30,7 @@ from casfs.errors import Busy, Conflict, NotFound, UsageError
 from casfs.ids import InodeNo, SnapshotNo
 from casfs.kinds import BlobKind, VolumeKind, block_size_refusal
 from casfs.lifecycle.phases import VolumePhase
-from casfs.refcount import ledger
+from casfs.refcount import figures, ledger
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
 
@@ -214,3 +214,4 @@ def land(conn: sqlite3.Connection, name: str, offer: Offer, plan: Plan, source: 
     )
     rows.set_next_snapshot(conn, name, SnapshotNo(offer.n + 1))
     rows.add_provenance(conn, name, rows.Provenance(offer.n, offer.made_by, source, time.time()))
+    figures.changed(conn, [f"volume:{name}", f"snapshot:{name}@{offer.n}"])

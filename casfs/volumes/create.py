@@ -16,7 +16,7 @@ from casfs.kinds import BlobKind, VolumeKind, block_size_refusal, chunk_size_ref
 from casfs.lifecycle import pids
 from casfs.lifecycle.faults import fault_point
 from casfs.lifecycle.phases import VolumePhase, give_volume, take_volume
-from casfs.refcount import ledger
+from casfs.refcount import figures, ledger
 from casfs.repo import Repository
 from casfs.store.ids import ZERO_ID
 from casfs.units import check_name, parse_snapshot_ref
@@ -115,6 +115,7 @@ def create_volume(
         if kind == VolumeKind.BLOCK and mode == "rw":
             check_block_size(size)  # (a read-only clone keeps no upper file: any size reads)
         ledger.retain(conn, [base])
+        source_subject = origin if source.image is not None else f"snapshot:{vol}@{n}"
         rows.insert_volume(
             conn,
             name,
@@ -130,6 +131,7 @@ def create_volume(
             owner_pid=None,
             grace_s=grace_s,
         )
+        figures.cloned(conn, name, base, source_subject)
     fault_point("create:after-commit")
     return get_volume(repo, name), True
 
@@ -197,12 +199,18 @@ def _create_blank(
             def finish(c: sqlite3.Connection) -> None:
                 rows.set_base(c, name, base)
                 give_volume(c, name, VolumePhase.CREATING, os.getpid())
+                figures.new_subject(c, f"volume:{name}")
+                if batch.shared:  # (a blank base of that size was stored already: now shared)
+                    figures.shared_unknown(c)
 
             batch.commit({base: 1}, then=finish)
     except BaseException:
         with transaction(conn):
             rows.delete_in_phase(conn, name, VolumePhase.CREATING, os.getpid())
         raise
+    from casfs.refcount.accounts import settle  # (a blank base is a few blobs: counted at once)
+
+    settle(repo, [f"volume:{name}"])
     return get_volume(repo, name), True
 
 
@@ -246,8 +254,10 @@ def finish_delete(repo: Repository, name: str) -> bool:
         row = rows.volume_row(conn, name)
         if row is None or row.phase != VolumePhase.DELETING:
             return False
-        ledger.release(conn, rows.held_roots(conn, name))
+        held = rows.held_roots(conn, name)
+        ledger.release(conn, held)
         rows.delete_volume(conn, name)
+        figures.volume_removed(conn, name, held)
     from casfs.store import uppers  # (here: shutil and pathlib are not a clone's)
 
     uppers.remove_all(repo.path, name)  # (left-overs of a crash here: gc removes them)

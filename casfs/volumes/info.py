@@ -129,7 +129,7 @@ def _json(text: str) -> Any:
     return json.loads(text)
 
 
-def _info(conn: sqlite3.Connection, row: VolumeRow) -> VolumeInfo:
+def _info(conn: sqlite3.Connection, row: VolumeRow, snapshots: list[SnapshotNo] | None = None) -> VolumeInfo:
     return VolumeInfo(
         row.name,
         row.kind,
@@ -140,7 +140,7 @@ def _info(conn: sqlite3.Connection, row: VolumeRow) -> VolumeInfo:
         row.chunk_size,
         row.base.hex(),
         row.created,
-        rows.snapshot_numbers(conn, row.name),
+        rows.snapshot_numbers(conn, row.name) if snapshots is None else snapshots,
         row.owner_pid,
         row.grace_s,
         row.last_used,
@@ -158,9 +158,13 @@ def describe_unsaved(note: dict[str, Any]) -> str:
     return f"its last mount (pid {note.get('pid')}, {when}) could not save {lost}: {note.get('error')}"
 
 
-def list_volumes(repo: Repository) -> list[VolumeInfo]:
+def list_volumes(repo: Repository, after: str | None = None, limit: int | None = None) -> list[VolumeInfo]:
+    """Volumes by name: those after `after` (a cursor, which need not exist), at most
+    `limit`. A few queries whatever the count (not one per volume)."""
     conn = repo.conn
-    return [_info(conn, r) for r in rows.volume_rows(conn)]
+    page = rows.volume_page(conn, after, limit)
+    numbers = rows.snapshot_lists(conn, [r.name for r in page])
+    return [_info(conn, r, numbers[r.name]) for r in page]
 
 
 def get_volume(repo: Repository, name: str) -> VolumeInfo:

@@ -11,7 +11,7 @@ from casfs.errors import Busy, NotFound, UsageError
 from casfs.ids import ChunkNo, SnapshotNo
 from casfs.kinds import VolumeKind
 from casfs.lifecycle.phases import VolumePhase
-from casfs.refcount import ledger
+from casfs.refcount import figures, ledger
 from casfs.repo import Repository
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.volumes.create import check_block_size
@@ -35,6 +35,7 @@ def rollback(repo: Repository, volume: str, n: SnapshotNo) -> None:
         ledger.retain(conn, [snap.root])
         ledger.release(conn, [row.base])
         rows.set_base(conn, volume, snap.root, snap.size, snap.next_ino)
+        figures.changed(conn, [f"volume:{volume}"])
 
 
 def resize(repo: Repository, volume: str, size: int, allow_shrink: bool = False) -> int:
@@ -75,6 +76,7 @@ def resize(repo: Repository, volume: str, size: int, allow_shrink: bool = False)
                 raise Busy(f"volume {volume!r} changed while resizing; try again")
             ledger.release(conn, [base])
             rows.set_base(conn, volume, new_base, size)
+            figures.changed(conn, [f"volume:{volume}"])
 
         batch.commit({new_base: 1}, then=swap)
     return int(old_size)

@@ -12,7 +12,7 @@ from casfs.catalog import volumes as rows
 from casfs.errors import Busy, NotFound
 from casfs.ids import InodeNo, SnapshotNo
 from casfs.lifecycle.phases import VolumePhase
-from casfs.refcount import ledger
+from casfs.refcount import figures, ledger
 from casfs.repo import Repository
 from casfs.store.ids import BlobId
 from casfs.units import parse_snapshot_ref
@@ -26,7 +26,9 @@ def record_snapshot(
     """Add snapshot n+1 of `volume` with `root` (inside the caller's transaction): one
     reference on the root, whatever the volume's size."""
     ledger.retain(conn, [root])
-    return rows.add_snapshot(conn, volume, root, size, next_ino, label)
+    n = rows.add_snapshot(conn, volume, root, size, next_ino, label)
+    figures.snapshot_taken(conn, volume, n, root)
+    return n
 
 
 def create_snapshot(repo: Repository, volume: str, label: str | None = None) -> SnapshotNo:
@@ -70,6 +72,7 @@ def remove_snapshot(repo: Repository, ref: str, if_exists: bool = False) -> bool
             raise Busy(f"snapshot {volume}@{n} is in use by volume(s): {', '.join(users)}")
         ledger.release(conn, [snap.root])
         rows.delete_snapshot(conn, volume, n)
+        figures.snapshot_removed(conn, volume, n, snap.root)
     return True
 
 

@@ -12,7 +12,7 @@ from casfs.catalog import overlay
 from casfs.catalog import volumes as rows
 from casfs.ids import ROOT_INO, InodeNo
 from casfs.lifecycle.faults import fault_point
-from casfs.refcount import ledger
+from casfs.refcount import figures, ledger
 from casfs.snapshots import chunkmap
 from casfs.store.ids import ZERO_ID, BlobId
 from casfs.vfs.overlay.nodes import NO_LIMIT
@@ -62,6 +62,8 @@ class FrozenFold:
                 ledger.release(conn, [self.base])
                 rows.set_base(conn, volume, self.new_root, self.size, self.next_ino)
                 overlay.drop_upper(conn, volume, upper.epoch)
+                stored, shared = batch.stored_bytes, batch.shared
+                figures.folded(conn, volume, frozen.snapshot, self.base, self.new_root, stored, shared)
 
             batch.commit(then=publish)
         fault_point("fold:after-publish")

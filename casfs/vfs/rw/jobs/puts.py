@@ -21,7 +21,7 @@ from typing import TypeVar
 from casfs.catalog import overlay
 from casfs.catalog import volumes as rows
 from casfs.ids import ChunkNo, InodeNo, SnapshotNo
-from casfs.refcount import ledger
+from casfs.refcount import figures, ledger
 from casfs.repo import Repository
 from casfs.snapshots import chunkmap
 from casfs.store.ids import ZERO_ID, BlobId
@@ -55,9 +55,12 @@ def publish_fold(
         made.append(rows.add_snapshot(conn, volume, new_root, size, next_ino, label))
         ledger.retain(conn, [new_root, new_root])  # the snapshot's and the base's
         ledger.release(conn, [base])
-        ledger.release(conn, overlay.fold(conn, volume, new_root, size, next_ino, keep))
+        chunks = [c for c in overlay.fold(conn, volume, new_root, size, next_ino, keep) if c != ZERO_ID]
+        ledger.release(conn, chunks)
         if upper is not None:
             overlay.drop_upper(conn, volume, upper)
+        shared = batch.shared or bool(chunks)
+        figures.folded(conn, volume, made[-1], base, new_root, batch.stored_bytes, shared)
 
     batch.commit(then=publish)
     return made[-1]
