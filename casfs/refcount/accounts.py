@@ -19,15 +19,16 @@ from casfs.catalog import figures as kept
 from casfs.catalog import images as image_rows
 from casfs.catalog import read_transaction, transaction
 from casfs.catalog import volumes as volume_rows
+from casfs.errors import NotFound
 from casfs.ids import SnapshotNo
 from casfs.lifecycle.faults import fault_point
 from casfs.refcount.figures import origin_root, previous_root
-from casfs.repo import Repository
 from casfs.store.ids import BlobId
 
 if TYPE_CHECKING:  # (the walks' codecs and the upper files' module are imported where used:
     # a listing with nothing pending needs neither, and a command's start-up pays for each)
     from casfs.refcount import usage as u
+    from casfs.repo import Repository  # (types only: repo sits above refcount's ledger)
 
 # Blob rows a command may look up to settle pending figures (~5 µs each): enough for
 # subjects of a few GiB, bounded whatever the store holds.
@@ -79,9 +80,9 @@ def volume_figures(repo: Repository, name: str, budget: int | None = BUDGET) -> 
     pending; None: not settled), its sizes and its upper files. O(1) in the volume's
     size: the call the CSI plugin's ListVolumes, GetCapacity and NodeGetVolumeStats use.
     NotFound if there is no such volume."""
-    from casfs.volumes.info import volume_row
-
-    row = volume_row(repo.conn, name)
+    row = volume_rows.volume_row(repo.conn, name)
+    if row is None:
+        raise NotFound(f"no volume named {name!r}")
     if budget is not None:
         settle(repo, [kept.volume(name)], budget)
     return volume_listing(repo, [row.name])[row.name]
