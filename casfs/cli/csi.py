@@ -17,4 +17,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    return serve(store_path(args.store), args.endpoint, args.node_id, args.services, args.max_volumes)
+    return serve(
+        store_path(args.store), args.endpoint, args.node_id, args.services, args.max_volumes, args.metrics
+    )

@@ -587,6 +587,7 @@ GRAMMAR = (
                 metavar="LIST",
                 help="the services to serve: controller, node or both (default: controller,node)",
             ),
+            Arg("--metrics", metavar="ADDR:PORT", help="serve Prometheus metrics of the RPCs there"),
             Arg(
                 "--max-volumes",
                 type=int,

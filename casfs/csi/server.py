@@ -27,6 +27,7 @@ from typing import Any
 
 import grpc
 
+from casfs import metrics
 from casfs.csi import naming
 from casfs.csi.codes import Pending, message_of, status_of
 from casfs.csi.controller import Controller
@@ -35,6 +36,7 @@ from casfs.csi.node import Node
 from casfs.csi.plugin import Plugin
 from casfs.csi.proto import csi_pb2_grpc
 from casfs.errors import CasfsError, UsageError
+from casfs.metrics import RpcCounts
 from casfs.repo import Repository
 
 log = logging.getLogger("casfs.csi")
@@ -92,12 +94,12 @@ def volume_of(method: str, request: Any) -> str:
     return str(getattr(request, "volume_id", ""))
 
 
-def adapt(handler: object, base: type[Any], locks: InProgress) -> Any:
+def adapt(handler: object, base: type[Any], locks: InProgress, counts: RpcCounts | None = None) -> Any:
     """An instance of the generated servicer `base` whose every RPC calls the method
     of `handler` of the same name. (Any: the generated stubs declare the servicers'
     methods abstract, which a class made at run time cannot show mypy it overrides.)"""
     methods = {
-        name: _rpc(name, getattr(handler, name), locks)
+        name: _rpc(name, getattr(handler, name), locks, counts)
         for name in dir(base)
         if not name.startswith("_") and callable(getattr(handler, name, None))
     }
@@ -105,7 +107,7 @@ def adapt(handler: object, base: type[Any], locks: InProgress) -> Any:
 
 
 def _rpc(
-    name: str, fn: Callable[[Any], Any], locks: InProgress
+    name: str, fn: Callable[[Any], Any], locks: InProgress, counts: RpcCounts | None
 ) -> Callable[[Any, Any, grpc.ServicerContext], Any]:
     def call(self: object, request: Any, context: grpc.ServicerContext) -> Any:
         volume = volume_of(name, request)
@@ -120,8 +122,10 @@ def _rpc(
                 log.exception("%s: unexpected error", name)
             context.abort(code, message_of(e))
         finally:
-            ms = (time.monotonic() - start) * 1000
-            log.info("%s volume=%s code=%s %.1f ms", name, volume or "-", code.name, ms)
+            seconds = time.monotonic() - start
+            log.info("%s volume=%s code=%s %.1f ms", name, volume or "-", code.name, seconds * 1000)
+            if counts is not None:
+                counts.rpc(name, code.name, seconds)
 
     call.__name__ = name
     return call
@@ -148,19 +152,23 @@ def _free_socket(path: str) -> None:
     os.unlink(path)
 
 
-def build(plugin: Plugin, services: tuple[str, ...], endpoint: str) -> grpc.Server:
-    """The server, its servicers added and its socket bound (not started)."""
+def build(
+    plugin: Plugin, services: tuple[str, ...], endpoint: str, counts: RpcCounts | None = None
+) -> grpc.Server:
+    """The server, its servicers added and its socket bound (not started); `counts`:
+    each RPC counted there (--metrics)."""
     path = socket_path(endpoint)
     _free_socket(path)
     locks = InProgress()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="csi"))
     identity = Identity(plugin, controller="controller" in services)
-    csi_pb2_grpc.add_IdentityServicer_to_server(adapt(identity, csi_pb2_grpc.IdentityServicer, locks), server)
+    add = csi_pb2_grpc
+    add.add_IdentityServicer_to_server(adapt(identity, add.IdentityServicer, locks, counts), server)
     if "controller" in services:
-        servicer = adapt(Controller(plugin), csi_pb2_grpc.ControllerServicer, locks)
-        csi_pb2_grpc.add_ControllerServicer_to_server(servicer, server)
+        servicer = adapt(Controller(plugin), add.ControllerServicer, locks, counts)
+        add.add_ControllerServicer_to_server(servicer, server)
     if "node" in services:
-        csi_pb2_grpc.add_NodeServicer_to_server(adapt(Node(plugin), csi_pb2_grpc.NodeServicer, locks), server)
+        add.add_NodeServicer_to_server(adapt(Node(plugin), add.NodeServicer, locks, counts), server)
     server.add_insecure_port(f"unix://{path}")
     return server
 
@@ -173,8 +181,16 @@ def parse_services(text: str) -> tuple[str, ...]:
     return chosen
 
 
-def serve(store: str, endpoint: str | None, node_id: str | None, services: str, max_volumes: int = 0) -> int:
-    """Serve until SIGTERM or SIGINT; then finish the RPCs in flight (a grace period)."""
+def serve(
+    store: str,
+    endpoint: str | None,
+    node_id: str | None,
+    services: str,
+    max_volumes: int = 0,
+    metrics_address: str | None = None,
+) -> int:
+    """Serve until SIGTERM or SIGINT; then finish the RPCs in flight (a grace period).
+    `metrics_address` (ADDR:PORT): Prometheus metrics of the RPCs served there."""
     from casfs.upkeep.recovery import recover
 
     if not endpoint:
@@ -182,10 +198,21 @@ def serve(store: str, endpoint: str | None, node_id: str | None, services: str, 
     if not node_id:
         raise UsageError("a node id is required (--node-id)")
     chosen = parse_services(services)
+    address = None
+    if metrics_address is not None:
+        try:
+            address = metrics.parse_address(metrics_address)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     repo = Repository.open(Path(os.path.abspath(store)))
     for message in recover(repo):
         log.info("recovered: %s", message)
-    server = build(Plugin(repo, node_id, max_volumes), chosen, endpoint)
+    counts = metrics.RpcCounts() if address is not None else None
+    server = build(Plugin(repo, node_id, max_volumes), chosen, endpoint, counts)
+    stop_metrics = None
+    if address is not None and counts is not None:
+        stop_metrics = metrics.serve(address, metrics.RpcCollector(node_id, counts))
+        log.info("metrics on http://%s:%d/metrics", *address)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -196,6 +223,8 @@ def serve(store: str, endpoint: str | None, node_id: str | None, services: str, 
             pass
     finally:
         server.stop(STOP_GRACE_S).wait()
+        if stop_metrics is not None:
+            stop_metrics()
         repo.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(socket_path(endpoint))
