@@ -98,10 +98,12 @@ def add(conn: sqlite3.Connection, subject: str, stored: int, written: int, uniqu
 
 
 def mark(conn: sqlite3.Connection, subjects: Iterable[str], bits: int) -> None:
-    """Set pending bits (a subject without a row is pending already)."""
+    """Set pending bits; a subject without a row gets one, every figure pending (so a
+    count made meanwhile cannot insert it: put_if_unchanged)."""
     conn.executemany(
-        "UPDATE figures SET pending = pending | ?, marks = marks + 1 WHERE subject = ?",
-        [(bits, s) for s in set(subjects)],
+        "INSERT INTO figures (subject, stored, written, uniq, pending) VALUES (?, 0, 0, 0, ?) "
+        "ON CONFLICT (subject) DO UPDATE SET pending = pending | ?, marks = marks + 1",
+        [(s, ALL, bits) for s in set(subjects)],
     )
 
 

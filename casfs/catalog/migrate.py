@@ -275,9 +275,10 @@ def _migrate_8_to_9(conn: sqlite3.Connection) -> None:
 
 
 # Format 10: kept space figures (casfs.refcount.figures), so that listings cost what they
-# list. The step adds the table and the indexes that find a root's holders; it leaves
-# the table empty (every figure pending) and sets meta 'figures.recount', which makes the
-# next command count them all once, with progress on a terminal (casfs.cli.store).
+# list. The step adds the table and the indexes that find a root's holders, a row for
+# every image, volume and snapshot with every figure pending (7), and meta
+# 'figures.recount', which makes the next command count them all once, with progress on
+# a terminal (casfs.cli.store).
 FIGURES_SCHEMA = """
 CREATE TABLE figures (
     subject TEXT PRIMARY KEY,
@@ -290,6 +291,10 @@ CREATE TABLE figures (
 CREATE INDEX images_root ON images (root);
 CREATE INDEX volumes_base ON volumes (base);
 CREATE INDEX snapshots_root ON snapshots (root);
+INSERT INTO figures (subject, stored, written, uniq, pending)
+    SELECT 'image:' || name, 0, 0, 0, 7 FROM images WHERE phase = 'ready'
+    UNION ALL SELECT 'volume:' || name, 0, 0, 0, 7 FROM volumes WHERE phase != 'creating'
+    UNION ALL SELECT 'snapshot:' || volume || '@' || n, 0, 0, 0, 7 FROM snapshots;
 INSERT INTO meta (key, value) VALUES ('figures.recount', 'format 10')
 """
 # And the blobs table's totals, kept by triggers (counted once here). The triggers' bodies

@@ -130,7 +130,7 @@ CREATE TABLE snapshots (
 -- so that listings read them instead of walking chunk maps. Kept in the transaction that
 -- changes what they count; a figure that operation cannot know exactly is marked pending
 -- and counted again later (within a budget by the next command, in full by `casfs gc`
--- and `casfs fsck --repair`). No row: every figure pending.
+-- and `casfs fsck --repair`). No row (rows made by hand): every figure pending.
 CREATE TABLE figures (
     subject TEXT PRIMARY KEY,      -- 'image:NAME', 'volume:NAME' or 'snapshot:VOL@N'
     stored  INTEGER NOT NULL,      -- bytes on disk of the distinct blobs its roots reach

@@ -132,7 +132,8 @@ def shared_unknown(conn: sqlite3.Connection) -> None:
 
 def changed(conn: sqlite3.Connection, subjects: Iterable[str]) -> None:
     """Subjects whose roots changed in ways no rule here follows (rollback, resize, a
-    received snapshot): every figure pending, and every unique (who shares is unknown)."""
+    received snapshot): every figure pending (a new subject gets its row), and every
+    unique (who shares is unknown)."""
     kept.mark(conn, subjects, kept.ALL)
     kept.mark_all(conn, kept.UNIQUE)
 
