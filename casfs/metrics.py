@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -86,37 +86,20 @@ class Counts:
 counts: Counts | None = None
 
 
-def counted_get(get: Callable[[BlobId], bytes]) -> Callable[[BlobId], bytes]:
-    """`get` (a blob fetch) counted into `counts` when metrics are on."""
+Got = TypeVar("Got", bytes, bytes | None)
 
-    def fetch(bid: BlobId) -> bytes:
+
+def counted_get(get: Callable[[BlobId], Got]) -> Callable[[BlobId], Got]:
+    """`get` (a blob fetch; or a fetch from the page cache only, None otherwise) counted
+    into `counts` when metrics are on."""
+
+    def fetch(bid: BlobId) -> Got:
         c = counts
         if c is None:
             return get(bid)
         t = time.perf_counter()
         try:
             data = get(bid)
-        except Exception:
-            c.fetch_errors += 1
-            raise
-        c.fetches += 1
-        c.fetch_bytes += len(data)
-        c.fetch_seconds.observe(time.perf_counter() - t)
-        return data
-
-    return fetch
-
-
-def counted_get_nowait(get_nowait: Callable[[BlobId], bytes | None]) -> Callable[[BlobId], bytes | None]:
-    """`get_nowait` (a fetch only from the page cache, None otherwise) counted as get()."""
-
-    def fetch(bid: BlobId) -> bytes | None:
-        c = counts
-        if c is None:
-            return get_nowait(bid)
-        t = time.perf_counter()
-        try:
-            data = get_nowait(bid)
         except Exception:
             c.fetch_errors += 1
             raise

@@ -207,7 +207,7 @@ async def serve(cfg: Config) -> int:
             if cfg.metrics is not None:
                 metrics.counts = metrics.Counts()
                 get, get_many = metrics.counted_get(get), metrics.counted_get_many(get_many)
-                get_nowait = metrics.counted_get_nowait(get_nowait)
+                get_nowait = metrics.counted_get(get_nowait)
             chunks = ChunkCache(get, cache_bytes, get_nowait=get_nowait, local=local, get_many=get_many)
             stack.callback(chunks.close)
             if cfg.metrics is not None:

@@ -17,6 +17,7 @@ import pytest
 from casfs.csi.proto import csi_pb2 as pb
 from tests.helpers.csi import (
     Plugin,
+    code_of,
     create,
     from_snapshot,
     from_volume,
@@ -31,15 +32,6 @@ from tests.helpers.csi import (
 Code = grpc.StatusCode
 SIZE = 10 << 30  # csi-sanity's default test volume size
 MAX_NAME = "a" * 128
-
-
-def code(call: Callable[[Any], object], request: object) -> Code:
-    try:
-        call(request)
-    except grpc.RpcError as e:
-        c: Code = e.code()
-        return c
-    return Code.OK
 
 
 def vol_req(name: str, size: int = 0, **kw: Any) -> pb.CreateVolumeRequest:
@@ -79,7 +71,7 @@ def test_a_node_only_plugin_does_not_advertise_the_controller(store: Path, kubel
     with plugin_running(store, kubelet, "--services", "node") as p:
         caps = p.identity.GetPluginCapabilities(pb.GetPluginCapabilitiesRequest()).capabilities
         assert pb.PluginCapability.Service.CONTROLLER_SERVICE not in {c.service.type for c in caps}
-        assert code(p.controller.ListVolumes, pb.ListVolumesRequest()) == Code.UNIMPLEMENTED
+        assert code_of(p.controller.ListVolumes, pb.ListVolumesRequest()) == Code.UNIMPLEMENTED
         assert p.node.NodeGetInfo(pb.NodeGetInfoRequest()).node_id == "node-1"
 
 
@@ -115,7 +107,7 @@ def test_controller_get_capabilities_are_valid(plugin: Plugin) -> None:
     ],
 )
 def test_create_volume_fails(plugin: Plugin, request_: pb.CreateVolumeRequest, expected: Code) -> None:
-    assert code(plugin.controller.CreateVolume, request_) == expected
+    assert code_of(plugin.controller.CreateVolume, request_) == expected
 
 
 def test_create_volume_returns_appropriate_values_with_and_without_capacity(plugin: Plugin) -> None:
@@ -130,7 +122,7 @@ def test_create_volume_returns_appropriate_values_with_and_without_capacity(plug
 def test_create_volume_with_an_existing_name_and_the_same_or_another_capacity(plugin: Plugin) -> None:
     first = plugin.controller.CreateVolume(vol_req("sanity-idem", SIZE)).volume
     assert plugin.controller.CreateVolume(vol_req("sanity-idem", SIZE)).volume == first
-    assert code(plugin.controller.CreateVolume, vol_req("sanity-idem", 2 * SIZE)) == Code.ALREADY_EXISTS
+    assert code_of(plugin.controller.CreateVolume, vol_req("sanity-idem", 2 * SIZE)) == Code.ALREADY_EXISTS
 
 
 def test_create_volume_with_a_maximum_length_name(plugin: Plugin) -> None:
@@ -164,13 +156,14 @@ def test_create_volume_from_an_existing_source_snapshot_and_volume(plugin: Plugi
 
 def test_delete_volume(plugin: Plugin) -> None:
     c = plugin.controller
-    assert code(c.DeleteVolume, pb.DeleteVolumeRequest()) == Code.INVALID_ARGUMENT
-    assert code(c.DeleteVolume, pb.DeleteVolumeRequest(volume_id="reallyfakevolumeid")) == Code.OK
-    assert code(c.DeleteVolume, pb.DeleteVolumeRequest(volume_id="not a valid id!")) == Code.OK
+    assert code_of(c.DeleteVolume, pb.DeleteVolumeRequest()) == Code.INVALID_ARGUMENT
+    assert code_of(c.DeleteVolume, pb.DeleteVolumeRequest(volume_id="reallyfakevolumeid")) == Code.OK
+    assert code_of(c.DeleteVolume, pb.DeleteVolumeRequest(volume_id="not a valid id!")) == Code.OK
     vol = create(plugin, "sanity-delete", mount_cap())
-    assert code(c.DeleteVolume, pb.DeleteVolumeRequest(volume_id=vol.volume_id)) == Code.OK
+    assert code_of(c.DeleteVolume, pb.DeleteVolumeRequest(volume_id=vol.volume_id)) == Code.OK
     assert (
-        code(c.ControllerGetVolume, pb.ControllerGetVolumeRequest(volume_id=vol.volume_id)) == Code.NOT_FOUND
+        code_of(c.ControllerGetVolume, pb.ControllerGetVolumeRequest(volume_id=vol.volume_id))
+        == Code.NOT_FOUND
     )
 
 
@@ -180,14 +173,14 @@ def test_delete_volume(plugin: Plugin) -> None:
 def test_validate_volume_capabilities(plugin: Plugin) -> None:
     c = plugin.controller
     vol = create(plugin, "sanity-validate", mount_cap())
-    assert code(
+    assert code_of(
         c.ValidateVolumeCapabilities, pb.ValidateVolumeCapabilitiesRequest(volume_capabilities=[mount_cap()])
     ) == (Code.INVALID_ARGUMENT)
-    assert code(
+    assert code_of(
         c.ValidateVolumeCapabilities, pb.ValidateVolumeCapabilitiesRequest(volume_id=vol.volume_id)
     ) == (Code.INVALID_ARGUMENT)
     missing = pb.ValidateVolumeCapabilitiesRequest(volume_id="some-vol-id", volume_capabilities=[mount_cap()])
-    assert code(c.ValidateVolumeCapabilities, missing) == Code.NOT_FOUND
+    assert code_of(c.ValidateVolumeCapabilities, missing) == Code.NOT_FOUND
     ok = c.ValidateVolumeCapabilities(
         pb.ValidateVolumeCapabilitiesRequest(volume_id=vol.volume_id, volume_capabilities=[mount_cap()])
     )
@@ -218,7 +211,7 @@ def test_list_volumes_pagination_survives_additions_and_deletions_between_pages(
         rest += [e.volume.volume_id for e in page.entries]
         token = page.next_token
     assert rest == ["sanity-list-2", "sanity-list-3", "sanity-list-4", "sanity-list-9"]
-    assert code(c.ListVolumes, pb.ListVolumesRequest(max_entries=-1)) == Code.INVALID_ARGUMENT
+    assert code_of(c.ListVolumes, pb.ListVolumesRequest(max_entries=-1)) == Code.INVALID_ARGUMENT
 
 
 def test_list_volumes_shows_where_a_volume_is_published(plugin: Plugin, kubelet: Path) -> None:
@@ -244,7 +237,8 @@ def test_get_capacity(plugin: Plugin) -> None:
 def test_controller_get_volume(plugin: Plugin) -> None:
     c = plugin.controller
     assert (
-        code(c.ControllerGetVolume, pb.ControllerGetVolumeRequest(volume_id="some-vol-id")) == Code.NOT_FOUND
+        code_of(c.ControllerGetVolume, pb.ControllerGetVolumeRequest(volume_id="some-vol-id"))
+        == Code.NOT_FOUND
     )
     vol = create(plugin, "sanity-get", mount_cap(), 1 << 20)
     got = c.ControllerGetVolume(pb.ControllerGetVolumeRequest(volume_id=vol.volume_id))
@@ -259,26 +253,26 @@ def test_create_snapshot(plugin: Plugin) -> None:
     vol = create(plugin, "sanity-snap-src", mount_cap())
     other = create(plugin, "sanity-snap-other", mount_cap())
     assert (
-        code(c.CreateSnapshot, pb.CreateSnapshotRequest(source_volume_id=vol.volume_id))
+        code_of(c.CreateSnapshot, pb.CreateSnapshotRequest(source_volume_id=vol.volume_id))
         == Code.INVALID_ARGUMENT
     )
-    assert code(c.CreateSnapshot, pb.CreateSnapshotRequest(name="s")) == Code.INVALID_ARGUMENT
+    assert code_of(c.CreateSnapshot, pb.CreateSnapshotRequest(name="s")) == Code.INVALID_ARGUMENT
     snap = snapshot(plugin, vol.volume_id, "sanity-snap")
     assert snapshot(plugin, vol.volume_id, "sanity-snap") == snap
     again = pb.CreateSnapshotRequest(source_volume_id=other.volume_id, name="sanity-snap")
-    assert code(c.CreateSnapshot, again) == Code.ALREADY_EXISTS
+    assert code_of(c.CreateSnapshot, again) == Code.ALREADY_EXISTS
     longest = snapshot(plugin, vol.volume_id, MAX_NAME)
     assert longest.snapshot_id != snap.snapshot_id and longest.ready_to_use
 
 
 def test_delete_snapshot(plugin: Plugin) -> None:
     c = plugin.controller
-    assert code(c.DeleteSnapshot, pb.DeleteSnapshotRequest()) == Code.INVALID_ARGUMENT
-    assert code(c.DeleteSnapshot, pb.DeleteSnapshotRequest(snapshot_id="reallyfakesnapshotid")) == Code.OK
+    assert code_of(c.DeleteSnapshot, pb.DeleteSnapshotRequest()) == Code.INVALID_ARGUMENT
+    assert code_of(c.DeleteSnapshot, pb.DeleteSnapshotRequest(snapshot_id="reallyfakesnapshotid")) == Code.OK
     vol = create(plugin, "sanity-delsnap", mount_cap())
     snap = snapshot(plugin, vol.volume_id, "s")
-    assert code(c.DeleteSnapshot, pb.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id)) == Code.OK
-    assert code(c.DeleteSnapshot, pb.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id)) == Code.OK
+    assert code_of(c.DeleteSnapshot, pb.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id)) == Code.OK
+    assert code_of(c.DeleteSnapshot, pb.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id)) == Code.OK
 
 
 def test_list_snapshots(plugin: Plugin) -> None:
@@ -294,7 +288,7 @@ def test_list_snapshots(plugin: Plugin) -> None:
     by_source = c.ListSnapshots(pb.ListSnapshotsRequest(source_volume_id=b.volume_id))
     assert [e.snapshot for e in by_source.entries] == [snaps[3]]
     assert c.ListSnapshots(pb.ListSnapshotsRequest(source_volume_id="none")).entries == []
-    assert code(c.ListSnapshots, pb.ListSnapshotsRequest(starting_token="invalid-token")) == Code.ABORTED
+    assert code_of(c.ListSnapshots, pb.ListSnapshotsRequest(starting_token="invalid-token")) == Code.ABORTED
     page = c.ListSnapshots(pb.ListSnapshotsRequest(max_entries=2))
     assert [e.snapshot for e in page.entries] == snaps[:2] and page.next_token
     added = snapshot(plugin, a.volume_id, "a3")  # between pages: it comes after a2, before b0
@@ -308,12 +302,12 @@ def test_list_snapshots(plugin: Plugin) -> None:
 def test_controller_expand_volume(plugin: Plugin) -> None:
     c = plugin.controller
     vol = create(plugin, "sanity-expand", mount_cap(), 1 << 30)
-    assert code(
+    assert code_of(
         c.ControllerExpandVolume,
         pb.ControllerExpandVolumeRequest(capacity_range=pb.CapacityRange(required_bytes=1)),
     ) == (Code.INVALID_ARGUMENT)
     assert (
-        code(c.ControllerExpandVolume, pb.ControllerExpandVolumeRequest(volume_id=vol.volume_id))
+        code_of(c.ControllerExpandVolume, pb.ControllerExpandVolumeRequest(volume_id=vol.volume_id))
         == Code.INVALID_ARGUMENT
     )
     grown = c.ControllerExpandVolume(
@@ -335,7 +329,7 @@ def test_controller_expand_a_block_volume(plugin: Plugin, kubelet: Path) -> None
     bigger = pb.ControllerExpandVolumeRequest(
         volume_id=vol.volume_id, capacity_range=pb.CapacityRange(required_bytes=32 << 20)
     )
-    assert code(c.ControllerExpandVolume, bigger) == Code.FAILED_PRECONDITION  # (offline: staged)
+    assert code_of(c.ControllerExpandVolume, bigger) == Code.FAILED_PRECONDITION  # (offline: staged)
     unstage(plugin, vol.volume_id, kubelet / "s")
     assert c.ControllerExpandVolume(bigger).capacity_bytes == 32 << 20
     assert c.ControllerExpandVolume(bigger).capacity_bytes == 32 << 20  # (a repeat: nothing to do)
@@ -405,31 +399,31 @@ def test_node_argument_checks(plugin: Plugin, kubelet: Path) -> None:
             pb.NodeStageVolumeRequest(volume_id="v", staging_target_path="relative", volume_capability=cap),
         ),
     ]
-    assert [code(call, req) for call, req in cases] == [Code.INVALID_ARGUMENT] * len(cases)
+    assert [code_of(call, req) for call, req in cases] == [Code.INVALID_ARGUMENT] * len(cases)
 
 
 def test_node_rpcs_for_a_missing_volume_or_path_are_not_found(plugin: Plugin, kubelet: Path) -> None:
     n, t = plugin.node, str(kubelet / "target")
     assert (
-        code(n.NodeGetVolumeStats, pb.NodeGetVolumeStatsRequest(volume_id="some-vol-id", volume_path=t))
+        code_of(n.NodeGetVolumeStats, pb.NodeGetVolumeStatsRequest(volume_id="some-vol-id", volume_path=t))
         == Code.NOT_FOUND
     )
     assert (
-        code(n.NodeExpandVolume, pb.NodeExpandVolumeRequest(volume_id="some-vol-id", volume_path=t))
+        code_of(n.NodeExpandVolume, pb.NodeExpandVolumeRequest(volume_id="some-vol-id", volume_path=t))
         == Code.NOT_FOUND
     )
     assert (
-        code(n.NodeUnpublishVolume, pb.NodeUnpublishVolumeRequest(volume_id="some-vol-id", target_path=t))
+        code_of(n.NodeUnpublishVolume, pb.NodeUnpublishVolumeRequest(volume_id="some-vol-id", target_path=t))
         == Code.NOT_FOUND
     )
     create(plugin, "v", mount_cap())
     fake = str(kubelet / "some" / "fake" / "path")
     assert (
-        code(n.NodeGetVolumeStats, pb.NodeGetVolumeStatsRequest(volume_id="v", volume_path=fake))
+        code_of(n.NodeGetVolumeStats, pb.NodeGetVolumeStatsRequest(volume_id="v", volume_path=fake))
         == Code.NOT_FOUND
     )
     assert (
-        code(n.NodeExpandVolume, pb.NodeExpandVolumeRequest(volume_id="v", volume_path=fake))
+        code_of(n.NodeExpandVolume, pb.NodeExpandVolumeRequest(volume_id="v", volume_path=fake))
         == Code.NOT_FOUND
     )
 
@@ -468,7 +462,7 @@ def test_each_rpc_logs_one_line_with_its_method_volume_code_and_time(plugin: Plu
     import re
 
     create(plugin, "logged", mount_cap())
-    code(plugin.controller.ControllerGetVolume, pb.ControllerGetVolumeRequest(volume_id="nope"))
+    code_of(plugin.controller.ControllerGetVolume, pb.ControllerGetVolumeRequest(volume_id="nope"))
     lines = plugin.log().splitlines()
     assert any(re.search(r"CreateVolume volume=logged code=OK \d+\.\d ms$", line) for line in lines), lines
     assert any(
