@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 # FUSE request latency buckets: from a page-cache-fast read (10 us) to a stalled fold.
 LATENCY_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0)
+FOLD_BUCKETS = (1e-3, 1e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
 
 
 class Histogram:
@@ -72,6 +73,14 @@ class Counts:
     fetch_bytes: int = 0
     fetch_errors: int = 0
     fetch_seconds: Histogram = field(default_factory=Histogram)
+    folds: int = 0  # snapshots' folds into blobs (a directory volume's, a block volume's)
+    fold_bytes: int = 0  # what they stored as new blobs
+    fold_seconds: Histogram = field(default_factory=lambda: Histogram(FOLD_BUCKETS))
+
+    def fold(self, stored: int, seconds: float) -> None:
+        self.folds += 1
+        self.fold_bytes += stored
+        self.fold_seconds.observe(seconds)
 
     def request(self, op: str, seconds: float) -> None:
         h = self.requests.get(op)
@@ -180,6 +189,10 @@ class CasfsCollector:
             "casfs_blob_fetch_errors", "blob fetches that failed (missing, corrupt)", c.fetch_errors
         )
         yield counter("casfs_corrupt_reads", "reads that met a corrupt blob", self.gauges.corrupt_reads())
+        yield counter("casfs_fold_bytes", "bytes folds stored as new blobs", c.fold_bytes)
+        folds = HistogramMetricFamily("casfs_fold_seconds", "folds of snapshots into blobs", labels=["mount"])
+        folds.add_metric(m, c.fold_seconds.cumulative(), c.fold_seconds.sum)
+        yield folds
         fetch = HistogramMetricFamily("casfs_blob_fetch_seconds", "time to fetch a blob", labels=["mount"])
         fetch.add_metric(m, c.fetch_seconds.cumulative(), c.fetch_seconds.sum)
         yield fetch

@@ -466,6 +466,11 @@ def record_peer(conn: sqlite3.Connection, volume: str, peer: Peer) -> None:
     )
 
 
+def peer_sources(conn: sqlite3.Connection) -> list[str]:
+    """Every other store a pull of any volume was made from (its SOURCE, as given)."""
+    return [str(source) for (source,) in conn.execute("SELECT DISTINCT source FROM peers ORDER BY source")]
+
+
 def peers(conn: sqlite3.Connection, volume: str) -> list[Peer]:
     query = "SELECT source, store, remote, newest, root, seen FROM peers WHERE volume = ? ORDER BY source"
     return [

@@ -520,6 +520,11 @@ GRAMMAR = (
             Arg("--image", metavar="NAME", help="only this image"),
             Arg("--rate", metavar="SIZE", help="read at most SIZE a second (100M)"),
             Arg("--heal-from", metavar="SOURCE", help="fetch good copies from this store (a path or ssh://)"),
+            Arg(
+                "--heal-from-peers",
+                action="store_true",
+                help="fetch good copies from every store this one has pulled from, in turn",
+            ),
             Arg("--json", action="store_true", help="print the report as one JSON object"),
         ],
         "Read and re-hash every blob reachable from images, volumes and snapshots (safe while\n"

@@ -7,11 +7,13 @@ from typing import TYPE_CHECKING
 
 from casfs.cli.output import error, print_json
 from casfs.cli.store import open_store
+from casfs.errors import UsageError
 from casfs.units import format_size, parse_size
 
 if TYPE_CHECKING:
     import argparse
 
+    from casfs.repo import Repository
     from casfs.upkeep.scrub import ScrubReport
 
 
@@ -19,6 +21,8 @@ def cmd_scrub(args: argparse.Namespace) -> int:
     from casfs.lifecycle.queue import job_slot
     from casfs.upkeep import scrub
 
+    if args.heal_from and args.heal_from_peers:
+        raise UsageError("--heal-from and --heal-from-peers: one or the other")
     rate = parse_size(args.rate) if args.rate else None
     with open_store(args) as repo, job_slot(repo, "scrub"):
         todo = scrub.roots(repo, volume=args.volume, image=args.image)
@@ -30,11 +34,8 @@ def cmd_scrub(args: argparse.Namespace) -> int:
             lock.release()
         if show is not None:
             sys.stderr.write("\r\x1b[K")
-        if args.heal_from and report.damaged:
-            from casfs.replica.peers import blob_fetcher
-
-            with blob_fetcher(args.heal_from) as fetch:
-                scrub.heal(repo, report, args.heal_from, fetch)
+        if report.damaged and (args.heal_from or args.heal_from_peers):
+            _heal(repo, report, [args.heal_from] if args.heal_from else _peer_sources(repo))
     if args.json:
         print_json(report.to_json())
     else:
@@ -47,10 +48,39 @@ def cmd_scrub(args: argparse.Namespace) -> int:
             f"({format_size(report.bytes)}); {len(report.damaged)} damaged, {healed} healed"
         )
     if not report.clean:
-        how = "" if args.heal_from else "; `casfs scrub --heal-from SOURCE` fetches good copies"
+        healing = args.heal_from or args.heal_from_peers
+        how = "" if healing else "; `casfs scrub --heal-from SOURCE` fetches good copies"
         error(f"{sum(1 for d in report.damaged if not d.healed_from)} damaged blob(s) remain{how}")
         return 5
     return 0
+
+
+def _peer_sources(repo: Repository) -> list[str]:
+    from casfs.catalog.volumes import peer_sources
+
+    return peer_sources(repo.conn)
+
+
+def _heal(repo: Repository, report: ScrubReport, sources: list[str]) -> None:
+    """Heal from each source in turn what the ones before could not; a source that cannot
+    be reached is said so for what it was asked."""
+    from casfs.errors import CasfsError
+    from casfs.replica.peers import blob_fetcher
+    from casfs.upkeep import scrub
+
+    if not sources:
+        for damage in report.damaged:
+            damage.unhealed = "this store has pulled from no other store (no peers to heal from)"
+    for source in sources:
+        todo = [d for d in report.damaged if not d.healed_from]
+        if not todo:
+            return
+        try:
+            with blob_fetcher(source) as fetch:
+                scrub.heal(repo, report, source, fetch)
+        except (CasfsError, OSError) as e:
+            for damage in todo:
+                damage.unhealed = f"{source}: unreachable: {e}"
 
 
 def _progress(report: ScrubReport, roots_left: int) -> None:

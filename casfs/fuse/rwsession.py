@@ -19,6 +19,7 @@ from weakref import WeakKeyDictionary
 
 import trio
 
+from casfs import metrics
 from casfs.ids import SnapshotNo
 from casfs.lifecycle.queue import acquire_slot
 from casfs.store.ids import BlobId
@@ -117,13 +118,21 @@ async def mutate(
 
 async def _run(job: J) -> J:
     """A prepared job's blocking half in a worker thread, then its apply (or abort)."""
+    start = time.perf_counter()
     try:
         await trio.to_thread.run_sync(job.run)
     except BaseException:
         job.abort()
         raise
+    _counted(job, start)
     job.apply()
     return job
+
+
+def _counted(job: Job, start: float) -> None:
+    """A fold (a job that holds a slot) run since `start`, into the metrics."""
+    if job.slot and metrics.counts is not None:
+        metrics.counts.fold(job.stored_bytes, time.perf_counter() - start)
 
 
 async def _flush_locked(view: RwView) -> None:
@@ -222,6 +231,7 @@ async def _fold_frozen_locked(view: RwView) -> None:
         # the daemon is stopping (its close folds what is left, and must see this one done).
         with trio.CancelScope(shield=True):
             slot = await trio.to_thread.run_sync(acquire_slot, view.repo, f"{job.what} {view.name}")
+            start = time.perf_counter()
             try:
                 await trio.to_thread.run_sync(job.run)
             except BaseException:
@@ -229,6 +239,7 @@ async def _fold_frozen_locked(view: RwView) -> None:
                 raise
             finally:
                 slot.release()
+            _counted(job, start)
             async with lock(view):
                 job.apply()
 

@@ -201,6 +201,8 @@ class Job(Protocol):
     # Heavy work (a fold): run() holds a store job slot (casfs.lifecycle.queue). The
     # session takes the slot before the lock, then prepares the job again under both.
     slot: bool
+    # Bytes run() stored as new blobs (a fold's; 0 for the others): the fold metrics.
+    stored_bytes: int
 
     def run(self) -> None: ...
 

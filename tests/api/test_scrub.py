@@ -205,3 +205,36 @@ def test_fsck_repair_heals_from_another_store(
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count(f"(healed from {other})") == 2
     ok(store.path, "fsck")  # clean now
+
+
+def test_heal_from_the_stores_this_one_pulled_from(sources: tuple[Path, Path], tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    for s in (a, b):
+        ok(s, "init")
+    ok(a, "image", "import", "tree", sources[0], "--chunk-size", str(CHUNK))
+    ok(a, "volume", "create", "vm", "--from", "tree")
+    ok(a, "snapshot", "create", "vm")
+    ok(b, "pull", a, "vm")
+    with contextlib.closing(Repository.open(b)) as repo:
+        (snap,) = volumes.list_snapshots(repo, "vm")
+        sub = Tree.decode(repo.get(BlobId(bytes.fromhex(snap.root)))).find(b"sub")
+        assert sub is not None
+        big = Tree.decode(repo.get(sub.blob)).find(b"big.bin")
+        assert big is not None
+        victim = Content(repo.get, big.blob, big.attrs.size, CHUNK).chunk(ChunkNo(3))
+        blob_files.corrupt(repo, victim)
+    fails(b, 2, "scrub", "--heal-from", a, "--heal-from-peers")
+    done = casfs(b, "scrub", "--heal-from-peers", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (damage,) = json.loads(done.stdout)["damaged"]
+    assert (damage["blob"], damage["healed_from"]) == (victim.hex(), str(a))
+    assert js(b, "scrub", "--json")["damaged"] == []
+
+
+@pytest.mark.no_fsck("a blob is damaged on purpose, and no other store holds it")
+def test_heal_from_peers_with_none_says_so(store: Repository) -> None:
+    blob_files.corrupt(store, big_chunk(store, 0))
+    done = casfs(store.path, "scrub", "--heal-from-peers", "--json")
+    assert done.returncode == 5
+    (damage,) = json.loads(done.stdout)["damaged"]
+    assert "pulled from no other store" in damage["unhealed"]

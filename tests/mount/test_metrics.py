@@ -62,7 +62,8 @@ def test_metrics_move_with_the_workload(repo: Repository, tmp_path: Path) -> Non
     with mounted(repo.path, tmp_path / "mnt", extra=["--metrics", f"127.0.0.1:{port}"]) as m:
         before = scrape(port)
         assert (m.path / "images/tree/f.bin").read_bytes() == data
-        (m.path / "volumes/vol/new").write_bytes(b"x" * 10_000)
+        (m.path / "volumes/vol/new").write_bytes(os.urandom(10_000))
+        os.setxattr(m.path / "volumes/vol", "user.casfs.snapshot", b"")  # a fold, counted
         with pytest.raises(OSError) as err:
             (m.path / "images/tree/g.bin").read_bytes()
         assert err.value.errno == errno.EIO
@@ -84,6 +85,8 @@ def test_metrics_move_with_the_workload(repo: Repository, tmp_path: Path) -> Non
             "casfs_blob_fetches_total",
             "casfs_blob_fetch_errors_total",
             "casfs_corrupt_reads_total",
+            "casfs_fold_bytes_total",
+            "casfs_fold_seconds_count",
         )
     }
     assert grew["casfs_read_bytes_total"] >= len(data)
@@ -92,6 +95,8 @@ def test_metrics_move_with_the_workload(repo: Repository, tmp_path: Path) -> Non
     assert grew["casfs_blob_fetches_total"] >= 4
     assert grew["casfs_blob_fetch_errors_total"] >= 1
     assert grew["casfs_corrupt_reads_total"] >= 1
+    assert grew["casfs_fold_seconds_count"] == 1
+    assert grew["casfs_fold_bytes_total"] >= 10_000  # (random bytes: stored as they are)
     reads = value(after, "casfs_fuse_request_seconds_count", mount=mount, op="read")
     assert reads > value(before, "casfs_fuse_request_seconds_count", mount=mount, op="read")
     assert value(after, "casfs_fuse_request_seconds_bucket", mount=mount, op="read", le="+Inf") == reads

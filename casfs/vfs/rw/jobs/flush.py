@@ -43,6 +43,7 @@ class FlushJob:
     spilled: SpillJob | None = None  # writes a directory volume kept in memory, to store
     what: str = "flush"
     slot: bool = False
+    stored_bytes: int = 0
 
     @staticmethod
     def capture(vol: RwVolume, always: bool = False) -> FlushJob | None:

@@ -26,6 +26,7 @@ class BlockFold:
     upper: Upper | None  # the written epoch
     what: str = "snapshot"
     slot: bool = True
+    stored_bytes: int = 0
 
     @staticmethod
     def capture(kind: BlockKind, label: str | None) -> BlockFold:
@@ -54,6 +55,7 @@ class BlockFold:
             fold.snapshot = publish_fold(
                 batch, fold.vol.name, base, fold.next_ino, fold.new_root, size, fold.label, epoch, ROOT_INO
             )
+            self.stored_bytes = batch.stored_bytes
         fold.bases[ROOT_INO] = fold.new_root
         if upper is not None:
             fault_point("fold:after-publish")

@@ -38,6 +38,7 @@ class DirFold:
     folded_files: list[Key] = field(default_factory=list)  # upper files now in blobs
     what: str = "snapshot"
     slot: bool = True
+    stored_bytes: int = 0
 
     @staticmethod
     def capture(kind: DirKind, label: str | None) -> DirFold:
@@ -56,6 +57,7 @@ class DirFold:
             fold.snapshot = publish_fold(
                 batch, vol.name, fold.base, fold.next_ino, fold.new_root, fold.logical, fold.label
             )
+            self.stored_bytes = batch.stored_bytes
         self.files.unlink(self.folded_files)  # (after the commit: now in blobs)
 
     def apply(self) -> None:

@@ -38,6 +38,7 @@ class Freeze:
     taken: float = 0.0  # the time run() recorded (its fold stores the snapshot with it)
     what: str = "snapshot"
     slot: bool = False
+    stored_bytes: int = 0
 
     @staticmethod
     def capture(kind: BlockKind, label: str | None) -> Freeze | None:

@@ -33,6 +33,7 @@ class FrozenFold:
     new_root: BlobId = ZERO_ID
     what: str = "fold"
     slot: bool = True
+    stored_bytes: int = 0
 
     @staticmethod
     def capture(kind: BlockKind) -> FrozenFold | None:
@@ -66,6 +67,7 @@ class FrozenFold:
                 figures.folded(conn, volume, frozen.snapshot, self.base, self.new_root, stored, shared)
 
             batch.commit(then=publish)
+            self.stored_bytes = batch.stored_bytes
         fault_point("fold:after-publish")
         upper.delete()
 

@@ -28,6 +28,7 @@ class SyncJob:
     sync: Sync
     what: str = "sync"
     slot: bool = False
+    stored_bytes: int = 0
 
     def run(self) -> None:
         """A worker thread, without the view's lock: the epoch's files only."""
