@@ -221,7 +221,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from casfs.images import export_root
     from casfs.lifecycle.phases import VolumePhase
     from casfs.store.ids import BlobId
-    from casfs.volumes import get_volume, settle
+    from casfs.volumes import get_volume
+    from casfs.volumes.settle import settle  # (the function: the package's `settle` may be the module)
 
     dest = Path(args.dest)
     with open_store(args) as repo:

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
         list_volumes,
     )
     from casfs.volumes.rollback import resize, rollback
-    from casfs.volumes.settle import has_overlay, settle
+    from casfs.volumes.settle import has_overlay
     from casfs.volumes.snapshots import (
         create_snapshot,
         list_snapshots,
@@ -63,7 +63,9 @@ _MODULES = {
     ),
     "info": ("SnapshotInfo", "Source", "VolumeInfo", "describe_unsaved", "get_volume", "list_volumes"),
     "rollback": ("resize", "rollback"),
-    "settle": ("has_overlay", "settle"),
+    # (Not `settle` itself: once casfs.volumes.settle is imported, the package's attribute
+    # of that name is the module, whatever this table says; import it from the module.)
+    "settle": ("has_overlay",),
     "snapshots": (
         "create_snapshot",
         "list_snapshots",
@@ -104,6 +106,5 @@ __all__ = [
     "remove_volume",
     "resize",
     "rollback",
-    "settle",
     "snapshot_at_rest",
 ]

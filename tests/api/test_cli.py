@@ -15,12 +15,15 @@ import os
 import pty
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from casfs import images, volumes
 from casfs.kinds import VolumeKind
+from casfs.repo import Repository
 from tests.helpers.blobs import stored_files
 from tests.helpers.cli import CLI, TIMEOUT, casfs, env, fails, js, out
 from tests.helpers.fsck import Stores, query
@@ -384,3 +387,20 @@ def test_import_says_what_it_stored_that_the_store_did_not_hold(store: Path, tmp
         unique = js(store, "image", "info", name)["unique"]
         assert f"stored {format_size(unique)} new" in said, said
     assert 100_000 < js(store, "image", "info", "b")["unique"] < 200_000
+
+
+def test_volume_export_works_once_the_settle_module_is_loaded(repo: Repository, tmp_path: Path) -> None:
+    """`casfs.volumes.settle` is a module and was a function of the package's lazy face
+    too: once the module was imported, the package's `settle` was the module, and an
+    export (which settles a crashed mount's changes first) failed with "'module' object
+    is not callable"."""
+    (tmp_path / "raw").write_bytes(os.urandom(1 << 16))
+    images.import_image(repo, "img", tmp_path / "raw")
+    volumes.create_volume(repo, "v", volumes.Source(image="img"))
+    code = (
+        "import sys, casfs.volumes.settle; from casfs.cli import main; "
+        f"sys.exit(main(['-s', {str(repo.path)!r}, 'volume', 'export', 'v', {str(tmp_path / 'out')!r}]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out").read_bytes() == (tmp_path / "raw").read_bytes()
