@@ -166,12 +166,18 @@ class Node:
         _remove(target)
         return pb.NodeUnpublishVolumeResponse()
 
-    def NodeGetVolumeStats(self, request: pb.NodeGetVolumeStatsRequest) -> pb.NodeGetVolumeStatsResponse:
-        vid = _required(request.volume_id, "a volume id")
-        path = _path(request.volume_path, "a volume path")
+    def _published(self, volume_id: str, volume_path: str) -> tuple[str, volumes.VolumeInfo]:
+        """The path and volume of a stats or expansion request: NotFound unless the
+        volume is published there."""
+        vid = _required(volume_id, "a volume id")
+        path = _path(volume_path, "a volume path")
         info = self._volume(vid)
         if system.mount_at(path) is None:
             raise NotFound(f"volume {vid!r} is not published at {path}")
+        return path, info
+
+    def NodeGetVolumeStats(self, request: pb.NodeGetVolumeStatsRequest) -> pb.NodeGetVolumeStatsResponse:
+        path, info = self._published(request.volume_id, request.volume_path)
         if info.kind == VolumeKind.BLOCK:
             usage = [Usage(total=info.size, unit=Usage.BYTES)]
         else:
@@ -191,11 +197,7 @@ class Node:
 
     def NodeExpandVolume(self, request: pb.NodeExpandVolumeRequest) -> pb.NodeExpandVolumeResponse:
         """A block volume's loop devices take its size again; a directory volume has none to take."""
-        vid = _required(request.volume_id, "a volume id")
-        path = _path(request.volume_path, "a volume path")
-        info = self._volume(vid)
-        if system.mount_at(path) is None:
-            raise NotFound(f"volume {vid!r} is not published at {path}")
+        _, info = self._published(request.volume_id, request.volume_path)
         if info.kind == VolumeKind.DIR:
             record = records.read(self.plugin.store, info.name) or {}
             return pb.NodeExpandVolumeResponse(capacity_bytes=int(record.get("capacity", 0)))

@@ -4,6 +4,7 @@ reads when it is on (the whole-file cache of images and snapshots)."""
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 from pathlib import Path
 
@@ -100,8 +101,6 @@ def test_two_readers_of_one_file_share_its_backing_file(
 def test_mmap_and_pread_of_a_passthrough_file(
     repo: Repository, tree: dict[str, bytes], tmp_path: Path
 ) -> None:
-    import mmap
-
     with mounted(repo.path, tmp_path / "mnt", ro=True) as m:
         data = tree["sub/big.bin"]
         fd = os.open(m.path / "images/tree/sub/big.bin", os.O_RDONLY)
