@@ -135,6 +135,12 @@ class BlobStore(Protocol):
         orphan, and gc removes orphans."""
         ...
 
+    def delete_many(self, bids: Sequence[BlobId]) -> None:
+        """delete() of each id, as one batch where the store can (a pack store drops
+        their index rows in one transaction). This default calls delete() for each."""
+        for bid in bids:
+            self.delete(bid)
+
     def list(self) -> Iterator[BlobId]:
         """Every published blob's id, once each, in no particular order; staged blobs
         are not listed. A blob published or deleted while the listing runs may or

@@ -25,7 +25,7 @@ from __future__ import annotations
 import errno as errnos
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from casfs.errors import Corruption
@@ -98,6 +98,9 @@ class FaultyBlobStore(BlobStore):
 
     def delete(self, bid: BlobId) -> None:
         self.inner.delete(bid)
+
+    def delete_many(self, bids: Sequence[BlobId]) -> None:
+        self.inner.delete_many(bids)
 
     def list(self) -> Iterator[BlobId]:
         return self.inner.list()

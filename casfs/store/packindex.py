@@ -303,16 +303,26 @@ class PackIndex:
     def delete(self, bid: BlobId) -> str | None:
         """Drop `bid`'s row; the name of its pack if that now holds no blob (its row
         then goes too, durably: the caller removes the file)."""
+        emptied = self.delete_many([bid])
+        return emptied[0] if emptied else None
+
+    def delete_many(self, bids: Sequence[BlobId]) -> list[str]:
+        """delete() of every id in one transaction (a gc round frees thousands: one
+        commit each cost ~90 us); the names of the packs that now hold no blob."""
+        touched: set[int] = set()
         with self._write(durable=False) as conn:
-            row = conn.execute("DELETE FROM blobs WHERE id = ? RETURNING pack", (bid,)).fetchone()
-            left = None
-            if row is not None:
-                left = conn.execute("SELECT 1 FROM blobs WHERE pack = ? LIMIT 1", (row[0],)).fetchone()
-        self.forget(bid)
-        if row is None or left is not None:
-            return None
+            for i in range(0, len(bids), _IN):
+                part = bids[i : i + _IN]
+                marks = ",".join("?" * len(part))
+                query = f"DELETE FROM blobs WHERE id IN ({marks}) RETURNING pack"
+                touched.update(r[0] for r in conn.execute(query, part))
+            empty = [p for p in sorted(touched) if not _holds_any(conn, p)]
+        self.located.forget(list(bids))
+        if not empty:
+            return []
         with self._write(durable=True) as conn:  # (every delete before it durable too)
-            return _drop_if_empty(conn, row[0])
+            emptied = (_drop_if_empty(conn, pack) for pack in empty)
+            return [name for name in emptied if name is not None]
 
     def drop_pack(self, name: str) -> bool:
         """Remove pack `name`'s row if no blob is in it (durably); whether it went."""
@@ -339,8 +349,12 @@ def _move(conn: sqlite3.Connection, pack: int, entries: Sequence[Entry]) -> set[
     return {p for _, p in old}
 
 
+def _holds_any(conn: sqlite3.Connection, pack: int) -> bool:
+    return conn.execute("SELECT 1 FROM blobs WHERE pack = ? LIMIT 1", (pack,)).fetchone() is not None
+
+
 def _drop_if_empty(conn: sqlite3.Connection, pack: int) -> str | None:
-    if conn.execute("SELECT 1 FROM blobs WHERE pack = ? LIMIT 1", (pack,)).fetchone() is not None:
+    if _holds_any(conn, pack):
         return None
     row = conn.execute("DELETE FROM packs WHERE id = ? RETURNING name", (pack,)).fetchone()
     return None if row is None else str(row[0])

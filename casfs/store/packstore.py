@@ -267,6 +267,12 @@ class PackBlobStore(DamagedMarks, BlobStore):
         if self.legacy is not None:
             self.legacy.delete(bid)
 
+    def delete_many(self, bids: Sequence[BlobId]) -> None:
+        for emptied in self.index.delete_many(bids):
+            self.unlink_pack(emptied)
+        if self.legacy is not None:
+            self.legacy.delete_many(bids)
+
     def unlink_pack(self, name: str) -> None:
         """Remove the file of a pack whose row is gone."""
         path = self.pack_path(name)

@@ -312,6 +312,21 @@ def test_delete_is_idempotent_and_leaves_the_others(sub: Subject) -> None:
     assert all(sub.store.get(b) == blobs[b] for b in rest)
 
 
+def test_delete_many_removes_just_those_and_takes_absent_ids(sub: Subject) -> None:
+    blobs = _blobs(6)
+    for plain in blobs.values():
+        sub.store.put(plain)
+    ids = list(blobs)
+    gone, kept = ids[:4], ids[4:]
+    sub.store.delete_many([*gone, gone[0], blob_id(b"never stored")])
+    sub.store.delete_many([])
+    assert sorted(sub.store.list()) == sorted(kept)
+    assert not any(sub.store.has(b) for b in gone)
+    with pytest.raises(MissingBlob):
+        sub.store.get(gone[1])
+    assert all(sub.store.get(b) == blobs[b] for b in kept)
+
+
 # -- verification -------------------------------------------------------------------
 
 

@@ -289,6 +289,23 @@ def test_remembered_places_are_used_and_forgotten_on_delete(tmp_path: Path) -> N
         store.get(bid)
 
 
+def test_delete_many_unlinks_the_packs_it_empties_only(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    first, second = _stage(store, 3), _stage(store, 3)
+    emptied = _pack_of(store, next(iter(first)))
+    kept_pack = _pack_of(store, next(iter(second)))
+    doomed = [*first, *list(second)[:2]]
+    store.delete_many(doomed)
+    assert not os.path.exists(store.pack_path(emptied)) and not store.index.has_pack(emptied)
+    assert os.path.exists(store.pack_path(kept_pack))
+    assert sorted(store.list()) == sorted(list(second)[2:])
+    last = list(second)[2]
+    assert store.get(last) == second[last]
+    # A reopened index agrees (the emptied pack's row was dropped durably).
+    again = PackBlobStore(tmp_path / "store")
+    assert not again.index.has_pack(emptied) and again.index.has_pack(kept_pack)
+
+
 def test_compaction_here_moves_what_is_remembered(tmp_path: Path) -> None:
     store = _store(tmp_path)
     blobs = _stage(store, 10)
