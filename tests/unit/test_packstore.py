@@ -21,7 +21,7 @@ import pytest
 from casfs.errors import Corruption, MissingBlob
 from casfs.refcount.fsck import fsck
 from casfs.repo import Repository
-from casfs.store import Staging
+from casfs.store import Staging, packcompact
 from casfs.store.fdcache import FdCache
 from casfs.store.ids import BlobId, blob_id
 from casfs.store.local import FileBlobStore, libc
@@ -86,6 +86,38 @@ def test_compact_rewrites_mostly_dead_packs_and_keeps_the_rest(tmp_path: Path) -
     assert all(store.get(b) == plain for b, plain in survivors.items())
     assert sorted(store.list()) == sorted(survivors)
     assert store.compact(0.5) == (0, 0)
+
+
+def test_compact_publishes_in_rounds_so_its_room_stays_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _store(tmp_path, target=64 << 10)
+    stagings = [_stage(store, 10) for _ in range(4)]  # four packs of ~40 KB
+    survivors: dict[BlobId, bytes] = {}
+    for blobs in stagings:
+        ids = list(blobs)
+        for bid in ids[:7]:
+            store.delete(bid)
+        survivors |= {b: blobs[b] for b in ids[7:]}  # ~12 KB live in each
+    monkeypatch.setattr(packcompact, "ROUND_PACKS", 0.5)  # 32 KiB of live bytes a round
+    rounds: list[object] = []
+    real = store.staging
+
+    def counted() -> object:
+        rounds.append(None)
+        return real()
+
+    monkeypatch.setattr(store, "staging", counted)
+    packs, reclaimed = store.compact(0.5)
+    assert len(rounds) == 2 and packs == 4 and reclaimed > 0
+    assert all(store.get(b) == plain for b, plain in survivors.items())
+    assert sorted(store.list()) == sorted(survivors)
+
+
+def test_rounds_split_by_live_bytes_and_keep_a_large_pack_alone() -> None:
+    packs = [("a", 0, 10), ("b", 0, 10), ("c", 0, 50), ("d", 0, 5)]
+    assert [[p[0] for p in r] for r in packcompact._rounds(packs, 20)] == [["a", "b"], ["c"], ["d"]]
+    assert packcompact._rounds([], 20) == []
 
 
 def test_compact_leaves_a_pack_whose_blob_fails_its_check(tmp_path: Path) -> None:
