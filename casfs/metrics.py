@@ -153,8 +153,13 @@ class Gauges:
     """Figures read when scraped: callables, so that nothing is kept up to date."""
 
     corrupt_reads: Callable[[], int]
-    queue: Callable[[], dict[str, int]]  # job state -> jobs of the store's queue
-    volumes: Callable[[], Iterable[tuple[str, dict[str, int]]]]  # (volume, figure -> bytes)
+    store: Callable[[], StoreReading]  # one catalog read a scrape
+
+
+@dataclass
+class StoreReading:
+    queue: dict[str, int]  # job state -> jobs of the store's queue
+    volumes: Iterable[tuple[str, dict[str, int]]]  # (volume, figure -> bytes)
 
 
 class CasfsCollector:
@@ -196,14 +201,15 @@ class CasfsCollector:
         fetch = HistogramMetricFamily("casfs_blob_fetch_seconds", "time to fetch a blob", labels=["mount"])
         fetch.add_metric(m, c.fetch_seconds.cumulative(), c.fetch_seconds.sum)
         yield fetch
+        reading = self.gauges.store()
         queue = GaugeMetricFamily("casfs_queue_jobs", "jobs of the store's work queue", labels=["state"])
-        for state, n in sorted(self.gauges.queue().items()):
+        for state, n in sorted(reading.queue.items()):
             queue.add_metric([state], n)
         yield queue
         volume = GaugeMetricFamily(
             "casfs_volume_bytes", "a volume's figures (logical, stored, unique)", labels=["volume", "figure"]
         )
-        for name, figures in self.gauges.volumes():
+        for name, figures in reading.volumes:
             for figure, value in figures.items():
                 volume.add_metric([name, figure], value)
         yield volume
@@ -283,25 +289,23 @@ def store_gauges(store: str, blobs: BlobStore, corrupt_reads: Callable[[], int])
     scraping thread's own (a SQLite connection has one owner: the daemon's stays on its
     trio thread) and the daemon's blob store, lent (a store on S3 is not reached again)."""
 
-    def queue() -> dict[str, int]:
+    def read() -> StoreReading:
         from casfs.lifecycle.queue import status
-
-        with _repository(store, blobs) as repo:
-            st = status(repo)
-        return {"running": len(st.running), "waiting": len(st.waiting)}
-
-    def volumes() -> list[tuple[str, dict[str, int]]]:
         from casfs.refcount.accounts import volume_listing
         from casfs.volumes import list_volumes
 
         with _repository(store, blobs) as repo:  # (the kept figures: O(volumes) a scrape)
+            st = status(repo)
             listing = volume_listing(repo, [v.name for v in list_volumes(repo)])
-        return [
-            (name, {"logical": f.logical, "stored": f.stored, "unique": f.unique, "written": f.written})
-            for name, f in listing.items()
-        ]
+        return StoreReading(
+            {"running": len(st.running), "waiting": len(st.waiting)},
+            [
+                (name, {"logical": f.logical, "stored": f.stored, "unique": f.unique, "written": f.written})
+                for name, f in listing.items()
+            ],
+        )
 
-    return Gauges(corrupt_reads, queue, volumes)
+    return Gauges(corrupt_reads, read)
 
 
 @contextlib.contextmanager
