@@ -23,7 +23,7 @@ from casfs.csi.node import Node
 from casfs.csi.plugin import Plugin
 from casfs.csi.proto import csi_pb2_grpc
 from casfs.errors import CasfsError, UsageError
-from casfs.grpcsvc.server import Adapter, InProgress, new_server, run_until_signalled, socket_path
+from casfs.grpcsvc.server import Adapter, InProgress, new_server, run_until_signalled
 from casfs.metrics import RpcCounts
 from casfs.repo import Repository
 
@@ -71,7 +71,9 @@ def build(
     add = csi_pb2_grpc
     add.add_IdentityServicer_to_server(adapter.servicer(identity, add.IdentityServicer), server)
     if "controller" in services:
-        add.add_ControllerServicer_to_server(adapter.servicer(Controller(plugin), add.ControllerServicer), server)
+        add.add_ControllerServicer_to_server(
+            adapter.servicer(Controller(plugin), add.ControllerServicer), server
+        )
     if "node" in services:
         add.add_NodeServicer_to_server(adapter.servicer(Node(plugin), add.NodeServicer), server)
     return server

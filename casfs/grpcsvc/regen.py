@@ -49,4 +49,8 @@ def generate(protos: list[Path], out_root: Path) -> list[Path]:
 def stale(protos: list[Path], out_root: Path) -> list[str]:
     """The checked-in generated files that differ from a fresh generation into out_root."""
     made = generate(protos, out_root)
-    return [str(p.relative_to(out_root)) for p in made if p.read_bytes() != (ROOT / p.relative_to(out_root)).read_bytes()]
+    return [
+        str(p.relative_to(out_root))
+        for p in made
+        if p.read_bytes() != (ROOT / p.relative_to(out_root)).read_bytes()
+    ]

@@ -96,7 +96,9 @@ class Adapter:
                 context.abort(code, message_of(e))
             finally:
                 seconds = time.monotonic() - start
-                self.log.info("%s %s=%s code=%s %.1f ms", name, self.locks.what, key or "-", code.name, seconds * 1000)
+                self.log.info(
+                    "%s %s=%s code=%s %.1f ms", name, self.locks.what, key or "-", code.name, seconds * 1000
+                )
                 if self.counts is not None:
                     self.counts.rpc(name, code.name, seconds)
 
