@@ -638,6 +638,22 @@ GRAMMAR = (
         "their rootfs across a restart. Runs until SIGTERM.",
     ),
     Row(
+        "snapshotter",
+        "prime",
+        snapshotter.cmd_prime,
+        "tell containerd an image casfs holds is unpacked (its import then unpacks nothing)",
+        [
+            Arg("image", metavar="IMAGE", help="an OCI image of the store (`casfs image import`)"),
+            Arg("--containerd", metavar="unix:///PATH", help="containerd's socket (required)"),
+            Arg("--namespace", default="default", metavar="NS", help="containerd's namespace (default: default)"),
+            Arg("--snapshotter", default="casfs", metavar="NAME", help="the proxy plugin's name (default: casfs)"),
+            JSON_LIST,
+        ],
+        "For each layer chain of IMAGE, a Prepare labelled containerd.io/snapshot.ref through\n"
+        "containerd's Snapshots service: the casfs snapshotter answers AlreadyExists and\n"
+        "containerd records the layer as unpacked (the remote-snapshot convention).",
+    ),
+    Row(
         "config",
         "unset",
         maintenance.cmd_config_unset,
