@@ -10,6 +10,7 @@ APT_PACKAGES=(
     python3 python3-venv python3-dev gcc patch   # pyfuse3 builds from source against libfuse3
     meson dpkg-dev                         # libfuse 3.17+ (passthrough) from Debian's source
     umoci skopeo runc                      # OCI images: tests build them offline and run them
+    containerd busybox-static              # the snapshotter's tests: containerd and a static rootfs
     openssh-server openssh-client rsync    # replicas over ssh: the tests start their own sshd
 )
 missing=()

@@ -135,6 +135,20 @@ def chain_root(conn: sqlite3.Connection, chain_id: str, chunk_size: int, devices
     return None if row is None else BlobId(bytes(row[0]))
 
 
+def chain_holder(conn: sqlite3.Connection, chain_id: str) -> tuple[ImageRow, BlobId] | None:
+    """A ready image keeping the tree of the layers `chain_id` names (all of its layers
+    or its first ones), and that tree, if any (whatever its chunk size)."""
+    found = conn.execute(
+        "SELECT c.image, c.root FROM image_chains c JOIN images i ON i.name = c.image "
+        "WHERE c.chain_id = ? AND i.phase = 'ready' "
+        "UNION ALL SELECT name, root FROM images WHERE json_extract(oci, '$.chain_id') = ? "
+        "AND phase = 'ready' AND root IS NOT NULL LIMIT 1",
+        (chain_id, chain_id),
+    ).fetchone()
+    image = None if found is None else image_row(conn, found[0])
+    return None if image is None else (image, BlobId(bytes(found[1])))
+
+
 def insert_chains(conn: sqlite3.Connection, name: str, chains: list[tuple[int, str, BlobId]]) -> None:
     """An image's (layers, chain id, root) rows (the caller counts their references)."""
     conn.executemany(

@@ -336,6 +336,33 @@ def _migrate_9_to_10(conn: sqlite3.Connection) -> None:
         conn.execute(trigger)
 
 
+# Format 11: the containerd snapshotter's snapshots (casfs.snapshotter).
+SNAPSHOTTER_SCHEMA = """
+-- containerd's snapshots served by `casfs snapshotter serve`: each is a casfs volume
+-- (active, view) or one of its snapshots (committed). Keys are the snapshotter's, as
+-- containerd names them (its namespace and sequence in them).
+CREATE TABLE ctr_snapshots (
+    key       TEXT PRIMARY KEY,
+    kind      TEXT NOT NULL CHECK (kind IN ('view', 'active', 'committed')),
+    -- preparing | ready | committing | removing (casfs.snapshotter.records)
+    phase     TEXT NOT NULL CHECK (phase IN ('preparing', 'ready', 'committing', 'removing')),
+    owner_pid INTEGER,              -- the snapshotter in a phase other than ready
+    parent    TEXT NOT NULL,        -- its parent's key ('' for none)
+    volume    TEXT NOT NULL,        -- the casfs volume it is, or whose snapshot it is
+    snapshot  INTEGER,              -- committed: that volume's snapshot number
+    labels    TEXT NOT NULL,        -- JSON object
+    created   REAL NOT NULL,        -- unix time
+    updated   REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX ctr_snapshots_parent ON ctr_snapshots (parent);
+"""
+
+
+def _migrate_10_to_11(conn: sqlite3.Connection) -> None:
+    for statement in _statements(SNAPSHOTTER_SCHEMA):
+        conn.execute(statement)
+
+
 Migration = Callable[[sqlite3.Connection], None]
 MIGRATIONS: dict[int, Migration] = {
     1: _migrate_1_to_2,
@@ -347,4 +374,5 @@ MIGRATIONS: dict[int, Migration] = {
     7: _migrate_7_to_8,
     8: _migrate_8_to_9,
     9: _migrate_9_to_10,
+    10: _migrate_10_to_11,
 }

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-FORMAT_VERSION = 10
+FORMAT_VERSION = 11
 
 IMAGE_PHASES = ("queued", "importing", "verifying", "ready", "failed")
 VOLUME_PHASES = ("creating", "ready", "mounted", "snapshotting", "deleting")
@@ -256,6 +256,24 @@ CREATE TABLE peers (
     seen   REAL NOT NULL,          -- unix time
     PRIMARY KEY (volume, source)
 ) WITHOUT ROWID;
+
+-- containerd's snapshots served by `casfs snapshotter serve`: each is a casfs volume
+-- (active, view) or one of its snapshots (committed). Keys are the snapshotter's, as
+-- containerd names them (its namespace and sequence in them).
+CREATE TABLE ctr_snapshots (
+    key       TEXT PRIMARY KEY,
+    kind      TEXT NOT NULL CHECK (kind IN ('view', 'active', 'committed')),
+    -- preparing | ready | committing | removing (casfs.snapshotter.records)
+    phase     TEXT NOT NULL CHECK (phase IN ('preparing', 'ready', 'committing', 'removing')),
+    owner_pid INTEGER,              -- the snapshotter in a phase other than ready
+    parent    TEXT NOT NULL,        -- its parent's key ('' for none)
+    volume    TEXT NOT NULL,        -- the casfs volume it is, or whose snapshot it is
+    snapshot  INTEGER,              -- committed: that volume's snapshot number
+    labels    TEXT NOT NULL,        -- JSON object
+    created   REAL NOT NULL,        -- unix time
+    updated   REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX ctr_snapshots_parent ON ctr_snapshots (parent);
 """
 
 

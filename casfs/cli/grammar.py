@@ -62,6 +62,7 @@ maintenance = _Module("casfs.cli.maintenance")
 mounts = _Module("casfs.cli.mounts")
 replica = _Module("casfs.cli.replica")
 scrubbing = _Module("casfs.cli.scrub")
+snapshotter = _Module("casfs.cli.snapshotter")
 store_status = _Module("casfs.cli.status")
 snapshots = _Module("casfs.cli.snapshots")
 volumes = _Module("casfs.cli.volumes")
@@ -111,6 +112,7 @@ NOUNS = {
     "queue": "the store's bounded work queue (imports, snapshot folds, fsck, gc)",
     "config": "store settings, kept in the catalog",
     "csi": "the Kubernetes CSI plugin",
+    "snapshotter": "the containerd snapshotter (containers' root filesystems)",
 }
 
 NAME = Arg("name", metavar="NAME")
@@ -610,6 +612,46 @@ GRAMMAR = (
         "Serve the Container Storage Interface v1 over gRPC for kubelet and the CSI sidecars,\n"
         "with the volumes of --store. Runs until SIGTERM; mounts it staged stay up (one\n"
         "daemon per volume), and a plugin started again answers for them.",
+    ),
+    Row(
+        "snapshotter",
+        "serve",
+        snapshotter.cmd_serve,
+        "serve containerd's snapshots API on a unix socket (a proxy plugin)",
+        [
+            Arg("--address", metavar="unix:///PATH", help="the socket to listen on (required)"),
+            Arg(
+                "--root",
+                metavar="DIR",
+                help="where active snapshots are mounted, under DIR/mounts (default /run/casfs-snapshotter)",
+            ),
+            Arg(
+                "--log-level",
+                default="info",
+                choices=("debug", "info", "warning", "error"),
+                help="info logs one line per RPC: method, snapshot key, code, milliseconds",
+            ),
+        ],
+        "Serve containerd.services.snapshots.v1.Snapshots with the volumes of --store, for\n"
+        'containerd\'s [proxy_plugins.casfs] (type "snapshot"). Each active snapshot is a\n'
+        "volume mounted by its own daemon, which outlives the server: running containers keep\n"
+        "their rootfs across a restart. Runs until SIGTERM.",
+    ),
+    Row(
+        "snapshotter",
+        "prime",
+        snapshotter.cmd_prime,
+        "tell containerd an image casfs holds is unpacked (its import then unpacks nothing)",
+        [
+            Arg("image", metavar="IMAGE", help="an OCI image of the store (`casfs image import`)"),
+            Arg("--containerd", metavar="unix:///PATH", help="containerd's socket (required)"),
+            Arg("--namespace", default="default", metavar="NS", help="containerd's namespace (default: default)"),
+            Arg("--snapshotter", default="casfs", metavar="NAME", help="the proxy plugin's name (default: casfs)"),
+            JSON_LIST,
+        ],
+        "For each layer chain of IMAGE, a Prepare labelled containerd.io/snapshot.ref through\n"
+        "containerd's Snapshots service: the casfs snapshotter answers AlreadyExists and\n"
+        "containerd records the layer as unpacked (the remote-snapshot convention).",
     ),
     Row(
         "config",

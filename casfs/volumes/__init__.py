@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from casfs.volumes.create import (
+        clone_chain,
         create_volume,
         finish_delete,
         mark_deleting,
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 # twentieth of its start-up.
 _MODULES = {
     "create": (
+        "clone_chain",
         "create_volume",
         "finish_delete",
         "mark_deleting",
@@ -92,6 +94,7 @@ __all__ = [
     "SnapshotInfo",
     "Source",
     "VolumeInfo",
+    "clone_chain",
     "create_snapshot",
     "create_volume",
     "describe_unsaved",

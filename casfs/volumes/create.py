@@ -6,19 +6,20 @@ import os
 import sqlite3
 import stat
 import time
+from typing import NamedTuple
 
 from casfs.catalog import images as image_rows
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, Conflict, NotFound, UsageError
-from casfs.ids import FIRST_FREE_INO, ROOT_INO
+from casfs.ids import FIRST_FREE_INO, ROOT_INO, InodeNo
 from casfs.kinds import BlobKind, VolumeKind, block_size_refusal, chunk_size_refusal
 from casfs.lifecycle import pids
 from casfs.lifecycle.faults import fault_point
 from casfs.lifecycle.phases import VolumePhase, give_volume, take_volume
 from casfs.refcount import figures, ledger
 from casfs.repo import Repository
-from casfs.store.ids import ZERO_ID
+from casfs.store.ids import ZERO_ID, BlobId
 from casfs.units import check_name, parse_snapshot_ref
 from casfs.volumes.info import Source, VolumeInfo, get_volume, require_at_rest, volume_row
 
@@ -112,28 +113,82 @@ def create_volume(
             base, kind, chunk_size = snap.root, snap.kind, snap.chunk_size
             size, next_ino = snap.size, snap.next_ino
             origin = f"snapshot:{vol}@{n}"
-        if kind == VolumeKind.BLOCK and mode == "rw":
-            check_block_size(size)  # (a read-only clone keeps no upper file: any size reads)
-        ledger.retain(conn, [base])
         source_subject = origin if source.image is not None else f"snapshot:{vol}@{n}"
-        rows.insert_volume(
-            conn,
-            name,
-            kind=kind,
-            mode=mode,
-            phase=VolumePhase.READY,
-            base=base,
-            origin=origin,
-            size=size,
-            chunk_size=chunk_size,
-            next_ino=next_ino,
-            spec=spec,
-            owner_pid=None,
-            grace_s=grace_s,
-        )
-        figures.cloned(conn, name, base, source_subject)
+        made = Made(base, kind, chunk_size, size, next_ino, origin, source_subject)
+        _insert_clone(conn, name, made, mode, spec, grace_s)
     fault_point("create:after-commit")
     return get_volume(repo, name), True
+
+
+class Made(NamedTuple):
+    """What a clone is made of: its base tree and what it inherits from its source."""
+
+    base: BlobId
+    kind: VolumeKind
+    chunk_size: int
+    size: int
+    next_ino: InodeNo
+    origin: str  # the volume's origin ('image:NAME', 'snapshot:VOL@N', 'chain:ID')
+    subject: str  # the kept figures' subject the base comes from
+
+
+def _insert_clone(
+    conn: sqlite3.Connection, name: str, m: Made, mode: str, spec: str, grace_s: float | None
+) -> None:
+    """Inside the caller's transaction: the volume's row, one reference on its base."""
+    if m.kind == VolumeKind.BLOCK and mode == "rw":
+        check_block_size(m.size)  # (a read-only clone keeps no upper file: any size reads)
+    ledger.retain(conn, [m.base])
+    rows.insert_volume(
+        conn,
+        name,
+        kind=m.kind,
+        mode=mode,
+        phase=VolumePhase.READY,
+        base=m.base,
+        origin=m.origin,
+        size=m.size,
+        chunk_size=m.chunk_size,
+        next_ino=m.next_ino,
+        spec=spec,
+        owner_pid=None,
+        grace_s=grace_s,
+    )
+    figures.cloned(conn, name, m.base, m.subject)
+
+
+def clone_chain(repo: Repository, name: str, chain_id: str, read_only: bool = False) -> VolumeInfo:
+    """A volume of the tree an OCI image keeps for the layers `chain_id` names (all its
+    layers, or its first ones), O(1) as any clone; origin 'chain:ID'. NotFound if no
+    ready image keeps it."""
+    import json
+
+    from casfs.refcount.logical import root_size  # (here: only this clone sizes its tree)
+
+    check_name(name, "volume")
+    mode = "ro" if read_only else "rw"
+    conn = repo.conn
+    with transaction(conn):
+        held = image_rows.chain_holder(conn, chain_id)
+        if held is None:
+            raise NotFound(f"no image holds the layers of chain {chain_id}")
+        image, base = held
+        # Inode numbers grow layer by layer: the image's next one is past any tree of its first layers.
+        size = image.size if base == image.root else root_size(repo.get_meta, image.kind, base)
+        made = Made(
+            base,
+            image.kind,
+            image.chunk_size,
+            size,
+            image.next_ino,
+            f"chain:{chain_id}",
+            f"image:{image.name}",
+        )
+        spec = json.dumps({"chain": chain_id, "mode": mode}, sort_keys=True)
+        if _existing(conn, name, spec):
+            return get_volume(repo, name)
+        _insert_clone(conn, name, made, mode, spec, None)
+    return get_volume(repo, name)
 
 
 def _existing(conn: sqlite3.Connection, name: str, spec: str) -> bool:

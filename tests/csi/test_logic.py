@@ -14,7 +14,8 @@ from casfs.csi import codes, naming
 from casfs.csi.controller import Controller
 from casfs.csi.plugin import Plugin
 from casfs.csi.proto import csi_pb2 as pb
-from casfs.csi.server import InProgress, socket_path, volume_of
+from casfs.csi.server import volume_of
+from casfs.grpcsvc.server import InProgress, socket_path
 from casfs.repo import Repository
 from tests.helpers.csi import mount_cap
 

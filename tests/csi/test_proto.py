@@ -6,14 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from casfs.csi.proto import csi_pb2
-from casfs.csi.proto.regen import GENERATED, HERE, generate
+from casfs.csi.proto.regen import GENERATED, PROTOS
+from casfs.grpcsvc.regen import generate, stale
 
 
 def test_the_checked_in_modules_are_what_the_proto_generates(tmp_path: Path) -> None:
-    made = generate(tmp_path)
-    assert [p.name for p in made] == list(GENERATED)
-    stale = [p.name for p in made if p.read_bytes() != (HERE / p.name).read_bytes()]
-    assert stale == [], f"regenerate with `python -m casfs.csi.proto.regen`: {stale} differ"
+    assert [p.name for p in generate(PROTOS, tmp_path / "names")] == list(GENERATED)
+    differ = stale(PROTOS, tmp_path / "fresh")
+    assert differ == [], f"regenerate with `python -m casfs.csi.proto.regen`: {differ} differ"
 
 
 def test_a_few_field_numbers_are_the_specs() -> None:

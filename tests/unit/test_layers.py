@@ -14,7 +14,7 @@ row of the CLI grammar imports M.
                      and casfs.catalog
     casfs.vfs        never imports casfs.fuse, casfs.volumes, casfs.images or casfs.cli
     only casfs.fuse imports pyfuse3; trio only casfs.fuse and, in casfs.vfs, its chunk cache;
-                     grpc and protobuf only casfs.csi
+                     grpc and protobuf only casfs.csi, casfs.snapshotter and casfs.grpcsvc
     only casfs.catalog, the pack index (and casfs.sqlitewal, which opens SQLite files) run SQL
     commands that do not mount import neither trio nor pyfuse3, nor grpc (checked by running them)
 """
@@ -110,7 +110,8 @@ FLOORS = {
     "volumes": 4, "images": 4,
     "metrics": 4,
     "replica": 5, "fuse": 5, "upkeep": 5,
-    "cli": 6, "csi": 6, "__main__": 6, "casfs": 6,
+    "grpcsvc": 5,
+    "cli": 6, "csi": 6, "snapshotter": 6, "__main__": 6, "casfs": 6,
 }  # fmt: skip
 
 
@@ -282,9 +283,9 @@ def test_only_the_catalog_and_the_pack_index_run_sql() -> None:
     assert {m for m, path in MODULES.items() if runs_sql(path) and not in_package(m, *SQL_ALLOWED)} == set()
 
 
-def test_only_the_csi_plugin_imports_grpc() -> None:
+def test_only_the_grpc_services_import_grpc() -> None:
     assert {m for m, deps in THIRD_PARTY.items() if deps & {"grpc", "google"}} <= {
-        m for m in MODULES if in_package(m, "casfs.csi")
+        m for m in MODULES if in_package(m, "casfs.csi", "casfs.snapshotter", "casfs.grpcsvc")
     }
 
 
