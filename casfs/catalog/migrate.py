@@ -336,6 +336,23 @@ def _migrate_9_to_10(conn: sqlite3.Connection) -> None:
         conn.execute(trigger)
 
 
+# Format 11: bookmarks, a removed snapshot's number and root (casfs.volumes.prune), so
+# that a pull after retention still checks the line. A new table only; an older casfs
+# would remove snapshots without them, so the step is the version.
+BOOKMARKS_TABLE = """
+CREATE TABLE bookmarks (
+    volume  TEXT NOT NULL,
+    n       INTEGER NOT NULL,
+    root    BLOB NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (volume, n)
+) WITHOUT ROWID"""
+
+
+def _migrate_10_to_11(conn: sqlite3.Connection) -> None:
+    conn.execute(BOOKMARKS_TABLE)
+
+
 Migration = Callable[[sqlite3.Connection], None]
 MIGRATIONS: dict[int, Migration] = {
     1: _migrate_1_to_2,
@@ -347,4 +364,5 @@ MIGRATIONS: dict[int, Migration] = {
     7: _migrate_7_to_8,
     8: _migrate_8_to_9,
     9: _migrate_9_to_10,
+    10: _migrate_10_to_11,
 }

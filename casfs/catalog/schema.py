@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-FORMAT_VERSION = 10
+FORMAT_VERSION = 11
 
 IMAGE_PHASES = ("queued", "importing", "verifying", "ready", "failed")
 VOLUME_PHASES = ("creating", "ready", "mounted", "snapshotting", "deleting")
@@ -241,6 +241,17 @@ CREATE TABLE provenance (
     made_by  TEXT NOT NULL,        -- id of the store that took it (meta 'store_id' there)
     source   TEXT NOT NULL,        -- what it was received from: a SOURCE of `casfs pull`, or 'stream'
     received REAL NOT NULL,        -- unix time
+    PRIMARY KEY (volume, n)
+) WITHOUT ROWID;
+
+-- Removed snapshots' numbers and roots (casfs.volumes.prune): no reference, the blobs
+-- may be gone; a pull's lineage check compares them as it compares snapshots (ZFS's
+-- bookmarks). Removed with the volume.
+CREATE TABLE bookmarks (
+    volume  TEXT NOT NULL,
+    n       INTEGER NOT NULL,
+    root    BLOB NOT NULL,
+    created REAL NOT NULL,         -- when the snapshot was taken (unix time)
     PRIMARY KEY (volume, n)
 ) WITHOUT ROWID;
 
