@@ -35,6 +35,14 @@ def refused(p: subprocess.CompletedProcess[bytes], code: int, words: bytes) -> N
     assert p.returncode == code and words in p.stderr, (p.returncode, p.stderr)
 
 
+def b_goes_on(a: Path, b: Path, tmp_path: Path) -> tuple[int, int]:
+    """vm1@N made on a and pulled by b, then b's own next snapshot: (N, b's)."""
+    block_volume(a, tmp_path, "vm1", 8 * MiB, os.urandom(MiB))
+    first = write_block(a, "vm1", [(0, os.urandom(CHANGE))])
+    pull(b, str(a), "vm1")
+    return first, write_block(b, "vm1", [(MiB, os.urandom(CHANGE))])
+
+
 def test_after_the_source_pruned_the_replicas_newest_a_pull_moves_only_the_change(
     two: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -66,11 +74,8 @@ def test_a_line_that_diverged_before_the_pruned_snapshot_is_still_refused(
     a, b = two
     c = stores.add(tmp_path / "c")
     Repository.init(c).close()
-    block_volume(a, tmp_path, "vm1", 8 * MiB, os.urandom(MiB))
-    first = write_block(a, "vm1", [(0, os.urandom(CHANGE))])
-    pull(b, str(a), "vm1")
-    theirs = write_block(b, "vm1", [(MiB, os.urandom(CHANGE))])  # b goes on by itself...
-    assert pull(c, str(b), "vm1")["n"] == theirs  # ...and c follows b
+    first, theirs = b_goes_on(a, b, tmp_path)
+    assert pull(c, str(b), "vm1")["n"] == theirs  # b went on by itself, and c follows b
     ours = write_block(a, "vm1", [(2 * MiB, os.urandom(CHANGE))])  # a takes the same number
     assert ours == theirs
     newest = write_block(a, "vm1", [(3 * MiB, os.urandom(CHANGE))])
@@ -89,10 +94,7 @@ def test_a_snapshot_the_source_took_from_here_and_pruned_is_still_the_same_line(
     two: tuple[Path, Path], tmp_path: Path
 ) -> None:
     a, b = two
-    block_volume(a, tmp_path, "vm1", 8 * MiB, os.urandom(MiB))
-    write_block(a, "vm1", [(0, os.urandom(CHANGE))])
-    pull(b, str(a), "vm1")
-    mine = write_block(b, "vm1", [(MiB, os.urandom(CHANGE))])  # taken on b, pulled back by a
+    _, mine = b_goes_on(a, b, tmp_path)  # taken on b, pulled back by a
     assert pull(a, str(b), "vm1")["n"] == mine
     newest = write_block(a, "vm1", [(2 * MiB, os.urandom(CHANGE))])
     prune(a, "vm1", "--keep-last", "1")  # a keeps no snapshot b has, only their bookmarks
