@@ -36,7 +36,8 @@ DAY = 86400
 
 @dataclass(frozen=True)
 class KeepPolicy:
-    """How many snapshots each rule keeps (None: the rule is off)."""
+    """How many snapshots each rule keeps (None: the rule is off; all off: `empty`, no
+    policy, which a registry record may hold and prune refuses)."""
 
     last: int | None = None
     hourly: int | None = None
@@ -46,8 +47,11 @@ class KeepPolicy:
         for rule, value in self.rules():
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise UsageError(f"invalid keep-{rule} {value!r}: a whole number >= 1")
-        if all(value is None for _, value in self.rules()):
-            raise UsageError("a retention policy needs at least one of keep-last, keep-hourly, keep-daily")
+
+    @property
+    def empty(self) -> bool:
+        """No rule on: `prune` refuses it (it would keep only the newest), as restic does."""
+        return all(value is None for _, value in self.rules())
 
     def rules(self) -> list[tuple[str, int | None]]:
         return [("last", self.last), ("hourly", self.hourly), ("daily", self.daily)]
@@ -118,6 +122,8 @@ def prune(repo: Repository, volume: str, policy: KeepPolicy, *, dry_run: bool = 
 def prune_volume(repo: Repository, volume: str, policy: KeepPolicy, *, dry_run: bool = False) -> Pruned:
     """`prune` with what was kept and why. One transaction: the choice is made on the
     rows it removes from (a snapshot taken or cloned meanwhile is seen or waits)."""
+    if policy.empty:
+        raise UsageError("a retention policy needs at least one of keep-last, keep-hourly, keep-daily")
     get_volume(repo, volume)  # (NotFound, exit 3, for no such volume)
     conn = repo.conn
     with transaction(conn):
