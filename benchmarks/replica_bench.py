@@ -4,7 +4,7 @@ raw image, through the same ssh to a throwaway sshd on 127.0.0.1.
 
     python benchmarks/replica_bench.py [--size 1G] [--change 10M]
                                        [--change-data random|text|files] [--reps 3]
-                                       [--no-full] [--workdir DIR] [--json]
+                                       [--no-full] [--scaling 1G,16G] [--workdir DIR] [--json]
 
 One image of --size (a third zeros, a third random, a third text: benchlib.generate) is
 imported into store A, a volume made from it and snapshotted (vm1@1). Then, each
@@ -20,6 +20,21 @@ repetition into a fresh store B and a fresh copy target:
                 connection and the source-side server its last pull left up
                 (replica.sharing), rsync through the same ssh connection (the same
                 ControlPath; rsync starts its remote side in a session each time)
+
+--scaling 1G,16G runs the scaling section instead: the incremental pull's time against
+the volume's size (issue 29's targets: the time grows with the change, not the volume).
+For each size, one image (as above) in a subvolume of a btrfs on a loop file, snapshot
+s1; store A imports s1's image (vm1@1); the change is written into A's volume (vm1@2)
+and the btrfs file (snapshot s2). Then, each from the same before and after, the
+destination synced (`sync -f`) inside each timing:
+
+  casfs   `casfs pull A vm1` through a local pipe into store B holding vm1@1
+  btrfs   `btrfs send -p s1 s2 | btrfs receive` into a second btrfs holding s1
+  rsync   `rsync -a --inplace` of the changed file onto a copy of s1's (local: whole file)
+
+Ratios: casfs at the largest size over the smallest; rsync and btrfs over casfs. Each
+loop device and mount is removed in `finally` (rsync, btrfs-progs:
+scripts/install-bench.sh).
 
 --no-full leaves the full pull untimed: store B gets vm1@1 through a local pipe (`casfs
 pull A vm1`) and the copy is the image copied (cp), so a run measures the other two.
@@ -305,6 +320,122 @@ def run(work: Path, size: int, total: int, reps: int, data: str, full: bool = Tr
     }
 
 
+# -- scaling: the incremental pull against the volume's size (--scaling) ---------------
+
+
+@contextlib.contextmanager
+def btrfs(work: Path, name: str, size: int) -> Iterator[Path]:
+    """A btrfs on a sparse loop file of `size` bytes, mounted at work/NAME; unmounted and
+    its loop device detached however the block ends."""
+    backing, mnt = work / f"{name}.btrfs", work / name
+    with open(backing, "wb") as f:
+        f.truncate(size)
+    loop = sh("losetup", "--find", "--show", backing).strip()
+    try:
+        sh("mkfs.btrfs", "-q", loop)
+        mnt.mkdir()
+        sh("mount", loop, mnt)
+        try:
+            yield mnt
+        finally:
+            sh("umount", mnt)
+            mnt.rmdir()
+    finally:
+        sh("losetup", "-d", loop)
+        backing.unlink()
+
+
+def synced(dest: Path, *cmd: str | Path, shell: str | None = None) -> float:
+    """Seconds of a command (or a shell pipeline) and the sync of the filesystem it wrote."""
+    t = time.perf_counter()
+    if shell is not None:
+        sh("bash", "-o", "pipefail", "-c", shell, timeout=3600)
+    else:
+        sh(*cmd, timeout=3600)
+    sh("sync", "-f", dest)
+    return time.perf_counter() - t
+
+
+def scaling_one(work: Path, size: int, total: int, data: str) -> dict[str, float]:
+    """One size: the three incremental transfers of the same change (see the module)."""
+    room = size + size // 4 + (1 << 30)
+    out: dict[str, float] = {}
+    with btrfs(work, "bsrc", room) as src:
+        sh("btrfs", "subvolume", "create", src / "vol")
+        live = src / "vol" / "disk.img"
+        generate(live, size, seed=1, runs="zrt")
+        sh("sync", "-f", live)
+        sh("btrfs", "subvolume", "snapshot", "-r", src / "vol", src / "s1")
+        a, b = work / "sa", work / "sb"
+        casfs(a, "init")
+        casfs(a, "image", "import", "disk", src / "s1" / "disk.img")
+        casfs(a, "volume", "create", "vm1", "--from", "disk")
+        casfs(a, "snapshot", "create", "vm1")
+        change(a, live, size, total, seed=2, data=data)
+        sh("sync", "-f", live)
+        sh("btrfs", "subvolume", "snapshot", "-r", src / "vol", src / "s2")
+
+        with btrfs(work, "bdst", room) as dst:
+            sh("bash", "-o", "pipefail", "-c", f"btrfs send -q {src / 's1'} | btrfs receive -q {dst}")
+            send = f"btrfs send -q -p {src / 's1'} {src / 's2'} | btrfs receive -q {dst}"
+            out["btrfs s"] = synced(dst, shell=send)
+
+        casfs(b, "init")
+        t = time.perf_counter()
+        casfs(b, "pull", a, "vm1", "--snapshot", "1")
+        out["first pull s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        doc = json.loads(casfs(b, "pull", a, "vm1", "--json"))
+        sh("sync", "-f", b)
+        out["casfs s"] = time.perf_counter() - t
+        out["casfs bytes"] = float(doc["bytes"])
+        roots = [
+            {s["n"]: s["root"] for s in json.loads(casfs(x, "snapshot", "ls", "vm1", "--json"))}
+            for x in (a, b)
+        ]
+        assert roots[0][2] == roots[1][2], roots  # (the same snapshot landed)
+        sh("rm", "-rf", b)
+
+        copy = work / "copy.img"
+        sh("cp", "--sparse=always", src / "s1" / "disk.img", copy)
+        os.utime(copy, (0, 0))  # (older than the change: rsync's quick check sees it)
+        out["rsync s"] = synced(copy, "rsync", "-a", "--inplace", live, copy)
+        sh("cmp", live, copy)
+        copy.unlink()
+        sh("rm", "-rf", a)
+    return out
+
+
+def scaling(work: Path, sizes: list[int], total: int, data: str) -> dict[str, Any]:
+    per = {format_size(size): scaling_one(work, size, total, data) for size in sizes}
+    small, large = per[format_size(sizes[0])], per[format_size(sizes[-1])]
+    return {
+        "change": total,
+        "change_data": data,
+        "sizes": per,
+        "casfs_large_over_small": large["casfs s"] / small["casfs s"],
+        "rsync_over_casfs": {k: v["rsync s"] / v["casfs s"] for k, v in per.items()},
+        "casfs_over_btrfs": {k: v["casfs s"] / v["btrfs s"] for k, v in per.items()},
+    }
+
+
+def scaling_lines(report: dict[str, Any]) -> list[str]:
+    lines = [
+        f"incremental pull against the volume's size: {format_size(report['change'])} changed "
+        f"({report['change_data']} data), local pipes, destination synced",
+        f"{'size':>10} {'casfs s':>9} {'btrfs s':>9} {'rsync s':>9} {'casfs bytes':>12}  "
+        "rsync/casfs  casfs/btrfs  (first pull s)",
+    ]
+    for size, v in report["sizes"].items():
+        lines.append(
+            f"{size:>10} {v['casfs s']:9.2f} {v['btrfs s']:9.2f} {v['rsync s']:9.2f} "
+            f"{format_size(int(v['casfs bytes'])):>12}  {report['rsync_over_casfs'][size]:10.1f}x "
+            f"{report['casfs_over_btrfs'][size]:11.2f}x  ({v['first pull s']:.1f})"
+        )
+    lines.append(f"casfs, largest over smallest: {report['casfs_large_over_small']:.2f}x (target <= 1.2x)")
+    return lines
+
+
 def main() -> None:
     p = arguments(__doc__)
     p.add_argument("--size", default="1G")
@@ -312,9 +443,16 @@ def main() -> None:
     p.add_argument("--change-data", choices=("random", "text", "files"), default="random")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--no-full", action="store_true", help="time only the incremental and repeated pulls")
+    p.add_argument("--scaling", metavar="SIZES", help="the scaling section for these sizes (1G,16G)")
     args = p.parse_args()
     stop_on_sigterm()
     size, total = parse_size(args.size), parse_size(args.change)
+    if args.scaling is not None:
+        sizes = [parse_size(x) for x in args.scaling.split(",")]
+        with scratch(args.workdir, "casfs-replica-scaling-", mounts=("bsrc", "bdst")) as work:
+            scaled = scaling(work, sizes, total, args.change_data)
+        emit(scaled, args.json, *scaling_lines(scaled))
+        return
     with scratch(args.workdir, "casfs-replica-bench-", mounts=()) as work:
         report = run(work, size, total, args.reps, args.change_data, not args.no_full)
     med, r = report["median"], report["rsync_over_casfs"]
@@ -327,10 +465,10 @@ def main() -> None:
     for what, label in WHAT.items():
         if f"{what} casfs s" not in med:
             continue
-        sizes = [format_size(int(med[f"{what} {peer} bytes"])) for peer in ("casfs", "rsync")]
+        moved = [format_size(int(med[f"{what} {peer} bytes"])) for peer in ("casfs", "rsync")]
         lines.append(
             f"{label:12} {med[f'{what} casfs s']:9.2f} {med[f'{what} rsync s']:9.2f} "
-            f"{sizes[0]:>12} {sizes[1]:>12}  {r[f'{what} s']:.1f}x, {r[f'{what} bytes']:.1f}x"
+            f"{moved[0]:>12} {moved[1]:>12}  {r[f'{what} s']:.1f}x, {r[f'{what} bytes']:.1f}x"
         )
     lines.append(
         "floors of a cold pull: "

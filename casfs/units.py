@@ -30,6 +30,18 @@ def parse_size(text: str) -> int:
     return size
 
 
+def parse_rate(text: str) -> int:
+    """A bandwidth in bytes per second: '50M', '50M/s', '800K', '1G' (binary multiples,
+    as sizes and rsync's --bwlimit; a plain number is bytes)."""
+    body = text.strip().lower().removesuffix("/s")
+    try:
+        return parse_size(body)
+    except UsageError:
+        raise UsageError(
+            f"invalid rate {text!r}: bytes per second, a number with an optional K, M or G suffix (e.g. 50M)"
+        ) from None
+
+
 def format_size(n: int) -> str:
     if abs(n) < 1024:
         return f"{n} B"

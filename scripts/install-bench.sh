@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install.sh
-PACKAGES=(qemu-system-common qemu-utils squashfuse squashfs-tools borgbackup restic fio bindfs b3sum)
+PACKAGES=(qemu-system-common qemu-utils squashfuse squashfs-tools borgbackup restic fio bindfs b3sum rsync btrfs-progs)
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")

@@ -358,9 +358,23 @@ CREATE INDEX ctr_snapshots_parent ON ctr_snapshots (parent);
 """
 
 
+# Also in format 11: bookmarks, a removed snapshot's number and root (casfs.volumes.prune), so
+# that a pull after retention still checks the line. A new table only; an older casfs
+# would remove snapshots without them, so the step is the version.
+BOOKMARKS_TABLE = """
+CREATE TABLE bookmarks (
+    volume  TEXT NOT NULL,
+    n       INTEGER NOT NULL,
+    root    BLOB NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (volume, n)
+) WITHOUT ROWID"""
+
+
 def _migrate_10_to_11(conn: sqlite3.Connection) -> None:
     for statement in _statements(SNAPSHOTTER_SCHEMA):
         conn.execute(statement)
+    conn.execute(BOOKMARKS_TABLE)
 
 
 Migration = Callable[[sqlite3.Connection], None]

@@ -244,6 +244,17 @@ CREATE TABLE provenance (
     PRIMARY KEY (volume, n)
 ) WITHOUT ROWID;
 
+-- Removed snapshots' numbers and roots (casfs.volumes.prune): no reference, the blobs
+-- may be gone; a pull's lineage check compares them as it compares snapshots (ZFS's
+-- bookmarks). Removed with the volume.
+CREATE TABLE bookmarks (
+    volume  TEXT NOT NULL,
+    n       INTEGER NOT NULL,
+    root    BLOB NOT NULL,
+    created REAL NOT NULL,         -- when the snapshot was taken (unix time)
+    PRIMARY KEY (volume, n)
+) WITHOUT ROWID;
+
 -- Other stores holding a replica of a volume, as last seen by a pull or a check
 -- (casfs.replica.peers): the newest snapshot each had then.
 CREATE TABLE peers (

@@ -233,6 +233,7 @@ def delete_volume(conn: sqlite3.Connection, name: str) -> None:
         ("uppers", "volume"),
         ("provenance", "volume"),
         ("peers", "volume"),
+        ("bookmarks", "volume"),
         ("snapshots", "volume"),
         ("volumes", "name"),
     ):
@@ -445,6 +446,25 @@ def add_provenance(conn: sqlite3.Connection, volume: str, p: Provenance) -> None
 def provenance(conn: sqlite3.Connection, volume: str) -> dict[SnapshotNo, Provenance]:
     query = "SELECT n, made_by, source, received FROM provenance WHERE volume = ? ORDER BY n"
     return {SnapshotNo(r[0]): Provenance(SnapshotNo(r[0]), *r[1:]) for r in conn.execute(query, (volume,))}
+
+
+def add_bookmark(conn: sqlite3.Connection, volume: str, n: SnapshotNo, root: BlobId, created: float) -> None:
+    """Keep a removed snapshot's number and root (no reference on it): a pull's lineage
+    check still knows that line had this root at n, as a ZFS bookmark does."""
+    conn.execute(
+        "INSERT OR REPLACE INTO bookmarks (volume, n, root, created) VALUES (?, ?, ?, ?)",
+        (volume, n, root, created),
+    )
+
+
+def drop_bookmark(conn: sqlite3.Connection, volume: str, n: SnapshotNo) -> None:
+    """A snapshot of that number is back (received again): the row is the record."""
+    conn.execute("DELETE FROM bookmarks WHERE volume = ? AND n = ?", (volume, n))
+
+
+def bookmarks(conn: sqlite3.Connection, volume: str) -> dict[SnapshotNo, BlobId]:
+    query = "SELECT n, root FROM bookmarks WHERE volume = ? ORDER BY n"
+    return {SnapshotNo(n): BlobId(bytes(r)) for n, r in conn.execute(query, (volume,))}
 
 
 class Peer(NamedTuple):

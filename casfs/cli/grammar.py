@@ -368,6 +368,24 @@ GRAMMAR = (
     ),
     Row(
         "snapshot",
+        "prune",
+        snapshots.cmd_prune,
+        "remove the snapshots of VOL a retention policy does not keep",
+        [
+            Arg("volume", metavar="VOL"),
+            Arg("--keep-last", metavar="N", help="keep the N newest snapshots"),
+            Arg("--keep-hourly", metavar="H", help="keep the newest of each of the last H hours with one"),
+            Arg("--keep-daily", metavar="D", help="keep the newest of each of the last D days with one"),
+            Arg("--dry-run", action="store_true", help="print what would go; remove nothing"),
+            JSON_OBJECT,
+        ],
+        "Keep what any rule keeps (restic's `forget` rules; hours and days in UTC), remove\n"
+        "the rest: at least one rule is required. The newest snapshot and those a volume is\n"
+        "made from always stay. A removed snapshot leaves a bookmark (its number and root),\n"
+        "so replicas still pull incrementally and a diverged line is still refused.",
+    ),
+    Row(
+        "snapshot",
         "export",
         snapshots.cmd_export,
         "write a snapshot out: a raw file, a directory or a tar",
@@ -426,6 +444,7 @@ GRAMMAR = (
                 metavar="CMD",
                 help="the casfs command on an ssh source (default: $CASFS_REMOTE, else casfs)",
             ),
+            Arg("--bwlimit", metavar="RATE", help="read at most RATE bytes per second (50M: 50 MiB/s)"),
             JSON_OBJECT,
         ],
         "Fetch snapshot N (default: the newest) of VOL from SOURCE, moving only the blobs this\n"

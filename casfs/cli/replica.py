@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from casfs.cli.output import print_json
 from casfs.cli.store import open_store
 from casfs.errors import UsageError
-from casfs.units import format_size, parse_snapshot_ref
+from casfs.units import format_size, parse_rate, parse_snapshot_ref
 
 if TYPE_CHECKING:
     import argparse
@@ -76,8 +76,9 @@ def cmd_pull(args: argparse.Namespace) -> int:
         if not args.snapshot.isdigit() or int(args.snapshot) < 1:
             raise UsageError(f"invalid snapshot number {args.snapshot!r}")
         n = int(args.snapshot)
+    bwlimit = None if args.bwlimit is None else parse_rate(args.bwlimit)
     # The source starts first: this side's imports and store run while ssh connects.
-    with Connection(args.source, args.remote_casfs) as conn:
+    with Connection(args.source, args.remote_casfs, bwlimit) as conn:
         from casfs.ids import SnapshotNo
         from casfs.replica.pull import pull
 

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from casfs.cli.output import figure, page, print_json, table, when
 from casfs.cli.store import check_dest, open_store
+from casfs.errors import UsageError
 from casfs.units import format_size, parse_snapshot_ref
 
 if TYPE_CHECKING:
@@ -68,6 +69,33 @@ def cmd_rm(args: argparse.Namespace) -> int:
         else:
             print(f"no snapshot {args.ref}")
     return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from casfs.volumes.prune import KeepPolicy, prune_volume
+
+    policy = KeepPolicy(
+        *(_count(getattr(args, f"keep_{rule}"), rule) for rule in ("last", "hourly", "daily"))
+    )
+    with open_store(args, frees=not args.dry_run) as repo:
+        done = prune_volume(repo, args.volume, policy, dry_run=args.dry_run)
+    if args.json:
+        print_json({**done.to_json(), "dry_run": args.dry_run})
+        return 0
+    verb = "would remove" if args.dry_run else "removed"
+    for n, why in sorted(done.kept.items()):
+        print(f"keep   {done.volume}@{n} ({', '.join(why)})")
+    for n in done.removed:
+        print(f"{verb} {done.volume}@{n}")
+    return 0
+
+
+def _count(text: str | None, rule: str) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"invalid --keep-{rule} {text!r}: a whole number >= 1")
+    return int(text)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

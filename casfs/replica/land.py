@@ -7,7 +7,9 @@ origin's, so they compare replicas, as the seed design has it):
 
   * V absent: a new volume whose base and snapshot N are R.
   * V holds N: with root R nothing is to do; with another root the lines diverged.
-  * Any number both stores hold must have the same root on both (else: diverged).
+  * Any number both stores hold must have the same root on both (else: diverged);
+    a snapshot removed on either side counts by its bookmark (number and root kept,
+    casfs.volumes.prune), so a line stays known after retention.
   * V's newest snapshot L must be older than N; if L was taken here and the source
     never had it, the source went on without it (diverged).
   * V must be at rest, and in the state of L (no change since): then R becomes its
@@ -139,7 +141,7 @@ def check(
     conn: sqlite3.Connection,
     name: str,
     offer: Offer,
-    theirs: dict[SnapshotNo, BlobId] | None,
+    theirs: dict[SnapshotNo, BlobId] | None,  # (with its bookmarks)
     mine_id: str,
     since: SnapshotNo | None = None,
 ) -> Plan:
@@ -161,9 +163,10 @@ def check(
             return Plan.HAVE
         raise diverged(name, offer.n, here, offer.root)
     both = theirs or {}
-    for n in sorted(mine.keys() & both.keys()):
-        if mine[n] != both[n]:
-            raise diverged(name, n, mine[n], both[n])
+    known = {**rows.bookmarks(conn, name), **mine}  # (a snapshot removed here: its bookmark)
+    for n in sorted(known.keys() & both.keys()):
+        if known[n] != both[n]:
+            raise diverged(name, n, known[n], both[n])
     numbers = rows.snapshot_numbers(conn, name)  # (with those taken and still folding)
     if not numbers:
         raise Conflict(f"volume {name} exists here and has no snapshot to continue from: use --as NAME")
@@ -213,5 +216,6 @@ def land(conn: sqlite3.Connection, name: str, offer: Offer, plan: Plan, source: 
         conn, name, offer.root, offer.size, offer.next_ino, offer.label, taken=(offer.n, offer.created)
     )
     rows.set_next_snapshot(conn, name, SnapshotNo(offer.n + 1))
+    rows.drop_bookmark(conn, name, offer.n)
     rows.add_provenance(conn, name, rows.Provenance(offer.n, offer.made_by, source, time.time()))
     figures.changed(conn, [f"volume:{name}", f"snapshot:{name}@{offer.n}"])

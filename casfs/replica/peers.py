@@ -52,10 +52,11 @@ class Connection:
     """A session with a store's `serve-replica`. Close it (a context manager).
 
     It is started at once and waited for at the first request, so that the caller's own
-    start (imports, opening its store) runs while ssh connects and the source starts."""
+    start (imports, opening its store) runs while ssh connects and the source starts.
+    `bwlimit`: at most that many bytes per second read from the source (replica.bwlimit)."""
 
-    def __init__(self, source: str, remote: str | None = None) -> None:
-        self.source, self.remote = source, remote
+    def __init__(self, source: str, remote: str | None = None, bwlimit: int | None = None) -> None:
+        self.source, self.remote, self.bwlimit = source, remote, bwlimit
         self.proc: subprocess.Popen[bytes] | None = None
         self.sock: socket.socket | None = None
         self.said: deque[str] = deque(maxlen=20)  # the last lines of its stderr
@@ -93,6 +94,10 @@ class Connection:
     def _streams(self, out: BinaryIO, inp: BinaryIO) -> None:
         self.r = Reader(out, f"the connection to {self.source}", role="receiver", ended=self._ended)
         self.w = Writer(inp)
+        if self.bwlimit is not None:  # (`--bwlimit`: what this side reads, paced)
+            from casfs.replica.bwlimit import Limit
+
+            self.r.meter.limit = Limit(self.bwlimit)
 
     def _ready(self) -> None:
         if self._pending is not None:

@@ -45,13 +45,23 @@ WINDOW = 4  # requests in flight
 def listing(link: Connection, volume: str) -> tuple[dict[str, Any], dict[SnapshotNo, BlobId | None]]:
     """The source's hello (its store id, its bucket) and its snapshots of `volume` (root
     None: still folding)."""
+    hello, snaps, _ = listing_with_bookmarks(link, volume)
+    return hello, snaps
+
+
+def listing_with_bookmarks(
+    link: Connection, volume: str
+) -> tuple[dict[str, Any], dict[SnapshotNo, BlobId | None], dict[SnapshotNo, BlobId]]:
+    """`listing`, and the source's bookmarks of `volume` (its removed snapshots' roots;
+    none from a casfs before them)."""
     hello = link.hello()
     doc = link.request("volume", name=volume)
     snaps = {
         SnapshotNo(int(s["n"])): None if s["root"] is None else BlobId(bytes.fromhex(s["root"]))
         for s in doc["snapshots"]
     }
-    return hello, snaps
+    marks = {SnapshotNo(int(b["n"])): BlobId(bytes.fromhex(b["root"])) for b in doc.get("bookmarks", [])}
+    return hello, snaps, marks
 
 
 def peer_row(source: str, store: str, remote: str, snaps: dict[SnapshotNo, BlobId | None]) -> rows.Peer:
@@ -71,7 +81,7 @@ def pull(
     (The caller starts the connection first: the source starts while this store opens.)"""
     name = check_name(as_name or volume, "volume")
     where = normalize(link.source)
-    hello, snaps = listing(link, volume)
+    hello, snaps, marks = listing_with_bookmarks(link, volume)
     theirs_id = str(hello["store"])
     if not snaps:
         raise NotFound(f"{link.source} holds no snapshot of {volume}")
@@ -80,7 +90,7 @@ def pull(
         raise NotFound(f"{link.source} holds no snapshot {volume}@{target}")
     offer = Offer.from_json(link.request("offer", name=volume, n=target))
     snaps[target] = offer.root
-    theirs = {k: v for k, v in snaps.items() if v is not None}
+    theirs = {**marks, **{k: v for k, v in snaps.items() if v is not None}}  # (the line, pruned or not)
     peer = peer_row(where, theirs_id, volume, snaps)
     try:
         moved = _land(repo, link, hello, name, offer, theirs, peer, where, progress)

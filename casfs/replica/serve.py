@@ -47,7 +47,8 @@ def _handle(repo: Repository, req: dict[str, Any]) -> dict[str, Any]:
             raise NotFound(f"no volume named {name!r}")
         roots = {s.n: s.root.hex() for s in rows.snapshot_rows(repo.conn, name)}
         snaps = [{"n": n, "root": roots.get(n)} for n in rows.snapshot_numbers(repo.conn, name)]
-        return {"name": name, "kind": row.kind, "snapshots": snaps}
+        marks = [{"n": n, "root": r.hex()} for n, r in rows.bookmarks(repo.conn, name).items()]
+        return {"name": name, "kind": row.kind, "snapshots": snaps, "bookmarks": marks}
     if op == "offer":
         n = SnapshotNo(int(req["n"]))
         if overlay_rows.pending_snapshot(repo.conn, name, n):  # (taken while mounted: its fold may still run)

@@ -47,14 +47,18 @@ def _kill_after(role: str | None) -> int | None:
 
 
 class Meter:
-    """Counts bytes moved; kills the process at CASFS_KILL_AFTER_BYTES (tests)."""
+    """Counts bytes moved (and paces them, given a limit); kills the process at
+    CASFS_KILL_AFTER_BYTES (tests)."""
 
     def __init__(self, role: str | None = None) -> None:
         self.bytes = 0
         self.kill_at = _kill_after(role)
+        self.limit: Callable[[int], None] | None = None  # (a pull's --bwlimit: replica.bwlimit)
 
     def add(self, n: int) -> None:
         self.bytes += n
+        if self.limit is not None:
+            self.limit(n)
         if self.kill_at is not None and self.bytes >= self.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 

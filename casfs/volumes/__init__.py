@@ -22,6 +22,7 @@ casfs.upkeep.recovery handles those a dead process left):
     settle.py     fold what a crashed mount left (the read/write view, imported lazily)
     snapshots.py  snapshot create, list, delete; snapshot_at_rest for a held volume
     rollback.py   rollback and resize
+    prune.py      retention: which snapshots a policy keeps; removing the rest (bookmarked)
 """
 
 from typing import TYPE_CHECKING

@@ -57,22 +57,39 @@ def list_snapshots(repo: Repository, volume: str) -> list[SnapshotInfo]:
     return sorted(out, key=lambda s: s.n)
 
 
+def removal_refusal(conn: sqlite3.Connection, volume: str, n: SnapshotNo) -> str | None:
+    """Why snapshot `volume@n` may not be removed now (None: it may): another volume is
+    made from it (a clone holds its root as its origin)."""
+    users = [v for v in rows.made_from(conn, f"snapshot:{volume}@{n}") if v != volume]
+    if users:
+        return f"snapshot {volume}@{n} is in use by volume(s): {', '.join(users)}"
+    return None
+
+
+def drop_snapshot(conn: sqlite3.Connection, volume: str, n: SnapshotNo) -> None:
+    """Remove a stored snapshot (inside the caller's transaction, its refusal checked):
+    its root's reference released, its number and root kept as a bookmark."""
+    snap = rows.snapshot_row(conn, volume, n)
+    assert snap is not None
+    ledger.release(conn, [snap.root])
+    rows.delete_snapshot(conn, volume, n)
+    rows.add_bookmark(conn, volume, n, snap.root, snap.created)
+    figures.snapshot_removed(conn, volume, n, snap.root)
+
+
 def remove_snapshot(repo: Repository, ref: str, if_exists: bool = False) -> bool:
     volume, n = parse_snapshot_ref(ref)
     wait_folded(repo, volume, n)
     conn = repo.conn
     with transaction(conn):
-        snap = rows.snapshot_row(conn, volume, n)
-        if snap is None:
+        if rows.snapshot_row(conn, volume, n) is None:
             if if_exists:
                 return False
             raise NotFound(f"no snapshot {volume}@{n}")
-        users = [v for v in rows.made_from(conn, f"snapshot:{volume}@{n}") if v != volume]
-        if users:
-            raise Busy(f"snapshot {volume}@{n} is in use by volume(s): {', '.join(users)}")
-        ledger.release(conn, [snap.root])
-        rows.delete_snapshot(conn, volume, n)
-        figures.snapshot_removed(conn, volume, n, snap.root)
+        refusal = removal_refusal(conn, volume, n)
+        if refusal is not None:
+            raise Busy(refusal)
+        drop_snapshot(conn, volume, n)
     return True
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -143,7 +144,13 @@ def test_a_snapshot_taken_here_that_the_source_went_past_is_divergence(
     write_block(b, "vm1", [(0, b"b" * 4096)])  # b's vm1@2
     write_block(a, "vm1", [(0, b"2" * 4096)])  # a's vm1@2 ...
     write_block(a, "vm1", [(0, b"3" * 4096)])  # ... and vm1@3
-    assert cli(a, "snapshot", "rm", "vm1@2").returncode == 0  # no number left in common but 1
+    assert cli(a, "snapshot", "rm", "vm1@2").returncode == 0  # its bookmark stays: 2 is known
+    p = cli(b, "pull", a, "vm1")
+    assert p.returncode == 4 and b"snapshot 2 is" in p.stderr, p.stderr
+    # A source without bookmarks (an older casfs's) has no number left in common but 1.
+    with sqlite3.connect(a / "catalog.db") as conn:
+        conn.execute("DELETE FROM bookmarks")
+    conn.close()
     p = cli(b, "pull", a, "vm1")
     assert p.returncode == 4 and b"snapshot 2 was taken here" in p.stderr, p.stderr
 
