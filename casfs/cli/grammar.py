@@ -645,8 +645,25 @@ GRAMMAR = (
         [
             Arg("image", metavar="IMAGE", help="an OCI image of the store (`casfs image import`)"),
             Arg("--containerd", metavar="unix:///PATH", help="containerd's socket (required)"),
-            Arg("--namespace", default="default", metavar="NS", help="containerd's namespace (default: default)"),
-            Arg("--snapshotter", default="casfs", metavar="NAME", help="the proxy plugin's name (default: casfs)"),
+            Arg(
+                "--namespace",
+                default="default",
+                metavar="NS",
+                help="containerd's namespace (default: default)",
+            ),
+            Arg(
+                "--snapshotter",
+                default="casfs",
+                metavar="NAME",
+                help="the proxy plugin's name (default: casfs)",
+            ),
+            Arg(
+                "--expires",
+                type=float,
+                default=600.0,
+                metavar="SECONDS",
+                help="how long containerd keeps the primed layers before the image is imported (default 600)",
+            ),
             JSON_LIST,
         ],
         "For each layer chain of IMAGE, a Prepare labelled containerd.io/snapshot.ref through\n"

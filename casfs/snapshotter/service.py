@@ -29,7 +29,7 @@ from casfs import volumes
 from casfs.errors import Conflict, NotFound, UsageError
 from casfs.grpcsvc.codes import Pending
 from casfs.ids import SnapshotNo
-from casfs.refcount.accounts import snapshot_figures, volume_figures
+from casfs.refcount.accounts import volume_figures
 from casfs.repo import Repository
 from casfs.snapshots.tree import Tree
 from casfs.snapshotter import records
@@ -178,16 +178,16 @@ class Snapshotter:
         return [r for r in records.every(self.repo) if r.phase != "removing" and keep(r)]
 
     def usage(self, key: str) -> tuple[int, int]:
-        """(bytes, inodes) the snapshot alone holds: casfs's unique bytes (what removing
-        it frees), and its inode count."""
+        """(bytes, inodes) the snapshot alone holds: casfs's unique bytes of its volume
+        (what removing it frees: a committed one's volume holds only its snapshot's
+        tree), and its inode count."""
         rec = records.get(self.repo, records.check_key(key))
+        unique = volume_figures(self.repo, rec.volume).unique
         if rec.kind == "committed" and rec.snapshot is not None:
             n = SnapshotNo(rec.snapshot)
             root = next(s.root for s in volumes.list_snapshots(self.repo, rec.volume) if s.n == n)
-            inodes = tree_inodes(self.repo, BlobId(bytes.fromhex(root)))
-            return snapshot_figures(self.repo, rec.volume, n).unique, inodes
-        where = self.mounts.path(rec.volume)
-        return volume_figures(self.repo, rec.volume).unique, dir_inodes(where)
+            return unique, tree_inodes(self.repo, BlobId(bytes.fromhex(root)))
+        return unique, dir_inodes(self.mounts.path(rec.volume))
 
     # -- restarts ----------------------------------------------------------------------
 
