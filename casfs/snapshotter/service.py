@@ -29,6 +29,7 @@ from casfs import volumes
 from casfs.errors import Conflict, NotFound, UsageError
 from casfs.grpcsvc.codes import Pending
 from casfs.ids import SnapshotNo
+from casfs.lifecycle.faults import fault_point
 from casfs.refcount.accounts import volume_figures
 from casfs.repo import Repository
 from casfs.snapshots.tree import Tree
@@ -63,6 +64,7 @@ class Snapshotter:
             else:
                 source = volumes.Source(blank_dir=True)
             volumes.create_volume(self.repo, rec.volume, source, read_only=read_only)
+            fault_point("snapshotter:prepared")
             where = self.mounts.ensure(rec.volume, read_only)
         except BaseException:
             self._undo(rec)
@@ -123,6 +125,7 @@ class Snapshotter:
             n = int(taken[-1].rpartition("@")[2]) if taken else None
             if n is None:
                 n = int(volumes.create_snapshot(self.repo, rec.volume, label=f"containerd {name}"[:128]))
+            fault_point("snapshotter:committing")
             return records.committed(self.repo, rec, name, n, labels)
         except BaseException:
             records.settle(self.repo, key)  # (active again: mounted on its next Mounts)

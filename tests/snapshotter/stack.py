@@ -95,13 +95,17 @@ class Stack:
 
     # -- processes -------------------------------------------------------------------
 
-    def start_snapshotter(self) -> None:
+    def start_snapshotter(self, fault: str | None = None) -> None:
+        """`fault`: a fault point (casfs.lifecycle.faults) where it kills itself."""
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()  # (so that the wait below sees the new one)
         cmd = [sys.executable, "-m", "casfs", "-s", str(self.store), "snapshotter", "serve"]
         cmd += ["--address", f"unix://{self.socket}", "--root", str(self.base / "sroot")]
+        env = {k: v for k, v in os.environ.items() if k != "CASFS_FAULT"}
+        if fault is not None:
+            env["CASFS_FAULT"] = fault
         with open(self.base / "snapshotter.log", "ab") as log:
-            self.snap = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+            self.snap = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
         self._wait_socket(self.socket, self.snap, "snapshotter.log")
 
     def start_containerd(self) -> None:
@@ -117,6 +121,16 @@ class Stack:
         while subprocess.run(self._ctr("version"), capture_output=True).returncode != 0:
             assert time.monotonic() < deadline, f"containerd did not answer:\n{self.log('containerd.log')}"
             time.sleep(0.05)
+
+    def wait_reconnected(self) -> None:
+        """containerd reaches the snapshotter again (after a restart of the snapshotter,
+        its gRPC client retries the connection with a back-off)."""
+
+        def answers() -> bool:
+            done = subprocess.run(self._ctr("snapshots", "--snapshotter", "casfs", "ls"), capture_output=True)
+            return done.returncode == 0
+
+        self.wait("containerd reconnected to the snapshotter", answers, timeout=180)
 
     def _wait_socket(self, path: Path, proc: subprocess.Popen[bytes], log: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S

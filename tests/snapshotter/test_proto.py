@@ -19,9 +19,13 @@ def test_the_checked_in_modules_are_what_the_protos_generate(tmp_path: Path) -> 
 def test_names_and_field_numbers_are_containerds() -> None:
     """Spot checks against containerd's api/ (the files were written from it)."""
     assert pb.DESCRIPTOR.package == "containerd.services.snapshots.v1"
-    assert pb.DESCRIPTOR.services_by_name["Snapshots"].full_name == "containerd.services.snapshots.v1.Snapshots"
+    assert (
+        pb.DESCRIPTOR.services_by_name["Snapshots"].full_name == "containerd.services.snapshots.v1.Snapshots"
+    )
     assert mount_pb2.Mount.DESCRIPTOR.full_name == "containerd.types.Mount"
-    assert leases_pb2.DESCRIPTOR.services_by_name["Leases"].full_name == "containerd.services.leases.v1.Leases"
+    assert (
+        leases_pb2.DESCRIPTOR.services_by_name["Leases"].full_name == "containerd.services.leases.v1.Leases"
+    )
     fields = {
         ("PrepareSnapshotRequest", "labels"): 4,
         ("CommitSnapshotRequest", "parent"): 5,
