@@ -293,8 +293,8 @@ def _shims(base: Path) -> list[int]:
 
 
 @contextlib.contextmanager
-def running(containerd: bool = True) -> Iterator[Stack]:
-    base = Path(tempfile.mkdtemp(prefix="ctrsn-", dir="/tmp"))
+def running(containerd: bool = True, parent: str = "/tmp") -> Iterator[Stack]:
+    base = Path(tempfile.mkdtemp(prefix="ctrsn-", dir=parent))
     s = Stack(base)
     try:
         Repository.init(s.store).close()
