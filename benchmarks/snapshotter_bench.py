@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchlib import arguments, emit
 
-from benchmarks.benchlib import arguments, emit
 from tests.snapshotter.build import archive, build_busybox
 from tests.snapshotter.stack import REF, Stack, running
 

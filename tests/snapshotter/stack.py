@@ -34,7 +34,7 @@ import grpc
 from casfs.repo import Repository
 from casfs.snapshotter.proto import snapshots_pb2_grpc
 from tests.helpers import mount
-from tests.helpers.csi import cleanup_under
+from tests.helpers.csi import cleanup_under, terminate
 
 START_TIMEOUT_S = 60.0
 WAIT_S = 60.0
@@ -159,11 +159,11 @@ class Stack:
 
     def stop_snapshotter(self) -> int | None:
         proc, self.snap = self.snap, None
-        return _stop(proc)
+        return terminate(proc)
 
     def stop_containerd(self) -> int | None:
         proc, self.ctrd = self.ctrd, None
-        return _stop(proc)
+        return terminate(proc)
 
     # -- driving ---------------------------------------------------------------------
 
@@ -262,18 +262,6 @@ class Stack:
         cleanup_under(self.base)
         for pid in mount.daemon_pids(str(self.base)):
             mount.cleanup("", pid)
-
-
-def _stop(proc: subprocess.Popen[bytes] | None) -> int | None:
-    if proc is None:
-        return None
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait(timeout=30)
 
 
 def _shims(base: Path) -> list[int]:

@@ -1,25 +1,13 @@
 """kill -9 of the snapshotter and of containerd, mid-run and mid-unpack: after restarts
 every snapshot is consistent, nothing half-applied is committed, running containers keep
-their rootfs, and the store is fsck clean (the module's stack checks it at the end)."""
+their rootfs, and the store is fsck clean (conftest's stack, one for this module, checks
+it at the end)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
-from tests.helpers.fsck import fsck_clean
 from tests.snapshotter.build import HELLO
 from tests.snapshotter.conftest import Image
-from tests.snapshotter.stack import REF, Stack, running
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
-    with running() as s:
-        yield s
-        s.stop_all()
-        fsck_clean(s.store)
+from tests.snapshotter.stack import REF, Stack
 
 
 def import_into(s: Stack, image: Image, namespace: str) -> str:
