@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from casfs import volumes
-from casfs.errors import Conflict, NotFound, UsageError
+from casfs.errors import CasfsError, Conflict, NotFound, UsageError
 from casfs.grpcsvc.codes import Pending
 from casfs.ids import SnapshotNo
 from casfs.lifecycle.faults import fault_point
@@ -199,18 +199,24 @@ class Snapshotter:
         active and view snapshot whose daemon is not live."""
         done = []
         for rec in records.orphans(self.repo):
-            if rec.phase == "preparing":
-                self._undo(rec)
-                done.append(f"snapshot {rec.key!r}: its interrupted prepare undone")
-            elif rec.phase == "removing":
-                self._finish_remove(rec)
-                done.append(f"snapshot {rec.key!r}: its interrupted removal finished")
-            else:  # committing: active again (containerd commits it again, or removes it)
-                records.settle(self.repo, rec.key)
-                done.append(f"snapshot {rec.key!r}: its interrupted commit undone")
+            try:
+                if rec.phase == "preparing":
+                    self._undo(rec)
+                    done.append(f"snapshot {rec.key!r}: its interrupted prepare undone")
+                elif rec.phase == "removing":
+                    self._finish_remove(rec)
+                    done.append(f"snapshot {rec.key!r}: its interrupted removal finished")
+                else:  # committing: active again (containerd commits it again, or removes it)
+                    records.settle(self.repo, rec.key)
+                    done.append(f"snapshot {rec.key!r}: its interrupted commit undone")
+            except CasfsError as e:  # (one snapshot's trouble keeps no other from being served)
+                done.append(f"snapshot {rec.key!r}: not recovered: {e}")
         for rec in records.every(self.repo):
             if rec.kind != "committed" and rec.phase == "ready":
-                self.mounts.ensure(rec.volume, rec.kind == "view")
+                try:
+                    self.mounts.ensure(rec.volume, rec.kind == "view")
+                except CasfsError as e:
+                    done.append(f"snapshot {rec.key!r}: not mounted: {e} (its next Mounts tries again)")
         return done
 
 

@@ -189,6 +189,28 @@ def test_the_errors_containerd_tells_apart(rpc: snapshots_pb2_grpc.SnapshotsStub
     remove(rpc, "er-d", "er-c")
 
 
+def test_a_snapshot_mounted_elsewhere_is_neither_committed_nor_removed(
+    rpc: snapshots_pb2_grpc.SnapshotsStub, tmp_path: Path
+) -> None:
+    """A running container's rootfs is a bind of the snapshot's mount: unmounting under
+    it would wait for the container, so the commit or removal is refused."""
+    source = prepare(rpc, "bound")
+    target = tmp_path / "rootfs"
+    target.mkdir()
+    subprocess.run(["mount", "--bind", source, str(target)], check=True)
+    try:
+        assert (
+            code_of(rpc.Commit, pb.CommitSnapshotRequest(name="bound-c", key="bound"))
+            == Code.FAILED_PRECONDITION
+        )
+        assert code_of(rpc.Remove, pb.RemoveSnapshotRequest(key="bound")) == Code.FAILED_PRECONDITION
+        assert stat(rpc, "bound").kind == pb.ACTIVE
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
+    commit(rpc, "bound-c", "bound")
+    remove(rpc, "bound-c")
+
+
 @pytest.mark.parametrize(
     ("method", "request_"),
     [
