@@ -116,6 +116,18 @@ NOUNS = {
 }
 
 NAME = Arg("name", metavar="NAME")
+
+
+def log_level(key: str) -> Arg:
+    """A gRPC server's --log-level (`key`: what each RPC's log line names)."""
+    return Arg(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help=f"info logs one line per RPC: method, {key}, code, milliseconds",
+    )
+
+
 JSON_LIST = Arg("--json", action="store_true", help="print one JSON list")
 JSON_OBJECT = Arg("--json", action="store_true", help="print one JSON object")
 LIMIT = Arg("--limit", metavar="N", help="at most N entries (an integer >= 1)")
@@ -621,12 +633,7 @@ GRAMMAR = (
                 metavar="N",
                 help="the volumes this node can stage, as NodeGetInfo says (default 0: no limit)",
             ),
-            Arg(
-                "--log-level",
-                default="info",
-                choices=("debug", "info", "warning", "error"),
-                help="info logs one line per RPC: method, volume, code, milliseconds",
-            ),
+            log_level("volume"),
         ],
         "Serve the Container Storage Interface v1 over gRPC for kubelet and the CSI sidecars,\n"
         "with the volumes of --store. Runs until SIGTERM; mounts it staged stay up (one\n"
@@ -644,12 +651,7 @@ GRAMMAR = (
                 metavar="DIR",
                 help="where active snapshots are mounted, under DIR/mounts (default /run/casfs-snapshotter)",
             ),
-            Arg(
-                "--log-level",
-                default="info",
-                choices=("debug", "info", "warning", "error"),
-                help="info logs one line per RPC: method, snapshot key, code, milliseconds",
-            ),
+            log_level("snapshot key"),
         ],
         "Serve containerd.services.snapshots.v1.Snapshots with the volumes of --store, for\n"
         'containerd\'s [proxy_plugins.casfs] (type "snapshot"). Each active snapshot is a\n'
@@ -664,8 +666,25 @@ GRAMMAR = (
         [
             Arg("image", metavar="IMAGE", help="an OCI image of the store (`casfs image import`)"),
             Arg("--containerd", metavar="unix:///PATH", help="containerd's socket (required)"),
-            Arg("--namespace", default="default", metavar="NS", help="containerd's namespace (default: default)"),
-            Arg("--snapshotter", default="casfs", metavar="NAME", help="the proxy plugin's name (default: casfs)"),
+            Arg(
+                "--namespace",
+                default="default",
+                metavar="NS",
+                help="containerd's namespace (default: default)",
+            ),
+            Arg(
+                "--snapshotter",
+                default="casfs",
+                metavar="NAME",
+                help="the proxy plugin's name (default: casfs)",
+            ),
+            Arg(
+                "--expires",
+                type=float,
+                default=600.0,
+                metavar="SECONDS",
+                help="how long containerd keeps the primed layers before the image is imported (default 600)",
+            ),
             JSON_LIST,
         ],
         "For each layer chain of IMAGE, a Prepare labelled containerd.io/snapshot.ref through\n"

@@ -33,7 +33,7 @@ def cmd_prime(args: argparse.Namespace) -> int:
     if not args.containerd:
         raise UsageError("containerd's socket is required (--containerd unix:///PATH)")
     with open_store(args) as repo:
-        done = prime(repo, args.image, args.containerd, args.namespace, args.snapshotter)
+        done = prime(repo, args.image, args.containerd, args.namespace, args.snapshotter, args.expires)
     if args.json:
         print_json([{"chain_id": p.chain_id, "already": p.already} for p in done])
     else:

@@ -4,11 +4,11 @@ A thin adapter, as the FUSE one is: each servicer decodes a request, calls casfs
 library (volumes, snapshots, the mount launcher) and answers; the server maps errors
 through one table and logs one line per RPC.
 
-    server.py        the grpc server, the per-volume in-progress lock, logging
+    server.py        the grpc server (casfs.grpcsvc: the per-volume lock, logging, codes)
     identity.py      Identity: plugin info, capabilities, Probe
     controller.py    Controller: volumes and snapshots at rest
     node.py          Node: stage (casfs mount), publish (bind mounts, loop devices), stats
-    codes.py         casfs errors -> gRPC status codes, in one table
+    codes.py         the error kinds it raises (casfs.grpcsvc.codes: the one table of codes)
     capabilities.py  which volume capabilities are served, and why others are not
     naming.py        volume and snapshot ids (the scheme, documented there)
     records.py       what CreateVolume asked, kept per volume beside the catalog

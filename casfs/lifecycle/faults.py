@@ -17,6 +17,8 @@ operation in progress and then let it go on (SIGCONT).
     scrub:after-root       a scrub saved its progress after a root (resumes after it)
     import:after-commit    an import committed, its figures not yet counted (no row: pending)
     figures:counted        a settle counted figures, not yet written (refcount.accounts)
+    snapshotter:prepared   a Prepare's volume is made, not yet mounted (phase preparing)
+    snapshotter:committing a Commit unmounted and snapshotted, its records not yet swapped
 
 `CASFS_SLOW_IMPORT_S=SECONDS` makes an import sleep that long once it runs (phase
 importing, in its job slot): a slow import without a big source, for queue tests.

@@ -41,7 +41,8 @@ from casfs.store.ids import ZERO_ID, BlobId
 
 
 def origin_root(conn: sqlite3.Connection, origin: str) -> BlobId | None:
-    """The root a volume was made from, if it is still there ('blank', a replica: none)."""
+    """The root a volume was made from, if it is still there ('blank', a replica: none;
+    'chain:ID', the tree of those layers an image keeps)."""
     what, _, name = origin.partition(":")
     if what == "image":
         row = image_rows.image_row(conn, name)
@@ -50,6 +51,9 @@ def origin_root(conn: sqlite3.Connection, origin: str) -> BlobId | None:
         vol, _, n = name.rpartition("@")
         snap = volume_rows.snapshot_row(conn, vol, SnapshotNo(int(n)))
         return snap.root if snap is not None else None
+    if what == "chain":  # (the tree an image keeps for those layers: volumes.clone_chain)
+        held = image_rows.chain_holder(conn, name)
+        return held[1] if held is not None else None
     return None
 
 

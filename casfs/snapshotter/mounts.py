@@ -18,7 +18,8 @@ from pathlib import Path
 
 from casfs.errors import NotFound
 from casfs.fuse.launcher import Config, live_mounts, start_daemon, unmount
-from casfs.fuse.mountinfo import find_mount
+from casfs.fuse.mountinfo import find_mount, mounts
+from casfs.grpcsvc.codes import InUse
 
 log = logging.getLogger("casfs.snapshotter")
 
@@ -43,11 +44,24 @@ class Mounts:
             log.warning("volume %s: %s", volume, warning)
         return where
 
+    def binds(self, volume: str) -> list[str]:
+        """Where else the volume's mount is bound (a container's rootfs, a `ctr
+        snapshots mounts` target): unmounting it then would wait for those to go."""
+        where = self.path(volume)
+        entry = find_mount(where)
+        if entry is None:
+            return []
+        return [m.mountpoint for m in mounts() if m.device == entry.device and m.mountpoint != where]
+
     def stop(self, volume: str) -> list[str]:
         """Unmount (the daemon saves and folds what was written); the snapshots its
-        unmount took (VOL@N). Nothing mounted: nothing to do."""
+        unmount took (VOL@N). Nothing mounted: nothing to do. InUse while it is bound
+        elsewhere (a running container's rootfs)."""
         where = self.path(volume)
         taken: list[str] = []
+        used = self.binds(volume)
+        if used:
+            raise InUse(f"snapshot volume {volume} is still mounted at {', '.join(used[:3])}")
         if live_mounts(self.store).get(volume) == where:
             with contextlib.suppress(NotFound):
                 taken = unmount(where)

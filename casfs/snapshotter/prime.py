@@ -11,13 +11,15 @@ those Prepares itself, through containerd's Snapshots service (the same API, wit
 containerd's namespace header): afterwards containerd finds each chain, skips it, and
 only copies the image's blobs into its content store.
 
-Until the image is in containerd (whose import marks the top chain as used), a
-containerd garbage collection may remove the primed snapshots; an import then unpacks
-as without priming (slower, never wrong).
+The primed snapshots are held by a lease of containerd's that expires (`--expires`,
+10 minutes by default): until the image is imported (containerd's import marks its top
+chain as used) nothing else holds them, and containerd's garbage collection would remove
+them. An import after the lease expired unpacks as without priming (slower, never wrong).
 """
 
 from __future__ import annotations
 
+import datetime
 import secrets
 from dataclasses import dataclass
 
@@ -28,11 +30,14 @@ from casfs.errors import CasfsError, UsageError
 from casfs.grpcsvc.server import socket_path
 from casfs.importers.oci.importer import chain_ids
 from casfs.repo import Repository
+from casfs.snapshotter.proto import leases_pb2, leases_pb2_grpc, snapshots_pb2_grpc
 from casfs.snapshotter.proto import snapshots_pb2 as pb
-from casfs.snapshotter.proto import snapshots_pb2_grpc
 from casfs.snapshotter.service import REF_LABEL
 
 NAMESPACE_HEADER = "containerd-namespace"
+LEASE_HEADER = "containerd-lease"
+EXPIRE_LABEL = "containerd.io/gc.expire"
+Meta = tuple[tuple[str, str], ...]
 
 
 @dataclass
@@ -49,10 +54,13 @@ def image_chains(repo: Repository, image: str) -> list[str]:
     return chain_ids([layer["diff_id"] for layer in info.oci.get("layers", [])])
 
 
-def prime(repo: Repository, image: str, containerd: str, namespace: str, snapshotter: str) -> list[Primed]:
+def prime(
+    repo: Repository, image: str, containerd: str, namespace: str, snapshotter: str, expires_s: float = 600.0
+) -> list[Primed]:
     chains = image_chains(repo, image)
-    meta = ((NAMESPACE_HEADER, namespace),)
     with grpc.insecure_channel(f"unix://{socket_path(containerd)}") as channel:
+        lease = _lease(channel, namespace, expires_s)
+        meta = ((NAMESPACE_HEADER, namespace), (LEASE_HEADER, lease))
         stub = snapshots_pb2_grpc.SnapshotsStub(channel)
         done = []
         parent = ""
@@ -64,7 +72,21 @@ def prime(repo: Repository, image: str, containerd: str, namespace: str, snapsho
     return done
 
 
-def _has(stub: snapshots_pb2_grpc.SnapshotsStub, sn: str, chain: str, meta: tuple[tuple[str, str], ...]) -> bool:
+def _lease(channel: grpc.Channel, namespace: str, expires_s: float) -> str:
+    """A new lease of containerd's, expiring in `expires_s`; its id."""
+    expire = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=expires_s)
+    request = leases_pb2.CreateRequest(
+        id=f"casfs-prime-{secrets.token_hex(8)}",
+        labels={EXPIRE_LABEL: expire.strftime("%Y-%m-%dT%H:%M:%SZ")},
+    )
+    try:
+        made = leases_pb2_grpc.LeasesStub(channel).Create(request, metadata=((NAMESPACE_HEADER, namespace),))
+    except grpc.RpcError as e:
+        raise CasfsError(f"containerd: creating a lease: {e.details()}") from None
+    return str(made.lease.id)
+
+
+def _has(stub: snapshots_pb2_grpc.SnapshotsStub, sn: str, chain: str, meta: Meta) -> bool:
     try:
         stub.Stat(pb.StatSnapshotRequest(snapshotter=sn, key=chain), metadata=meta)
         return True
@@ -74,9 +96,7 @@ def _has(stub: snapshots_pb2_grpc.SnapshotsStub, sn: str, chain: str, meta: tupl
         raise CasfsError(f"containerd: {e.details()}") from None
 
 
-def _prepare(
-    stub: snapshots_pb2_grpc.SnapshotsStub, sn: str, chain: str, parent: str, meta: tuple[tuple[str, str], ...]
-) -> None:
+def _prepare(stub: snapshots_pb2_grpc.SnapshotsStub, sn: str, chain: str, parent: str, meta: Meta) -> None:
     key = f"casfs-prime-{secrets.token_hex(4)} {chain}"
     request = pb.PrepareSnapshotRequest(snapshotter=sn, key=key, parent=parent, labels={REF_LABEL: chain})
     try:

@@ -26,10 +26,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from casfs import volumes
-from casfs.errors import Conflict, NotFound, UsageError
+from casfs.errors import CasfsError, Conflict, NotFound, UsageError
 from casfs.grpcsvc.codes import Pending
 from casfs.ids import SnapshotNo
-from casfs.refcount.accounts import snapshot_figures, volume_figures
+from casfs.lifecycle.faults import fault_point
+from casfs.refcount.accounts import volume_figures
 from casfs.repo import Repository
 from casfs.snapshots.tree import Tree
 from casfs.snapshotter import records
@@ -63,6 +64,7 @@ class Snapshotter:
             else:
                 source = volumes.Source(blank_dir=True)
             volumes.create_volume(self.repo, rec.volume, source, read_only=read_only)
+            fault_point("snapshotter:prepared")
             where = self.mounts.ensure(rec.volume, read_only)
         except BaseException:
             self._undo(rec)
@@ -123,6 +125,7 @@ class Snapshotter:
             n = int(taken[-1].rpartition("@")[2]) if taken else None
             if n is None:
                 n = int(volumes.create_snapshot(self.repo, rec.volume, label=f"containerd {name}"[:128]))
+            fault_point("snapshotter:committing")
             return records.committed(self.repo, rec, name, n, labels)
         except BaseException:
             records.settle(self.repo, key)  # (active again: mounted on its next Mounts)
@@ -178,16 +181,16 @@ class Snapshotter:
         return [r for r in records.every(self.repo) if r.phase != "removing" and keep(r)]
 
     def usage(self, key: str) -> tuple[int, int]:
-        """(bytes, inodes) the snapshot alone holds: casfs's unique bytes (what removing
-        it frees), and its inode count."""
+        """(bytes, inodes) the snapshot alone holds: casfs's unique bytes of its volume
+        (what removing it frees: a committed one's volume holds only its snapshot's
+        tree), and its inode count."""
         rec = records.get(self.repo, records.check_key(key))
+        unique = volume_figures(self.repo, rec.volume).unique
         if rec.kind == "committed" and rec.snapshot is not None:
             n = SnapshotNo(rec.snapshot)
             root = next(s.root for s in volumes.list_snapshots(self.repo, rec.volume) if s.n == n)
-            inodes = tree_inodes(self.repo, BlobId(bytes.fromhex(root)))
-            return snapshot_figures(self.repo, rec.volume, n).unique, inodes
-        where = self.mounts.path(rec.volume)
-        return volume_figures(self.repo, rec.volume).unique, dir_inodes(where)
+            return unique, tree_inodes(self.repo, BlobId(bytes.fromhex(root)))
+        return unique, dir_inodes(self.mounts.path(rec.volume))
 
     # -- restarts ----------------------------------------------------------------------
 
@@ -196,18 +199,24 @@ class Snapshotter:
         active and view snapshot whose daemon is not live."""
         done = []
         for rec in records.orphans(self.repo):
-            if rec.phase == "preparing":
-                self._undo(rec)
-                done.append(f"snapshot {rec.key!r}: its interrupted prepare undone")
-            elif rec.phase == "removing":
-                self._finish_remove(rec)
-                done.append(f"snapshot {rec.key!r}: its interrupted removal finished")
-            else:  # committing: active again (containerd commits it again, or removes it)
-                records.settle(self.repo, rec.key)
-                done.append(f"snapshot {rec.key!r}: its interrupted commit undone")
+            try:
+                if rec.phase == "preparing":
+                    self._undo(rec)
+                    done.append(f"snapshot {rec.key!r}: its interrupted prepare undone")
+                elif rec.phase == "removing":
+                    self._finish_remove(rec)
+                    done.append(f"snapshot {rec.key!r}: its interrupted removal finished")
+                else:  # committing: active again (containerd commits it again, or removes it)
+                    records.settle(self.repo, rec.key)
+                    done.append(f"snapshot {rec.key!r}: its interrupted commit undone")
+            except CasfsError as e:  # (one snapshot's trouble keeps no other from being served)
+                done.append(f"snapshot {rec.key!r}: not recovered: {e}")
         for rec in records.every(self.repo):
             if rec.kind != "committed" and rec.phase == "ready":
-                self.mounts.ensure(rec.volume, rec.kind == "view")
+                try:
+                    self.mounts.ensure(rec.volume, rec.kind == "view")
+                except CasfsError as e:
+                    done.append(f"snapshot {rec.key!r}: not mounted: {e} (its next Mounts tries again)")
         return done
 
 

@@ -119,21 +119,26 @@ class Plugin:
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after 30 s; the exit status (None if not running)."""
         self._close_channel()
-        if self.proc is None:
-            return None
         proc, self.proc = self.proc, None
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait(timeout=30)
+        return terminate(proc)
 
     def _close_channel(self) -> None:
         if self.channel is not None:
             self.channel.close()
             self.channel = None
+
+
+def terminate(proc: subprocess.Popen[bytes] | None) -> int | None:
+    """SIGTERM, then SIGKILL after 30 s; the exit status (None if not running)."""
+    if proc is None:
+        return None
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait(timeout=30)
 
 
 def cleanup_under(base: Path) -> None:

@@ -16,8 +16,9 @@ APPLETS = ("sh", "cat", "echo", "ls", "true", "sleep", "rm", "mkdir", "sha256sum
 HELLO = "hello from a casfs rootfs\n"
 
 
-def build_busybox(work: Path, tag: str = "v1") -> Path:
-    """The image as an OCI layout at work/busybox (tag `tag`)."""
+def build_busybox(work: Path, tag: str = "v1", trees: tuple[str, ...] = ()) -> Path:
+    """The image as an OCI layout at work/busybox (tag `tag`); `trees`: copies of these
+    host directories in layer 2 too (a bigger image, for the benchmark)."""
     layout = work / "busybox"
     run("umoci", "init", "--layout", layout)
     run("umoci", "new", "--image", f"{layout}:base")
@@ -37,6 +38,10 @@ def build_busybox(work: Path, tag: str = "v1") -> Path:
     (rootfs / "etc" / "hello.txt").write_text(HELLO)
     (rootfs / "etc" / "gone.txt").unlink()
     (rootfs / "data" / "big.bin").write_bytes(os.urandom(1 << 20))
+    for t in trees:
+        dest = rootfs / t.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        run("cp", "-a", t, dest)
     run("umoci", "repack", "--image", f"{layout}:l2", bundle)
     shutil.rmtree(bundle)
     run(

@@ -1,0 +1,103 @@
+"""kill -9 of the snapshotter and of containerd, mid-run and mid-unpack: after restarts
+every snapshot is consistent, nothing half-applied is committed, running containers keep
+their rootfs, and the store is fsck clean (conftest's stack, one for this module, checks
+it at the end)."""
+
+from __future__ import annotations
+
+from tests.snapshotter.build import HELLO
+from tests.snapshotter.conftest import Image
+from tests.snapshotter.stack import REF, Stack
+
+
+def import_into(s: Stack, image: Image, namespace: str) -> str:
+    args = ("images", "import", "--snapshotter", "casfs", "--base-name", "example.com/bb", str(image.tar))
+    return s.ctr(*args, namespace=namespace, check=False)
+
+
+def settled(s: Stack) -> None:
+    """No snapshot is in the middle of an operation."""
+    assert {k: r["phase"] for k, r in s.records().items() if r["phase"] != "ready"} == {}
+
+
+def committed_in(s: Stack, namespace: str) -> list[str]:
+    return sorted(k for k, kind in s.snapshots(namespace).items() if kind == "Committed")
+
+
+def test_running_containers_keep_their_rootfs_across_restarts(stack: Stack, image: Image) -> None:
+    s = stack
+    assert "done" in import_into(s, image, "default")
+    s.ctr("run", "-d", "--snapshotter", "casfs", REF, "runner", "/bin/sleep", "1000")
+    try:
+        s.ctr("tasks", "exec", "--exec-id", "w1", "runner", "/bin/sh", "-c", "echo before > /data/f")
+        s.kill9_snapshotter()
+        # the container's rootfs is its own daemon's: it reads and writes without the snapshotter
+        out = s.ctr(
+            "tasks",
+            "exec",
+            "--exec-id",
+            "w2",
+            "runner",
+            "/bin/sh",
+            "-c",
+            "cat /data/f; echo during >> /data/f",
+        )
+        assert out == "before\n"
+        s.start_snapshotter()
+        s.kill9_containerd()
+        s.start_containerd()
+        assert s.task_status("runner") == "RUNNING"  # (its shim outlived containerd)
+        out = s.ctr("tasks", "exec", "--exec-id", "r", "runner", "/bin/cat", "/data/f", "/etc/hello.txt")
+        assert out == f"before\nduring\n{HELLO}"
+        assert s.snapshots()["runner"] == "Active"
+        settled(s)
+    finally:
+        s.end("runner")
+    s.gc()
+    s.wait("runner's snapshot removed", lambda: "runner" not in s.snapshots())
+
+
+def test_a_snapshotter_killed_mid_prepare_or_mid_commit_leaves_nothing_half_made(
+    stack: Stack, image: Image
+) -> None:
+    s = stack
+    for fault, namespace in (
+        ("snapshotter:prepared", "crash-prepare"),
+        ("snapshotter:committing", "crash-commit"),
+    ):
+        s.kill9_snapshotter()
+        s.start_snapshotter(fault=fault)
+        s.wait_reconnected()
+        out = import_into(s, image, namespace)
+        assert "done" not in out  # (the unpack failed: the snapshotter died under it)
+        s.wait("the snapshotter killed itself", lambda: s.snap is not None and s.snap.poll() is not None)
+        s.snap = None
+        s.start_snapshotter()  # (recovers: a prepare undone, a commit back to active)
+        settled(s)
+        s.wait_reconnected()
+        assert committed_in(s, namespace) == []  # nothing half-applied is committed
+        assert "done" in import_into(s, image, namespace)  # (again: containerd unpacks anew)
+        assert len(committed_in(s, namespace)) == 2
+        assert (
+            s.ctr("run", "--rm", "--snapshotter", "casfs", REF, f"after-{fault[12:]}", namespace=namespace)
+            == HELLO
+        )
+    s.gc("crash-prepare")
+    s.gc("crash-commit")
+
+
+def test_containerd_killed_mid_unpack(stack: Stack, image: Image) -> None:
+    s = stack
+    proc = s.ctr_popen("images", "import", "--snapshotter", "casfs", "--base-name", "example.com/bb",
+                       str(image.tar), namespace="crash-ctrd")  # fmt: skip
+    s.wait("an unpack started", lambda: "Prepare snapshot=crash-ctrd/" in s.log())
+    s.kill9_containerd()
+    proc.communicate(timeout=60)  # (it fails: containerd is gone)
+    s.start_containerd()
+    # what the killed import left is not committed (an active snapshot, leased by it)
+    before = committed_in(s, "crash-ctrd")
+    assert len(before) < 2
+    assert "done" in import_into(s, image, "crash-ctrd")
+    assert len(committed_in(s, "crash-ctrd")) == 2
+    assert s.ctr("run", "--rm", "--snapshotter", "casfs", REF, "after-ctrd", namespace="crash-ctrd") == HELLO
+    settled(s)
