@@ -127,11 +127,17 @@ PAGING = (
     "is an estimate until counted: `casfs gc` or `casfs fsck --repair` count them all."
 )
 REGISTRY = Arg(
-    "--registry", metavar="etcd://HOST:PORT[,HOST:PORT]/PREFIX", help="the replica registry (default: $CASFS_REGISTRY)"
+    "--registry",
+    metavar="etcd://HOST:PORT[,HOST:PORT]/PREFIX",
+    help="the replica registry (default: $CASFS_REGISTRY)",
 )
-NODE = Arg("--node", metavar="N", help="this node's name in the registry (default: $CASFS_NODE, else the hostname)")
+NODE = Arg(
+    "--node", metavar="N", help="this node's name in the registry (default: $CASFS_NODE, else the hostname)"
+)
 REMOTE = Arg(
-    "--remote-casfs", metavar="CMD", help="the casfs command on an ssh source (default: $CASFS_REMOTE, else casfs)"
+    "--remote-casfs",
+    metavar="CMD",
+    help="the casfs command on an ssh source (default: $CASFS_REMOTE, else casfs)",
 )
 DEST = Arg("dest", metavar="DEST", help="must not exist (or be an empty directory)")
 EXPORT_FORMAT = Arg("--format", choices=("auto", "raw", "dir", "tar"), default="auto")
@@ -480,6 +486,11 @@ GRAMMAR = (
             REGISTRY,
             NODE,
             REMOTE,
+            Arg(
+                "--snapshot-every",
+                metavar="DURATION",
+                help="replicated: the node's agent snapshots the mount this often (5m); the others follow",
+            ),
         ],
         "Mount the whole store (images/, volumes/, snapshots/) at MOUNTPOINT, or with --volume\n"
         "one volume: its root directory, or a regular file for a block volume.\n"
@@ -504,14 +515,28 @@ GRAMMAR = (
         "ls",
         replicas.cmd_ls,
         "each replica of the replicated volumes: node, snapshot, lag, active, healthy, last seen",
-        [Arg("volume", metavar="VOL", nargs="?"), REGISTRY, Arg("--json", action="store_true", help="print JSON")],
+        [
+            Arg("volume", metavar="VOL", nargs="?"),
+            REGISTRY,
+            Arg("--json", action="store_true", help="print JSON"),
+        ],
     ),
     Row(
         "replica",
         "set-factor",
         replicas.cmd_set_factor,
         "keep K replicas of VOL (the first call makes VOL replicated, from this store's copy)",
-        [Arg("volume", metavar="VOL"), Arg("k", metavar="K"), REGISTRY],
+        [
+            Arg("volume", metavar="VOL"),
+            Arg("k", metavar="K"),
+            Arg("--keep-last", metavar="N", help="retention: keep the newest N snapshots"),
+            Arg("--keep-hourly", metavar="H", help="retention: and the newest of each of the last H hours"),
+            Arg("--keep-daily", metavar="D", help="retention: and the newest of each of the last D days"),
+            REGISTRY,
+        ],
+        "The first call records VOL (its kind and origin, from this store) with factor K;\n"
+        "later ones change K. --keep-* set the retention the active node's agent applies\n"
+        "(`casfs snapshot prune`'s rules).",
     ),
     Row(
         "replica",

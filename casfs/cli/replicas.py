@@ -52,10 +52,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
         views = [view]
     else:
         views = reg.views()
-    docs = [
+    docs: list[dict[str, Any]] = [
         {"volume": v.name, "factor": v.volume.factor, "kind": v.volume.kind,
          "active": None if v.volume.active is None else v.volume.active.node,
-         "retention": v.volume.retention, "takeovers": [t.__dict__ for t in v.volume.takeovers],
+         "retention": v.volume.retention, "snapshot_every": v.volume.snapshot_every, "takeovers": [t.__dict__ for t in v.volume.takeovers],
          "replicas": _rows(v)}
         for v in views if v.volume is not None
     ]  # fmt: skip
@@ -65,11 +65,15 @@ def cmd_ls(args: argparse.Namespace) -> int:
     now = time.time()
     lines = [
         [r["volume"], r["node"], str(r["snapshot"]), str(r["lag"]), "yes" if r["active"] else "-",
-         "yes" if r["healthy"] else "no", r["state"], "now" if r["alive"] else f"{now - r['last_seen']:.0f}s ago"]
+         "yes" if r["healthy"] else "no", r["state"], _seen(r, now)]
         for d in docs for r in d["replicas"]
     ]  # fmt: skip
     table(["VOLUME", "NODE", "SNAPSHOT", "LAG", "ACTIVE", "HEALTHY", "STATE", "SEEN"], lines)
     return 0
+
+
+def _seen(row: dict[str, Any], now: float) -> str:
+    return "now" if row["alive"] else f"{now - row['last_seen']:.0f}s ago"
 
 
 def cmd_set_factor(args: argparse.Namespace) -> int:
@@ -77,6 +81,7 @@ def cmd_set_factor(args: argparse.Namespace) -> int:
     from casfs.replica.registry import Change
 
     k = rec.check_factor(_int(args.k, "K"))
+    keep = _retention(args)
     reg = _registry(args)
     first = reg.view(args.volume)
     new: rec.Volume | None = None
@@ -91,11 +96,20 @@ def cmd_set_factor(args: argparse.Namespace) -> int:
             return Change(volume=new)
         from dataclasses import replace
 
-        return Change(volume=replace(view.volume, factor=k))
+        volume = replace(view.volume, factor=k)
+        return Change(volume=volume if keep is None else replace(volume, retention=keep))
 
     reg.change(args.volume, decide)
-    print(f"{args.volume}: factor {k}")
+    print(f"{args.volume}: factor {k}" + ("" if keep is None else f", keeping {keep}"))
     return 0
+
+
+def _retention(args: argparse.Namespace) -> dict[str, int | None] | None:
+    """--keep-last/--keep-hourly/--keep-daily as the record's policy; None: unchanged."""
+    given = {k: getattr(args, f"keep_{k}") for k in ("last", "hourly", "daily")}
+    if all(v is None for v in given.values()):
+        return None
+    return {k: None if v is None else _int(v, f"--keep-{k}") for k, v in given.items()}
 
 
 def _new_record(repo: Repository, volume: str, k: int) -> Any:
@@ -196,12 +210,13 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from casfs.repo import store_path
     from casfs.replica.agent import Agent
     from casfs.replica.registry import node_name
+    from casfs.repo import store_path
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     store = str(store_path(args.store))
+
     def recover(repo: Repository) -> None:
         from casfs.upkeep.recovery import recover
 
@@ -209,7 +224,15 @@ def cmd_agent(args: argparse.Namespace) -> int:
             logging.getLogger("casfs.replica.agent").info("recovered: %s", message)
 
     reach = args.reach or store
-    agent = Agent(_registry(args), node_name(args.node), store, reach, args.remote_casfs, _bwlimit(args.bwlimit), recover)
+    agent = Agent(
+        _registry(args),
+        node_name(args.node),
+        store,
+        reach,
+        args.remote_casfs,
+        _bwlimit(args.bwlimit),
+        recover,
+    )
     agent.run()
     return 0
 
@@ -227,13 +250,17 @@ def before_mount(args: argparse.Namespace) -> Registry | None:
     """A read/write mount of a replicated volume: `active` taken for this node (Busy
     naming the holder while its lease lives), the newest snapshot pulled if this store
     is behind. None when there is nothing to do (no registry, not replicated, --ro)."""
+    from dataclasses import replace
+
     from casfs.replica import records as rec
     from casfs.replica.registry import Change, configured, node_name
+    from casfs.units import parse_duration
 
     reg = configured(getattr(args, "registry", None))
     if reg is None or not args.volume or args.ro:
         return None
     me = node_name(getattr(args, "node", None))
+    every = None if args.snapshot_every is None else parse_duration(args.snapshot_every)
 
     def take(view: View) -> Change | None:
         if view.volume is None:
@@ -246,6 +273,8 @@ def before_mount(args: argparse.Namespace) -> Registry | None:
         volume = rec.take_active(
             view.volume, me, node.lease, view.alive, top.snapshot if top else 0, time.time()
         )
+        if every is not None:
+            volume = replace(volume, snapshot_every=every)
         if held is not None and held.node != me:
             print(
                 f"casfs: {view.name}: taking over active from {held.node} (its lease expired)",
@@ -306,14 +335,15 @@ def after_umount(args: argparse.Namespace, store: str | None, volume: str | None
     reg = configured(getattr(args, "registry", None))
     if reg is None or store is None or volume is None:
         return
-    from casfs.repo import Repository
-
     from casfs.replica.registry import RegistryDown
+    from casfs.repo import Repository
 
     repo = Repository.open(store)
     try:
         release(reg, volume, node_name(getattr(args, "node", None)), repo)
     except RegistryDown as e:  # (unmounted and saved: the agent publishes it once etcd is back)
-        print(f"casfs: warning: {e}; this node's agent publishes the snapshot when it is back", file=sys.stderr)
+        print(
+            f"casfs: warning: {e}; this node's agent publishes the snapshot when it is back", file=sys.stderr
+        )
     finally:
         repo.close()

@@ -22,12 +22,15 @@ decision is made without a fresh read.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import json
 import logging
 import os
 import shutil
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from casfs.catalog import volumes as rows
 from casfs.errors import Busy, CasfsError, Conflict
@@ -58,6 +61,17 @@ def local(repo: Repository, volume: str) -> tuple[int, str | None, bool] | None:
     return n, (roots[SnapshotNo(n)].hex() if n else None), pids.alive(row.owner_pid)
 
 
+def mountpoint(repo: Repository, volume: str) -> str | None:
+    """Where `volume` is mounted from this store, from the daemons' run files (the
+    launcher's records: STORE/run/*.json)."""
+    for path in sorted(Path(repo.dir, "run").glob("*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads(path.read_text())
+            if doc.get("volume") == volume and doc.get("state") == "mounted" and pids.alive(doc.get("pid")):
+                return str(doc["mountpoint"])
+    return None
+
+
 class Agent:
     def __init__(
         self,
@@ -74,6 +88,10 @@ class Agent:
         self.registry, self.node, self.store, self.reach = registry, node, store, reach
         self.remote, self.bwlimit, self.recover = remote, bwlimit, recover
         self.lease = 0
+        self._periodic: dict[str, float] = {}  # volume -> when this agent last snapshotted its mount
+        self._kept: dict[str, int] = {}  # volume -> the snapshot retention was last applied at
+        self._last: list[View] = []  # the last round's views, and what the local copies were then
+        self._marks: tuple[object, ...] = ()
         self._lease_ok = threading.Event()
         self._stop = threading.Event()
 
@@ -135,9 +153,6 @@ class Agent:
         self._marks = marks
         return changed
 
-    _last: list[View] = []
-    _marks: tuple[object, ...] = ()
-
     def round(self, repo: Repository) -> bool:
         """One pass over every volume; True when nothing is left to do (else again soon)."""
         views = self.registry.views()
@@ -172,11 +187,55 @@ class Agent:
                 self._claim(v)
                 return False
             return True
+        if here is not None and here[2]:
+            return self._while_mounted(repo, v)
+        if here is not None and rec.keeper(v.volume, v.entries) == self.node:
+            self._retain(repo, v.volume, here[0])
         source = rec.source_for(self.node, v.entries, v.alive)
-        if source is None or (here is not None and here[2]):
+        if source is None:
             return True
         self._pull(repo, v.name, source)
         return False
+
+    def _while_mounted(self, repo: Repository, v: View) -> bool:
+        """The volume is mounted here: its periodic snapshot when due (--snapshot-every)
+        and changes were synced since the last one,
+        retention on it; the round comes back while a period runs."""
+        assert v.volume is not None
+        every = v.volume.snapshot_every
+        held = v.volume.active
+        if every is None or held is None or held.node != self.node:
+            return True
+        last = self._periodic.setdefault(v.name, time.time())
+        if time.time() - last >= every and rows.has_overlay(repo.conn, v.name):  # (changed since)
+            self._periodic[v.name] = time.time()
+            where = mountpoint(repo, v.name)
+            if where is not None:
+                try:
+                    os.setxattr(where, "user.casfs.snapshot", b"")
+                    log.info("periodic snapshot of %s (every %.0f s)", v.name, every)
+                except OSError as e:
+                    log.warning("periodic snapshot of %s at %s: %s", v.name, where, e)
+        here = local(repo, v.name)
+        if here is not None:
+            self._retain(repo, v.volume, here[0])
+        return False
+
+    def _retain(self, repo: Repository, volume: rec.Volume, n: int) -> None:
+        """The volume's retention policy applied here, once per new snapshot, through
+        casfs.volumes.prune (helper prune's; absent from a tree without it)."""
+        if volume.retention is None or self._kept.get(volume.name) == n:
+            return
+        self._kept[volume.name] = n
+        try:
+            prune_module = importlib.import_module("casfs.volumes.prune")
+        except ImportError:
+            log.warning("%s has a retention policy, but this casfs has no snapshot prune", volume.name)
+            return
+        policy = prune_module.KeepPolicy(**{k: volume.retention.get(k) for k in ("last", "hourly", "daily")})
+        gone = prune_module.prune(repo, volume.name, policy)
+        if gone:
+            log.info("retention on %s removed snapshots %s", volume.name, gone)
 
     def _entry(self, v: View, here: tuple[int, str | None, bool] | None, state: str = rec.OK) -> rec.Entry:
         n, root = (here[0], here[1]) if here else (0, None)

@@ -51,6 +51,7 @@ class Volume:
     retention: dict[str, int | None] | None = None
     active: Active | None = None
     takeovers: tuple[Takeover, ...] = ()
+    snapshot_every: float | None = None  # s: the active node's agent snapshots the mount this often
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,6 +69,7 @@ class Volume:
             if active is None
             else Active(str(active["node"]), int(active["lease"]), float(active["since"])),
             tuple(Takeover(**t) for t in doc.get("takeovers", ())),
+            doc.get("snapshot_every"),
         )
 
 
@@ -202,6 +204,15 @@ def take_active(volume: Volume, node: str, lease: int, alive: set[str], top: int
             raise Busy(f"{volume.name} is mounted read/write on {held.node} (active; its lease is alive)")
         volume = replace(volume, takeovers=(*volume.takeovers, Takeover(held.node, node, now, top)))
     return replace(volume, active=Active(node, lease, now))
+
+
+def keeper(volume: Volume, entries: list[Entry]) -> str | None:
+    """The node whose agent applies the volume's retention: the active one, else the one
+    holding the newest snapshot (the others follow what it keeps)."""
+    if volume.active is not None:
+        return volume.active.node
+    top = newest(entries)
+    return None if top is None else top.node
 
 
 def release_active(volume: Volume, node: str) -> Volume | None:

@@ -267,8 +267,10 @@ class Registry:
 
     def publish_node(self, node: Node) -> None:
         """NODE's key on its lease: gone when the lease is."""
-        self._post("/kv/put", {"key": _b64(self._node_key(node.name)), "value": _b64(json.dumps(node.to_json())),
-                               "lease": str(node.lease)})  # fmt: skip
+        value = _b64(json.dumps(node.to_json()))
+        self._post(
+            "/kv/put", {"key": _b64(self._node_key(node.name)), "value": value, "lease": str(node.lease)}
+        )
 
     def revision(self) -> int:
         """The registry's revision now (changes with any write under any prefix)."""

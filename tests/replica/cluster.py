@@ -145,7 +145,11 @@ class Cluster:
         """`casfs [-s NODE's store] ARGS` as NODE, with the registry in the environment."""
         where = ["-s", str(self.nodes[node].store)] if node is not None else []
         return subprocess.run(
-            [*CLI, *where, *map(str, args)], capture_output=True, text=True, timeout=120, env=self.env(node, **extra)
+            [*CLI, *where, *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=self.env(node, **extra),
         )
 
     def ok(self, node: str | None, *args: str | Path) -> str:
@@ -153,13 +157,13 @@ class Cluster:
         assert p.returncode == 0, (args, p.returncode, p.stdout, p.stderr)
         return p.stdout
 
-    def start_agent(self, name: str, ttl: int = TTL) -> None:
+    def start_agent(self, name: str, ttl: int = TTL, **extra: str) -> None:
         n = self.nodes[name]
         n.log = self.tmp / f"agent-{name}.log"
         with open(n.log, "ab") as log:
             n.agent = subprocess.Popen(
                 [*CLI, "-s", str(n.store), "replica", "agent", "--reach", n.reach],
-                stdout=log, stderr=log, env=self.env(name, CASFS_REPLICA_TTL=str(ttl)),
+                stdout=log, stderr=log, env=self.env(name, CASFS_REPLICA_TTL=str(ttl), **extra),
             )  # fmt: skip
 
     def kill_agent(self, name: str, sig: int = signal.SIGKILL) -> None:
@@ -180,6 +184,10 @@ class Cluster:
         """Every node's store holds VOL@n (asked of the stores, not the registry)."""
         return all(n in self.local_snapshots(node, volume) for node in nodes)
 
+    def all_reach(self, volume: str, n: int) -> bool:
+        """Every node's newest snapshot of VOL is n or newer (a follower pulls the newest)."""
+        return all(max(self.local_snapshots(node, volume), default=0) >= n for node in self.nodes)
+
     def local_snapshots(self, node: str, volume: str) -> list[int]:
         from casfs.catalog import volumes as rows
 
@@ -199,7 +207,9 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(etcd: Etcd, sshd: Sshd, tmp_path: Path, stores: Stores, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+def cluster(
+    etcd: Etcd, sshd: Sshd, tmp_path: Path, stores: Stores, request: pytest.FixtureRequest
+) -> Iterator[Cluster]:
     prefix = f"t{abs(hash(request.node.nodeid)) % 10**8}"
     nodes = {}
     for name in ("n1", "n2", "n3"):

@@ -58,7 +58,7 @@ def test_factor_three_follows_unmounts_and_active_moves(cluster: Cluster) -> Non
     assert c.record("v")["active"] is None
 
     # n2 takes `active` now; n1 and n3 follow its unmount
-    where2, n = write_and_unmount(c, "n2", "b", "from n2")
+    _, n = write_and_unmount(c, "n2", "b", "from n2")
     assert n == 3
     until("v@3 on every node after n2's unmount", lambda: c.all_hold("v", 3))
     where3, p = c.mount("n3", "v", "--ro")
@@ -161,7 +161,9 @@ def test_takeover_keeps_the_old_nodes_divergent_line(cluster: Cluster) -> None:
     subprocess.run(["fusermount3", "-u", "-z", str(where)], capture_output=True, timeout=30)
     c.start_agent("n1")
     kept = "v.diverged-n1-2"
-    until("n1 keeps its line and follows n2's", lambda: c.all_hold("v", 2, ("n1",)) and kept in volumes(c, "n1"))
+    until(
+        "n1 keeps its line and follows n2's", lambda: c.all_hold("v", 2, ("n1",)) and kept in volumes(c, "n1")
+    )
     old, _ = c.mount("n1", kept, "--ro")
     assert (old / "n1-only").read_text() == "acknowledged on n1"
     assert c.umount("n1", old).returncode == 0
@@ -169,3 +171,48 @@ def test_takeover_keeps_the_old_nodes_divergent_line(cluster: Cluster) -> None:
 
 def volumes(c: Cluster, node: str) -> list[str]:
     return [v["name"] for v in json.loads(c.ok(node, "volume", "ls", "--json"))]
+
+
+def test_periodic_snapshots_reach_the_followers_while_mounted(cluster: Cluster) -> None:
+    c = cluster
+    replicated(c)
+    where, p = c.mount("n1", "v", "--snapshot-every", "1s")
+    assert p.returncode == 0, p.stderr
+    assert c.record("v")["snapshot_every"] == 1.0
+    (where / "kept").write_text("before any unmount")
+    fsync(where / "kept")
+    until("a periodic snapshot on every node while n1 is mounted", lambda: c.all_reach("v", 2))
+    assert is_mounted(where) and c.record("v")["active"] == "n1"
+    assert c.umount("n1", where).returncode == 0
+    shown, p = c.mount("n3", "v", "--ro")
+    assert p.returncode == 0, p.stderr
+    assert (shown / "kept").read_text() == "before any unmount"
+    assert c.umount("n3", shown).returncode == 0
+
+
+def test_agent_killed_during_a_pull_resumes(cluster: Cluster) -> None:
+    """n2's agent stops itself in the middle of a pull (CASFS_STOP), is killed -9 there;
+    nothing of the snapshot is visible on n2 until its next agent finishes the pull."""
+    c = cluster
+    replicated(c)
+    c.kill_agent("n2")
+    where, p = c.mount("n1", "v")
+    assert p.returncode == 0, p.stderr
+    (where / "big").write_bytes(os.urandom(12 << 20))  # (several batches)
+    assert c.umount("n1", where).returncode == 0
+    c.start_agent("n2", CASFS_STOP="pull:batch")
+    agent = c.nodes["n2"].agent
+    assert agent is not None
+    until("n2's agent stopped mid-pull", lambda: stopped(agent.pid))
+    c.kill_agent("n2")
+    assert c.local_snapshots("n2", "v") == [1]
+    c.start_agent("n2")
+    until("n2 holds v@2", lambda: c.all_hold("v", 2))
+    shown, p = c.mount("n2", "v", "--ro")
+    assert p.returncode == 0, p.stderr
+    assert (shown / "big").stat().st_size == 12 << 20
+    assert c.umount("n2", shown).returncode == 0
+
+
+def stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"

@@ -32,9 +32,7 @@ def test_two_racers_never_both_win(etcd: Etcd) -> None:
     seen = a.view("v")
     assert b.view("v").record_rev == seen.record_rev
     assert seen.volume is not None
-    wins = [
-        c.commit(seen, Change(volume=replace(seen.volume, factor=k))) for c, k in ((a, 2), (b, 3))
-    ]
+    wins = [c.commit(seen, Change(volume=replace(seen.volume, factor=k))) for c, k in ((a, 2), (b, 3))]
     assert wins == [True, False]
     after = a.view("v").volume
     assert after is not None and after.factor == 2
@@ -136,5 +134,7 @@ def test_cli_errors_map_to_exit_codes(etcd: Etcd, tmp_path: Path) -> None:
     assert run("replica", "set-factor", "v", "2").returncode == 0
     assert run("replica", "add", "v", "--node", "nobody").returncode == NotFound.exit_code
     assert run("replica", "rm", "v", "--node", "nobody").returncode == Busy.exit_code
-    no_registry = subprocess.run([*CLI, "replica", "ls"], capture_output=True, text=True, timeout=60, env=env())
+    no_registry = subprocess.run(
+        [*CLI, "replica", "ls"], capture_output=True, text=True, timeout=60, env=env()
+    )
     assert no_registry.returncode == UsageError.exit_code and "CASFS_REGISTRY" in no_registry.stderr
