@@ -18,13 +18,14 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from casfs.repo import store_path
 
     args.store_path = store_path(args.store)
-    from casfs.cli.replicas import before_mount, release
+    from casfs.cli.replicas import before_mount
 
     reg = before_mount(args)  # (a replicated volume: `active` here, caught up)
     try:
         return int(mount_main(args, _serve_here))
     except BaseException:
         if reg is not None:
+            from casfs.replica.active import release
             from casfs.replica.registry import node_name
 
             release(reg, args.volume, node_name(args.node))

@@ -55,7 +55,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
     docs: list[dict[str, Any]] = [
         {"volume": v.name, "factor": v.volume.factor, "kind": v.volume.kind,
          "active": None if v.volume.active is None else v.volume.active.node,
-         "retention": v.volume.retention, "snapshot_every": v.volume.snapshot_every, "takeovers": [t.__dict__ for t in v.volume.takeovers],
+         "retention": v.volume.retention, "snapshot_every": v.volume.snapshot_every,
+         "takeovers": [t.__dict__ for t in v.volume.takeovers],
          "replicas": _rows(v)}
         for v in views if v.volume is not None
     ]  # fmt: skip
@@ -247,84 +248,27 @@ def _bwlimit(text: str | None) -> int | None:
 
 
 def before_mount(args: argparse.Namespace) -> Registry | None:
-    """A read/write mount of a replicated volume: `active` taken for this node (Busy
-    naming the holder while its lease lives), the newest snapshot pulled if this store
-    is behind. None when there is nothing to do (no registry, not replicated, --ro)."""
-    from dataclasses import replace
-
-    from casfs.replica import records as rec
-    from casfs.replica.registry import Change, configured, node_name
+    """A read/write mount of a replicated volume: `active` taken for this node and the
+    newest snapshot pulled first (replica.active.take). None when there is nothing to
+    do (no registry, not replicated, --ro)."""
+    from casfs.replica import active
+    from casfs.replica.registry import configured, node_name
     from casfs.units import parse_duration
 
     reg = configured(getattr(args, "registry", None))
     if reg is None or not args.volume or args.ro:
         return None
-    me = node_name(getattr(args, "node", None))
     every = None if args.snapshot_every is None else parse_duration(args.snapshot_every)
-
-    def take(view: View) -> Change | None:
-        if view.volume is None:
-            return None
-        node = next((n for n in view.nodes if n.name == me), None)
-        if node is None:
-            raise Busy(f"{view.name} is replicated: this node's agent ({me}) must run to hold it read/write")
-        top = rec.newest(view.entries)
-        held = view.volume.active
-        volume = rec.take_active(
-            view.volume, me, node.lease, view.alive, top.snapshot if top else 0, time.time()
-        )
-        if every is not None:
-            volume = replace(volume, snapshot_every=every)
-        if held is not None and held.node != me:
-            print(
-                f"casfs: {view.name}: taking over active from {held.node} (its lease expired)",
-                file=sys.stderr,
-            )
-            return Change(volume=volume, absent_nodes=[held.node])
-        return Change(volume=volume)
-
-    view = reg.change(args.volume, take)
+    me = node_name(args.node)
+    view = active.take(reg, args.volume, me, lambda: open_store(args), every, args.remote_casfs)
     if view.volume is None:
         return None
-    source = rec.source_for(me, view.entries, view.alive)
-    if source is not None:
-        from casfs.replica.peers import Connection
-        from casfs.replica.pull import pull
-
-        try:
-            with (
-                Connection(source.reach, getattr(args, "remote_casfs", None)) as conn,
-                open_store(args) as repo,
-            ):
-                pull(repo, conn, args.volume)
-        except BaseException:
-            release(reg, args.volume, me)
-            raise
-    return reg
-
-
-def release(reg: Registry, volume: str, node: str, repo: Repository | None = None) -> None:
-    """`active` released by `node`, its entry updated to the local newest snapshot first."""
-    from dataclasses import replace
-
-    from casfs.replica import records as rec
-    from casfs.replica.agent import local
-    from casfs.replica.registry import Change
-
-    here = None if repo is None else local(repo, volume)
-
-    def decide(view: View) -> Change | None:
-        if view.volume is None:
-            return None
-        entry = view.entry(node)
-        put = (
-            []
-            if entry is None or here is None
-            else [replace(entry, snapshot=here[0], root=here[1], seen=time.time())]
+    held = view.volume.active
+    if held is not None and held.node != me:
+        print(
+            f"casfs: {args.volume}: taking over active from {held.node} (its lease expired)", file=sys.stderr
         )
-        return Change(volume=rec.release_active(view.volume, node) or view.volume, put=put)
-
-    reg.change(volume, decide)
+    return reg
 
 
 def after_umount(args: argparse.Namespace, store: str | None, volume: str | None) -> None:
@@ -335,12 +279,15 @@ def after_umount(args: argparse.Namespace, store: str | None, volume: str | None
     reg = configured(getattr(args, "registry", None))
     if reg is None or store is None or volume is None:
         return
+    from casfs.replica.active import release
+    from casfs.replica.agent import local
     from casfs.replica.registry import RegistryDown
     from casfs.repo import Repository
 
     repo = Repository.open(store)
     try:
-        release(reg, volume, node_name(getattr(args, "node", None)), repo)
+        here = local(repo, volume)
+        release(reg, volume, node_name(getattr(args, "node", None)), None if here is None else here[:2])
     except RegistryDown as e:  # (unmounted and saved: the agent publishes it once etcd is back)
         print(
             f"casfs: warning: {e}; this node's agent publishes the snapshot when it is back", file=sys.stderr
