@@ -701,6 +701,9 @@ GRAMMAR = (
                 metavar="N",
                 help="the volumes this node can stage, as NodeGetInfo says (default 0: no limit)",
             ),
+            REGISTRY,
+            Arg("--reach", metavar="URL", help="with a registry: how other nodes reach this store (ssh://…)"),
+            Arg("--bwlimit", metavar="RATE", help="with a registry: its agent pulls at most RATE a second"),
             Arg(
                 "--log-level",
                 default="info",
@@ -710,7 +713,9 @@ GRAMMAR = (
         ],
         "Serve the Container Storage Interface v1 over gRPC for kubelet and the CSI sidecars,\n"
         "with the volumes of --store. Runs until SIGTERM; mounts it staged stay up (one\n"
-        "daemon per volume), and a plugin started again answers for them.",
+        "daemon per volume), and a plugin started again answers for them. With a registry\n"
+        "(--registry or $CASFS_REGISTRY) it runs the node's replica agent too (--node-id is\n"
+        "the node), and NodeStageVolume of a replicated volume read/write takes `active`.",
     ),
     Row(
         "config",

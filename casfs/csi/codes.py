@@ -13,6 +13,7 @@ layer raises its own kinds where it knows which one it met:
     Busy (and Pending), BadToken      ABORTED            an operation pending on the volume;
                                                          a pagination token not ours (the spec's)
     NoRoom, OSError ENOSPC/EDQUOT     RESOURCE_EXHAUSTED a full store, an unreachable topology
+    RegistryDown                      UNAVAILABLE        the replica registry (etcd) unreachable
     Corruption, DigestMismatch, rest  INTERNAL
 """
 
@@ -35,6 +36,7 @@ from casfs.errors import (
     Stale,
     UsageError,
 )
+from casfs.replica.registry import RegistryDown
 
 
 class OutOfRange(UsageError):
@@ -74,6 +76,7 @@ CODES: dict[type[BaseException], grpc.StatusCode] = {
     Stale: grpc.StatusCode.FAILED_PRECONDITION,
     Busy: grpc.StatusCode.ABORTED,
     NoRoom: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    RegistryDown: grpc.StatusCode.UNAVAILABLE,
     Corruption: grpc.StatusCode.INTERNAL,
     DigestMismatch: grpc.StatusCode.INTERNAL,
     CasfsError: grpc.StatusCode.INTERNAL,

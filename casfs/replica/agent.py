@@ -125,7 +125,7 @@ class Agent:
         repo = Repository.open(self.store)
         seen, last = -1, 0.0
         try:
-            while rounds is None or rounds > 0:
+            while not self._stop.is_set() and (rounds is None or rounds > 0):
                 rounds = None if rounds is None else rounds - 1
                 try:
                     self._ensure_lease(repo)
@@ -136,15 +136,19 @@ class Agent:
                 except RegistryDown as e:
                     log.warning("%s; retrying", e)
                     self._lease_ok.clear()  # (decide nothing until a fresh lease and read)
-                    time.sleep(1.0)
+                    self._stop.wait(1.0)
                     continue
                 except CasfsError as e:
                     log.warning("round: %s", e)
                     seen = -1
-                time.sleep(POLL_S)
+                self._stop.wait(POLL_S)
         finally:
             self._stop.set()
             repo.close()
+
+    def stop(self) -> None:
+        """End run() after the round in progress (from another thread)."""
+        self._stop.set()
 
     def _local_changed(self, repo: Repository) -> bool:
         """A local snapshot the registry has not heard of (an unmount, a periodic one)."""
