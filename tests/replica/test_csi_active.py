@@ -27,7 +27,7 @@ def test_stage_takes_active_and_unstage_is_followed(cluster: Cluster) -> None:
         staging = kubelet / "staging" / "pvc-r"
         stage(p, vid, staging, mount_cap())
         assert c.record(name)["active"] == p.node_id
-        where, refused = c.mount("n2", name)
+        _, refused = c.mount("n2", name)
         assert refused.returncode == 4 and p.node_id in refused.stderr, refused.stderr
         (staging / "f").write_text("staged on the plugin's node")
         unstage(p, vid, staging)
