@@ -201,11 +201,9 @@ def cmd_sync(args: argparse.Namespace) -> int:
         print(f"{args.volume}: {me} holds the newest snapshot already")
         return 0
     from casfs.cli.replica import _report
-    from casfs.replica.peers import Connection
-    from casfs.replica.pull import pull
+    from casfs.replica.active import pull_from
 
-    with Connection(source.reach, args.remote_casfs) as conn, open_store(args) as repo:
-        moved = pull(repo, conn, args.volume)
+    moved = pull_from(open_store(args), source, args.volume, args.remote_casfs)
     _report(moved, False, f"pulled from {source.node}")
     return 0
 

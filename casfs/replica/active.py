@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from casfs.errors import Busy
 from casfs.replica import records as rec
+from casfs.replica.land import Moved
 from casfs.replica.registry import Change, Registry, View
 from casfs.repo import Repository
 
@@ -54,16 +55,30 @@ def take(
         return view
     source = rec.source_for(node, view.entries, view.alive)
     if source is not None:
-        from casfs.replica.peers import Connection
-        from casfs.replica.pull import pull
-
         try:
-            with Connection(source.reach, remote) as conn, store() as repo:
-                pull(repo, conn, volume)
+            pull_from(store(), source, volume, remote)
         except BaseException:
             release(reg, volume, node)
             raise
     return view
+
+
+def pull_from(
+    store: contextlib.AbstractContextManager[Repository],
+    source: rec.Entry,
+    volume: str,
+    remote: str | None = None,
+    bwlimit: int | None = None,
+) -> Moved:
+    """`casfs pull` of the newest snapshot of `volume` from the node of `source` (the
+    connection started before the store opens, as the CLI's pull does). `bwlimit`:
+    bytes a second, where replica.peers takes it."""
+    from casfs.replica.peers import Connection
+    from casfs.replica.pull import pull
+
+    limit = {} if bwlimit is None else {"bwlimit": bwlimit}
+    with Connection(source.reach, remote, **limit) as conn, store as repo:
+        return pull(repo, conn, volume)
 
 
 def release(reg: Registry, volume: str, node: str, here: tuple[int, str | None] | None = None) -> None:

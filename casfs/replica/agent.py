@@ -281,23 +281,18 @@ class Agent:
         return False
 
     def _pull(self, repo: Repository, volume: str, source: rec.Entry) -> None:
-        from casfs.replica.peers import Connection
-        from casfs.replica.pull import pull
+        from casfs.replica.active import opened, pull_from
 
         log.info("pulling %s@%d from %s (%s)", volume, source.snapshot, source.node, source.reach)
         if self.recover is not None:
             self.recover(repo)
         try:
-            with Connection(source.reach, self.remote, **self._limit()) as conn:
-                moved = pull(repo, conn, volume)
+            moved = pull_from(opened(repo), source, volume, self.remote, self.bwlimit)
         except (Conflict, Busy) as e:  # (diverged, or changes since its newest snapshot)
             log.warning("%s: %s", volume, e)
             self._keep_diverged(repo, volume)
             return
         log.info("pulled %s@%d: %d blobs", volume, moved.n, moved.blobs)
-
-    def _limit(self) -> dict[str, int]:
-        return {} if self.bwlimit is None else {"bwlimit": self.bwlimit}
 
     def _keep_diverged(self, repo: Repository, volume: str) -> None:
         """This node's line of `volume` diverged from the registry's: keep it whole as
