@@ -116,6 +116,10 @@ def test_rm_keeps_the_factor_and_races_leave_k(cluster: Cluster) -> None:
     # the last good copies stay: neither may go now
     for node in left:
         assert c.run(node, "replica", "rm", "v").returncode == 4
+    # a replica asked for beyond the factor: that node's agent pulls it
+    c.ok(None, "replica", "add", "v", "--node", gone)
+    until(f"{gone} holds v again", lambda: c.all_hold("v", 1))
+    until(f"{gone}'s entry healthy", lambda: c.replicas("v")[gone]["healthy"])
 
 
 def test_etcd_down_mounts_keep_working(cluster: Cluster, etcd: Etcd) -> None:
