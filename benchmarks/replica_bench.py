@@ -5,6 +5,7 @@ raw image, through the same ssh to a throwaway sshd on 127.0.0.1.
     python benchmarks/replica_bench.py [--size 1G] [--change 10M]
                                        [--change-data random|text|files] [--reps 3]
                                        [--no-full] [--scaling 1G,16G] [--workdir DIR] [--json]
+    python benchmarks/replica_bench.py --follow [--size 1G] [--change 10M] [--reps 3]
 
 One image of --size (a third zeros, a third random, a third text: benchlib.generate) is
 imported into store A, a volume made from it and snapshotted (vm1@1). Then, each
@@ -53,7 +54,8 @@ Time is the command's wall time; bytes are what crossed ssh towards the receiver
 the bytes read from the connection, `pull --json`; rsync: "Total bytes received" of
 --stats). Before a cold run the shared connection and server are ended (by pid). The
 ratios are rsync over casfs: above 1, casfs is faster or moves less. Medians over
---reps. sshd and rsync: scripts/install.sh installs them.
+--reps. sshd and rsync: scripts/install.sh installs them. (--follow measures something
+else: see "Following an unmount" below.)
 """
 
 from __future__ import annotations
@@ -444,8 +446,14 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--no-full", action="store_true", help="time only the incremental and repeated pulls")
     p.add_argument("--scaling", metavar="SIZES", help="the scaling section for these sizes (1G,16G)")
+    p.add_argument(
+        "--follow", action="store_true", help="time the followers of an unmount (a registry, 3 nodes)"
+    )
     args = p.parse_args()
     stop_on_sigterm()
+    if args.follow:
+        follow_main(args)
+        return
     size, total = parse_size(args.size), parse_size(args.change)
     if args.scaling is not None:
         sizes = [parse_size(x) for x in args.scaling.split(",")]
@@ -475,6 +483,138 @@ def main() -> None:
         + ", ".join(f"{label} {med[f'floor {k} s']:.2f} s" for k, label in FLOORS.items())
     )
     emit(report, args.json, *lines)
+
+
+# -- Following an unmount (issue 29: replicated volumes) ---------------------------------
+#
+# A registry (a throwaway etcd on 127.0.0.1), three stores as three nodes, an agent each
+# (`casfs replica agent`, pulling over the throwaway sshd), block volume vm1 of --size
+# with factor 3 (every node holds vm1@1 before the clock starts). Each repetition: vm1
+# mounted read/write on node a (taking `active`), --change random bytes written through
+# the mount, `casfs umount` timed, and then the time from its return until every node's
+# store holds the snapshot it took (asked of the stores, every 10 ms). Target: <= 2 s.
+
+
+@contextlib.contextmanager
+def etcd_server(work: Path) -> Iterator[str]:
+    """A one-member etcd (Debian's etcd-server); yields its registry URL."""
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+    client, peer = (f"http://127.0.0.1:{p}" for p in ports)
+    with open(work / "etcd.log", "wb") as log:
+        proc = subprocess.Popen(
+            ["etcd", "--name", "b", "--data-dir", str(work / "etcd"), "--listen-client-urls", client,
+             "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls",
+             peer, "--initial-cluster", f"b={peer}"],
+            stdout=log, stderr=log,
+        )  # fmt: skip
+    try:
+        url = f"etcd://127.0.0.1:{ports[0]}/bench"
+        wait_for(lambda: _answers(url), 30, "etcd")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _answers(url: str) -> bool:
+    from casfs.errors import CasfsError
+    from casfs.replica.registry import Registry
+
+    try:
+        Registry(url).revision()
+    except CasfsError:
+        return False
+    return True
+
+
+def wait_for(check: Any, timeout: float, what: str, step: float = 0.01) -> None:
+    end = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > end:
+            raise SystemExit(f"replica_bench: {what} not within {timeout:.0f} s")
+        time.sleep(step)
+
+
+def newest(store: Path, volume: str) -> int:
+    from casfs.catalog import volumes as rows
+
+    repo = Repository.open(store)
+    try:
+        return max((int(n) for n in rows.snapshot_numbers(repo.conn, volume)), default=0)
+    finally:
+        repo.close()
+
+
+def follow(work: Path, size: int, total: int, reps: int) -> dict[str, Any]:
+    image = work / "disk.img"
+    generate(image, size, seed=1, runs="zrt")
+    nodes = {n: work / n for n in ("a", "b", "c")}
+    for store in nodes.values():
+        casfs(store, "init")
+    a = nodes["a"]
+    casfs(a, "image", "import", "disk", image)
+    casfs(a, "volume", "create", "vm1", "--from", "disk")
+    casfs(a, "snapshot", "create", "vm1")
+    figures: dict[str, list[float]] = {"umount s": [], "follow s": []}
+    agents: list[subprocess.Popen[bytes]] = []
+    with etcd_server(work) as url, sshd(work) as (ssh, port):
+        shared = Shared(ssh, port)
+        env = {**shared.env(), "CASFS_REGISTRY": url, "CASFS_SSH_PERSIST": "60"}
+        try:
+            casfs(a, "replica", "set-factor", "vm1", "3", env=env)
+            for name, store in nodes.items():
+                with open(work / f"agent-{name}.log", "wb") as log:
+                    agents.append(subprocess.Popen(
+                        [*CLI, "-s", str(store), "replica", "agent", "--node", name,
+                         "--reach", f"ssh://root@127.0.0.1:{port}{store}"],
+                        stdout=log, stderr=log, env=env,
+                    ))  # fmt: skip
+            wait_for(lambda: all(newest(s, "vm1") >= 1 for s in nodes.values()), 600, "vm1@1 everywhere", 0.2)
+            rnd = random.Random(7)
+            for _ in range(reps):
+                disk = work / "vm1.raw"
+                disk.touch()
+                casfs(a, "mount", disk, "--volume", "vm1", "--node", "a", env=env)
+                fd = os.open(disk, os.O_WRONLY)
+                try:
+                    for offset, piece in writes(rnd, size, total, "random"):
+                        os.pwrite(fd, piece, offset)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                t = time.perf_counter()
+                took = casfs(a, "umount", disk, "--node", "a", env=env)
+                done = time.perf_counter()
+                n = int(took.strip().split("@")[-1])
+                wait_for(lambda n=n: all(newest(s, "vm1") >= n for s in nodes.values()), 120, f"vm1@{n}")
+                figures["umount s"].append(done - t)
+                figures["follow s"].append(time.perf_counter() - done)
+        finally:
+            for proc in agents:
+                proc.terminate()
+                proc.wait(timeout=30)
+            shared.close()
+    med = {k: statistics.median(v) for k, v in figures.items()}
+    return {"size": size, "change": total, "reps": reps, "median": med, "all": figures}
+
+
+def follow_main(args: Any) -> None:
+    size, total = parse_size(args.size), parse_size(args.change)
+    with scratch(args.workdir, "casfs-follow-bench-", mounts=("casfs",)) as work:
+        report = follow(work, size, total, args.reps)
+    med = report["median"]
+    emit(
+        report,
+        args.json,
+        f"following an unmount: {format_size(size)} block volume, {format_size(total)} changed, factor 3 "
+        f"(three stores, agents pulling over ssh to 127.0.0.1)",
+        f"umount on the active node {med['umount s']:.2f} s; then every replica holds the snapshot "
+        f"{med['follow s']:.2f} s later (target <= 2 s); medians of {report['reps']}",
+    )
 
 
 if __name__ == "__main__":

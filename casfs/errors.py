@@ -12,6 +12,7 @@ CasfsError                      errno EIO,     exit 1
 ├── DigestMismatch              EIO,           exit 5   imported content is not what was expected
 ├── HostileArchive              EINVAL,        exit 2   a tar member that would escape or is refused
 ├── NoSpace                     ENOSPC,        exit 1   the store's disk (or its database) is full
+├── Unavailable                 EIO,           exit 1   a service casfs relies on (the registry) is down
 └── UnsupportedFormat           EIO,           exit 1   a store of an unknown (newer) format
 
 of_database() maps SQLite's errors (sqlite3.OperationalError and kin, met anywhere)
@@ -82,6 +83,10 @@ class HostileArchive(CasfsError):
 class NoSpace(CasfsError):
     errno = _errno.ENOSPC
     exit_code = 1
+
+
+class Unavailable(CasfsError):
+    """A service casfs relies on could not be reached; nothing was changed."""
 
 
 class UnsupportedFormat(CasfsError):

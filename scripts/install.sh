@@ -12,6 +12,7 @@ APT_PACKAGES=(
     umoci skopeo runc                      # OCI images: tests build them offline and run them
     containerd busybox-static              # the snapshotter's tests: containerd and a static rootfs
     openssh-server openssh-client rsync    # replicas over ssh: the tests start their own sshd
+    etcd-server                            # the replica registry (casfs.replica.registry); tests start their own
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -22,7 +23,19 @@ if ((${#missing[@]})); then
     sudo=()
     [[ $(id -u) -eq 0 ]] || sudo=(sudo)
     "${sudo[@]}" apt-get update
+    # No package's own service is started on install (etcd-server's would hold 2379, the
+    # port a registry's user expects free, and the tests start their own): policy-rc.d
+    # answers 101 (action forbidden) for the length of the install, then goes.
+    policy=/usr/sbin/policy-rc.d
+    own_policy=0
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null
+        "${sudo[@]}" chmod 755 "$policy"
+        own_policy=1
+        trap '"${sudo[@]}" rm -f "$policy"' EXIT  # (gone however the install ends)
+    fi
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "${APT_PACKAGES[@]}"
+    if ((own_policy)); then "${sudo[@]}" rm -f "$policy"; trap - EXIT; fi
 fi
 
 PYTHON=${PYTHON:-python3}

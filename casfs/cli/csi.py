@@ -17,6 +17,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from casfs.units import parse_size
+
+    bwlimit = None if args.bwlimit is None else parse_size(args.bwlimit)
     return serve(
-        store_path(args.store), args.endpoint, args.node_id, args.services, args.max_volumes, args.metrics
-    )
+        store_path(args.store), args.endpoint, args.node_id, args.services, args.max_volumes, args.metrics,
+        args.registry, args.reach, bwlimit,
+    )  # fmt: skip

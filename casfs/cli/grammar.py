@@ -61,6 +61,7 @@ images = _Module("casfs.cli.images")
 maintenance = _Module("casfs.cli.maintenance")
 mounts = _Module("casfs.cli.mounts")
 replica = _Module("casfs.cli.replica")
+replicas = _Module("casfs.cli.replicas")
 scrubbing = _Module("casfs.cli.scrub")
 snapshotter = _Module("casfs.cli.snapshotter")
 store_status = _Module("casfs.cli.status")
@@ -113,6 +114,7 @@ NOUNS = {
     "config": "store settings, kept in the catalog",
     "csi": "the Kubernetes CSI plugin",
     "snapshotter": "the containerd snapshotter (containers' root filesystems)",
+    "replica": "replicated volumes: K copies on other nodes, coordinated through etcd",
 }
 
 NAME = Arg("name", metavar="NAME")
@@ -137,6 +139,19 @@ PAGING = (
     "Entries come sorted; --limit N and --after LAST page through them (the next page\n"
     "starts after the last name printed). A figure marked ~ (listed in --json's pending)\n"
     "is an estimate until counted: `casfs gc` or `casfs fsck --repair` count them all."
+)
+REGISTRY = Arg(
+    "--registry",
+    metavar="etcd://HOST:PORT[,HOST:PORT]/PREFIX",
+    help="the replica registry (default: $CASFS_REGISTRY)",
+)
+NODE = Arg(
+    "--node", metavar="N", help="this node's name in the registry (default: $CASFS_NODE, else the hostname)"
+)
+REMOTE = Arg(
+    "--remote-casfs",
+    metavar="CMD",
+    help="the casfs command on an ssh source (default: $CASFS_REMOTE, else casfs)",
 )
 DEST = Arg("dest", metavar="DEST", help="must not exist (or be an empty directory)")
 EXPORT_FORMAT = Arg("--format", choices=("auto", "raw", "dir", "tar"), default="auto")
@@ -501,15 +516,101 @@ GRAMMAR = (
                 help="serve every read through the daemon, re-hashed (no kernel passthrough)",
             ),
             Arg("--metrics", metavar="ADDR:PORT", help="serve Prometheus metrics there (:9101: loopback)"),
+            REGISTRY,
+            NODE,
+            REMOTE,
+            Arg(
+                "--snapshot-every",
+                metavar="DURATION",
+                help="replicated: the node's agent snapshots the mount this often (5m); the others follow",
+            ),
         ],
         "Mount the whole store (images/, volumes/, snapshots/) at MOUNTPOINT, or with --volume\n"
         "one volume: its root directory, or a regular file for a block volume.\n"
         "A read-only mount (--ro) hands files of images and snapshots up to 64 MiB to the\n"
         "kernel (FUSE passthrough), from verified copies in STORE/cache/files/; getfattr -n\n"
-        "user.casfs.passthrough MOUNTPOINT says whether it is on, or why not.",
+        "user.casfs.passthrough MOUNTPOINT says whether it is on, or why not.\n"
+        "A read/write mount of a replicated volume (a registry given or in $CASFS_REGISTRY)\n"
+        "takes `active` for this node first (exit 4 naming the holder while its lease\n"
+        "lives), and pulls the newest snapshot when this store is behind.",
     ),
     Row(
-        "umount", None, mounts.cmd_umount, "unmount a casfs mount", [Arg("mountpoint", metavar="MOUNTPOINT")]
+        "umount",
+        None,
+        mounts.cmd_umount,
+        "unmount a casfs mount",
+        [Arg("mountpoint", metavar="MOUNTPOINT"), REGISTRY, NODE],
+        "Unmount (a changed volume gets a snapshot). A replicated volume's snapshot is then\n"
+        "published in the registry and `active` released: the other replicas pull it.",
+    ),
+    Row(
+        "replica",
+        "ls",
+        replicas.cmd_ls,
+        "each replica of the replicated volumes: node, snapshot, lag, active, healthy, last seen",
+        [
+            Arg("volume", metavar="VOL", nargs="?"),
+            REGISTRY,
+            Arg("--json", action="store_true", help="print JSON"),
+        ],
+    ),
+    Row(
+        "replica",
+        "set-factor",
+        replicas.cmd_set_factor,
+        "keep K replicas of VOL (the first call makes VOL replicated, from this store's copy)",
+        [
+            Arg("volume", metavar="VOL"),
+            Arg("k", metavar="K"),
+            Arg("--keep-last", metavar="N", help="retention: keep the newest N snapshots"),
+            Arg("--keep-hourly", metavar="H", help="retention: and the newest of each of the last H hours"),
+            Arg("--keep-daily", metavar="D", help="retention: and the newest of each of the last D days"),
+            REGISTRY,
+        ],
+        "The first call records VOL (its kind and origin, from this store) with factor K;\n"
+        "later ones change K. --keep-* set the retention the active node's agent applies\n"
+        "(`casfs snapshot prune`'s rules).",
+    ),
+    Row(
+        "replica",
+        "add",
+        replicas.cmd_add,
+        "want a replica of VOL on node N (its agent pulls it)",
+        [Arg("volume", metavar="VOL"), Arg("--node", metavar="N", required=True), REGISTRY],
+    ),
+    Row(
+        "replica",
+        "rm",
+        replicas.cmd_rm,
+        "remove node N's replica of VOL, only if K other healthy replicas remain",
+        [Arg("volume", metavar="VOL"), NODE, REGISTRY],
+        "Refused (exit 4) unless the factor K of other replicas are alive and hold a snapshot\n"
+        "at least as new as the newest, checked again once the entry is out of the count;\n"
+        "the last good copy is never removed. The node's agent then deletes its copy.",
+    ),
+    Row(
+        "replica",
+        "sync",
+        replicas.cmd_sync,
+        "pull VOL's newest snapshot into this store from whichever replica holds it",
+        [Arg("volume", metavar="VOL"), NODE, REMOTE, REGISTRY],
+    ),
+    Row(
+        "replica",
+        "agent",
+        replicas.cmd_agent,
+        "the node's replica agent: publish, follow, keep the factor (runs until stopped)",
+        [
+            NODE,
+            Arg("--reach", metavar="URL", help="how the other nodes reach this store: ssh://… or a path"),
+            Arg("--bwlimit", metavar="RATE", help="pull at most RATE bytes a second (50M)"),
+            REMOTE,
+            REGISTRY,
+        ],
+        "Publish an entry for every local replica of a replicated volume, keep this node\n"
+        "alive on an etcd lease, pull newer snapshots from the others, and create a missing\n"
+        "replica when this node is the one the rule names (fewest replicas, then most free\n"
+        "space). Retries while etcd is down; decides nothing on a stale read.",
     ),
     Row(
         "fsck",
@@ -633,11 +734,16 @@ GRAMMAR = (
                 metavar="N",
                 help="the volumes this node can stage, as NodeGetInfo says (default 0: no limit)",
             ),
+            REGISTRY,
+            Arg("--reach", metavar="URL", help="with a registry: how other nodes reach this store (ssh://…)"),
+            Arg("--bwlimit", metavar="RATE", help="with a registry: its agent pulls at most RATE a second"),
             log_level("volume"),
         ],
         "Serve the Container Storage Interface v1 over gRPC for kubelet and the CSI sidecars,\n"
         "with the volumes of --store. Runs until SIGTERM; mounts it staged stay up (one\n"
-        "daemon per volume), and a plugin started again answers for them.",
+        "daemon per volume), and a plugin started again answers for them. With a registry\n"
+        "(--registry or $CASFS_REGISTRY) it runs the node's replica agent too (--node-id is\n"
+        "the node), and NodeStageVolume of a replicated volume read/write takes `active`.",
     ),
     Row(
         "snapshotter",

@@ -33,6 +33,8 @@ from casfs.errors import Conflict, NotFound, UsageError
 from casfs.fuse.launcher import Config, served_volume, start_daemon, unmount
 from casfs.fuse.mountinfo import MountEntry
 from casfs.kinds import VolumeKind
+from casfs.replica import active
+from casfs.replica.agent import local
 
 log = logging.getLogger("casfs.csi")
 BLOCK_FILE = "disk"  # a block volume's mount point inside its staging directory
@@ -68,9 +70,17 @@ class Node:
             with open(where, "a"):
                 pass  # (FUSE mounts a file's volume on a file)
         read_only = capabilities.read_only_mode(cap) or info.mode == "ro"
+        reg = None if read_only else self.plugin.registry
+        if reg is not None:  # (a replicated volume: `active` here first, caught up)
+            active.take(reg, info.name, self.plugin.node_id, lambda: active.opened(self.plugin.repo))
         cfg = Config(self.plugin.store, where, volume=info.name, read_only=read_only, allow_other=True)
-        for warning in start_daemon(cfg):
-            log.warning("volume %s: %s", info.name, warning)
+        try:
+            for warning in start_daemon(cfg):
+                log.warning("volume %s: %s", info.name, warning)
+        except BaseException:
+            if reg is not None:
+                active.release(reg, info.name, self.plugin.node_id)
+            raise
         return pb.NodeStageVolumeResponse()
 
     def NodeUnstageVolume(self, request: pb.NodeUnstageVolumeRequest) -> pb.NodeUnstageVolumeResponse:
@@ -83,12 +93,21 @@ class Node:
             self._check_unpublished(entry, where)
             if self._staged_at(where, naming.known_volume(vid) or vid):  # (a dead one: detached)
                 unmount(where, took=lambda snap: log.info("volume %s: snapshot %s at unmount", vid, snap))
+                self._release(naming.known_volume(vid) or vid)
         block_file = os.path.join(staging, BLOCK_FILE)
         if os.path.isfile(block_file) and system.mount_at(block_file) is None:
             os.unlink(block_file)
         if naming.known_volume(vid) is None or not self._exists(vid):
             raise NotFound(f"no volume {vid!r}")
         return pb.NodeUnstageVolumeResponse()
+
+    def _release(self, volume: str) -> None:
+        """A replicated volume's unmount snapshot published and `active` released."""
+        if self.plugin.registry is not None:
+            here = local(self.plugin.repo, volume)
+            active.release(
+                self.plugin.registry, volume, self.plugin.node_id, None if here is None else here[:2]
+            )
 
     def _check_unpublished(self, entry: MountEntry, where: str) -> None:
         """Unmounting a staging mount still bound elsewhere would leave its daemon

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from casfs.csi.proto import csi_pb2 as pb
 from casfs.fuse.launcher import live_mounts
+from casfs.replica.registry import Registry
 from casfs.repo import Repository
 
 DRIVER_NAME = "csi.casfs.dev"
@@ -19,6 +20,7 @@ class Plugin:
     repo: Repository  # one connection per gRPC worker thread (Repository.conn)
     node_id: str
     max_volumes_per_node: int = 0  # 0: no limit
+    registry: Registry | None = None  # replicated volumes: `active` taken at stage, released at unstage
 
     @property
     def store(self) -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ from casfs.csi.proto import csi_pb2_grpc
 from casfs.errors import CasfsError, UsageError
 from casfs.grpcsvc.server import Adapter, InProgress, new_server, run_until_signalled
 from casfs.metrics import RpcCounts
+from casfs.replica.agent import Agent
+from casfs.replica.registry import configured
 from casfs.repo import Repository
 
 log = logging.getLogger("casfs.csi")
@@ -87,6 +90,13 @@ def parse_services(text: str) -> tuple[str, ...]:
     return chosen
 
 
+def _recover(repo: Repository) -> None:
+    from casfs.upkeep.recovery import recover
+
+    for message in recover(repo):
+        log.info("recovered: %s", message)
+
+
 def serve(
     store: str,
     endpoint: str | None,
@@ -94,9 +104,14 @@ def serve(
     services: str,
     max_volumes: int = 0,
     metrics_address: str | None = None,
+    registry: str | None = None,
+    reach: str | None = None,
+    bwlimit: int | None = None,
 ) -> int:
     """Serve until SIGTERM or SIGINT; then finish the RPCs in flight (a grace period).
-    `metrics_address` (ADDR:PORT): Prometheus metrics of the RPCs served there."""
+    `metrics_address` (ADDR:PORT): Prometheus metrics of the RPCs served there.
+    `registry` (or $CASFS_REGISTRY): replicated volumes; the node's replica agent runs
+    in a thread of this process, reached by the others at `reach` (default: the store)."""
     from casfs.upkeep.recovery import recover
 
     if not endpoint:
@@ -114,7 +129,12 @@ def serve(
     for message in recover(repo):
         log.info("recovered: %s", message)
     counts = metrics.RpcCounts() if address is not None else None
-    server = build(Plugin(repo, node_id, max_volumes), chosen, endpoint, counts)
+    reg = configured(registry)
+    agent = None
+    if reg is not None:
+        agent = Agent(reg, node_id, str(repo.dir), reach or str(repo.dir), None, bwlimit, _recover)
+        threading.Thread(target=agent.run, name="replica-agent", daemon=True).start()
+    server = build(Plugin(repo, node_id, max_volumes, reg), chosen, endpoint, counts)
     stop_metrics = None
     if address is not None and counts is not None:
         stop_metrics = metrics.serve(address, metrics.RpcCollector(node_id, counts))
@@ -125,6 +145,8 @@ def serve(
     finally:
         if stop_metrics is not None:
             stop_metrics()
+        if agent is not None:
+            agent.stop()
         repo.close()
     log.info("stopped")
     return 0

@@ -15,6 +15,7 @@ raises these kinds where it knows which one it met:
     Busy (and Pending), BadToken      ABORTED            an operation pending on the volume;
                                                          a pagination token not ours (the spec's)
     NoRoom, OSError ENOSPC/EDQUOT     RESOURCE_EXHAUSTED a full store, an unreachable topology
+    Unavailable                       UNAVAILABLE        the replica registry (etcd) unreachable
     Corruption, DigestMismatch, rest  INTERNAL
 """
 
@@ -35,6 +36,7 @@ from casfs.errors import (
     NotFound,
     ReadOnly,
     Stale,
+    Unavailable,
     UsageError,
 )
 
@@ -76,6 +78,7 @@ CODES: dict[type[BaseException], grpc.StatusCode] = {
     Stale: grpc.StatusCode.FAILED_PRECONDITION,
     Busy: grpc.StatusCode.ABORTED,
     NoRoom: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Unavailable: grpc.StatusCode.UNAVAILABLE,
     Corruption: grpc.StatusCode.INTERNAL,
     DigestMismatch: grpc.StatusCode.INTERNAL,
     CasfsError: grpc.StatusCode.INTERNAL,

@@ -16,6 +16,7 @@ operation in progress and then let it go on (SIGCONT).
     gc:after-commit        a gc round's rows are deleted, its blobs not yet
     scrub:after-root       a scrub saved its progress after a root (resumes after it)
     import:after-commit    an import committed, its figures not yet counted (no row: pending)
+    pull:batch             a pull stored a batch of arrived blobs, the snapshot not landed
     figures:counted        a settle counted figures, not yet written (refcount.accounts)
     snapshotter:prepared   a Prepare's volume is made, not yet mounted (phase preparing)
     snapshotter:committing a Commit unmounted and snapshotted, its records not yet swapped

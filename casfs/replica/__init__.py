@@ -13,6 +13,10 @@
     adopt.py      a pull through a shared bucket: blobs adopted where they are, not moved
     image.py      `casfs image pull SOURCE IMAGE`
     status.py     `volume info`'s replica lines and `volume rm --if-replicated`
+    records.py    replicated volumes: the registry's records, and its rules as pure functions
+    registry.py   those records in etcd: one-revision reads, compare-and-swap, leases
+    active.py     taking and releasing `active` around a read/write mount, the catch-up pull
+    agent.py      `casfs replica agent`: publish, follow, keep the factor (a reconcile loop)
 
 Snapshot numbers and root ids are the origin's on every replica; see README.md
 ("Replicas") for the model and docs/developer-notes.md for the formats.

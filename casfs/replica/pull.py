@@ -30,6 +30,7 @@ from casfs.catalog import volumes as rows
 from casfs.errors import NotFound
 from casfs.ids import SnapshotNo
 from casfs.kinds import BlobKind, VolumeKind
+from casfs.lifecycle.faults import fault_point
 from casfs.replica.assemble import Assembler, Want
 from casfs.replica.land import Moved, Offer, Plan, check, land, root_kind, store_id
 from casfs.replica.peers import Connection, normalize
@@ -214,6 +215,7 @@ def _fetch(link: Connection, asm: Assembler, moved: Moved, progress: Callable[[i
             waiting -= 1
             moved.blobs += len(records)
             add(asm.arrive(records))
+            fault_point("pull:batch")
             if progress is not None:
                 progress(link.r.meter.bytes - before)
     finally:
