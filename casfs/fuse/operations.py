@@ -466,6 +466,9 @@ class Operations(pyfuse3.Operations):
             backing = 0 if writer else await opens.backing_id(view, ino, served)
         if not backing:
             return None
+        rw = view.rw
+        if rw is not None and flags & os.O_ACCMODE != os.O_WRONLY and not flags & os.O_NOATIME:
+            rw.accessed(ino)  # (the kernel's reads never reach the daemon: the open is the access)
         fh = next(self._fh)
         self._handles[fh] = _Handle(view, ino, fino, backing=True, writer=writer)
         return pyfuse3.FileInfo(fh=FileHandleT(fh), keep_cache=False, backing_id=backing)

@@ -411,4 +411,14 @@ class DirKind:
         return finish(self.snapshot_job(label)).snapshot
 
     def closing(self) -> None:
-        """(Nothing is left to fold before the last flush.)"""
+        """The session is over: no file is the kernel's now (a release still in flight
+        at the unmount never comes). A writer's last changes are taken first; its row
+        exists already (its upper file was made with one), so marking it is enough."""
+        for ino, held in self.kernel.writers():
+            node = self.vol.nodes.get(ino)
+            if node is not None:
+                self._look(node)
+                if held.changed:
+                    self.files.written(held.key)
+                    self.vol.dirty_nodes.add(ino)
+        self.kernel.opens.clear()
