@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from casfs.fuse.mountinfo import MountEntry, mounts
 from casfs.fuse import passthrough
+from casfs.fuse.mountinfo import MountEntry, mounts
 from tests.helpers.cli import CALL_TIMEOUT, passthrough_wanted, run
 
 DAEMON = [sys.executable, "-m", "casfs.fuse.daemon"]
@@ -279,7 +279,13 @@ def mounted(
     if not mountpoint.exists():  # a directory by default; block volumes need a file made first
         mountpoint.mkdir(parents=True)
     m = start_daemon(
-        store, mountpoint, volume=volume, ro=ro, extra=extra, kernel_cache=kernel_cache, passthrough=passthrough
+        store,
+        mountpoint,
+        volume=volume,
+        ro=ro,
+        extra=extra,
+        kernel_cache=kernel_cache,
+        passthrough=passthrough,
     )
     try:
         yield m
