@@ -548,7 +548,7 @@ class Operations(pyfuse3.Operations):
     async def fsync(self, fh: FileHandleT, datasync: bool) -> None:
         h = self._handles[fh]
         if not (self.opts.read_only or h.view.read_only):
-            if h.writer:
+            if h.backing:
                 await upperpass.fsync(h.view, h.ino)  # (the kernel's writes: only in the file)
             await rwsession.sync(h.view)
 

@@ -85,8 +85,9 @@ async def release(
 
 
 async def fsync(view: View, ino: InodeNo) -> None:
-    """The upper file a passthrough writer wrote: durable (the flush that follows
-    commits its size; it syncs the file itself only if the size or mtime moved)."""
+    """The upper file the kernel holds for (view, ino), written by any of its handles:
+    durable (the flush that follows commits its size; that flush syncs the file itself
+    only if its size or mtime moved)."""
     kind = kind_of(view)
     path = None if kind is None else kind.kernel_file(ino)
     if path is not None:
