@@ -2,7 +2,8 @@
 """A tree copied into a directory volume and walked, beside the native filesystem and
 bindfs (a C FUSE passthrough), in one run.
 
-    python benchmarks/dir_bench.py [--source /usr/share] [--rootfs DIR ...] [--workdir DIR] [--json]
+    python benchmarks/dir_bench.py [--source /usr/share] [--rootfs DIR ...] [--fio-size 256M]
+                                   [--runtime 5] [--fio-only] [--workdir DIR] [--json]
 
 The source tree (default /usr/share; its entry count is reported) is read once first
 so every peer copies from the page cache, and a tarball of a root filesystem is made
@@ -11,7 +12,10 @@ debian:bookworm's size), as a container runtime or debootstrap unpacks one.
 Destinations: DIR/native/tree, bindfs over DIR/bindfs-src, pyfuse3_floor.py over
 DIR/floor-src (the same Python FUSE stack as casfs with nothing of casfs in it: the
 floor of any pure-Python daemon here), and a blank directory volume mounted with
-`casfs mount MNT --volume tree` (as a runtime mounts a pod's volume).
+`casfs mount MNT --volume tree` (as a runtime mounts a pod's volume), twice: with
+passthrough (casfs, the default where the kernel offers it: a changed file is read and
+written by the kernel itself, the daemon without the writeback cache) and with
+`--no-passthrough` (casfs-wb: the kernel's writeback cache, every byte through the daemon).
 Timed, in seconds, per peer:
 
   tar -x        tar -xf ROOTFS.tar -C DEST/rootfs (as root: owners and modes kept)
@@ -22,7 +26,12 @@ Timed, in seconds, per peer:
   ls -lR cold   after dropping the page cache and remounting (casfs: the unmount
                 folded the copy into snapshot 1, and the tree is read from its blobs)
 
-casfs's unmount after the copy and the tar (flush and snapshot) is timed too. Run as root.
+casfs's unmount after the copy and the tar (flush and snapshot) is timed too.
+
+Then a changed file (fio, --fio-size, page cache warm): a file written, the volume
+unmounted (the file folded into blobs) and mounted again, one byte of the file
+rewritten (its copy-up), then on that file: seq write 1M, rand write 4K, seq read 1M,
+rand read 4K (psync, qd1; random ones --runtime seconds). Run as root.
 """
 
 from __future__ import annotations
@@ -41,8 +50,11 @@ from benchlib import (
     Casfs,
     Row,
     arguments,
+    describe,
     drop_caches,
     emit,
+    fio,
+    fio_rows,
     is_mounted,
     scratch,
     sh,
@@ -51,8 +63,19 @@ from benchlib import (
     unmount,
 )
 
+from casfs.units import parse_size
+
 STEPS = ("tar -x", "cp -a", "ls -lR warm", "du -s warm", "find | wc -l", "ls -lR cold")
-DIR_PEERS = ("native", "bindfs", "pyfuse3", "casfs")
+DIR_PEERS = ("native", "bindfs", "pyfuse3", "casfs", "casfs-wb")
+FIO_PEERS = ("native", "casfs", "casfs-wb")
+_WARM = ["--ioengine=psync", "--invalidate=0"]  # (page cache warm: fio would drop it first)
+_RAND = ["--bs=4k", *_WARM, "--time_based", "--randrepeat=0"]
+FIO_TESTS = {
+    "seq write 1M": ["--rw=write", "--bs=1M", *_WARM, "--refill_buffers"],
+    "rand write 4K": ["--rw=randwrite", *_RAND, "--refill_buffers"],
+    "seq read 1M": ["--rw=read", "--bs=1M", *_WARM],
+    "rand read 4K": ["--rw=randread", *_RAND],
+}
 FLOOR = Path(__file__).resolve().parent / "pyfuse3_floor.py"
 
 
@@ -114,11 +137,9 @@ def run(source: Path, work: Path, trees: list[str]) -> dict[str, Any]:
     native = work / "native"
     bind_src, bind_mnt = work / "bindfs-src", work / "bindfs"
     floor = Floor(work / "floor-src", work / "floor")
-    cas = Casfs(work / "store", work / "casfs", volume="tree")
-    for d in (native, bind_src, bind_mnt, floor.source, floor.mnt, cas.mnt):
+    cas = casfs_peers(work)
+    for d in (native, bind_src, bind_mnt, floor.source, floor.mnt, *(c.mnt for c in cas.values())):
         d.mkdir()
-    cas.cli("init")
-    cas.cli("volume", "create", "tree", "--blank-dir")
     results: dict[str, dict[str, float]] = {s: {} for s in STEPS}
     extra: dict[str, float] = {}
     dropped = True
@@ -130,9 +151,9 @@ def run(source: Path, work: Path, trees: list[str]) -> dict[str, Any]:
         if peer == "pyfuse3":
             floor.mount()
             return floor.mnt
-        if peer == "casfs":
-            cas.mount()
-            return cas.mnt
+        if peer in cas:
+            cas[peer].mount()
+            return cas[peer].mnt
         return native
 
     def umount(peer: str) -> None:
@@ -140,10 +161,10 @@ def run(source: Path, work: Path, trees: list[str]) -> dict[str, Any]:
             unmount(bind_mnt)
         elif peer == "pyfuse3":
             floor.umount()
-        elif peer == "casfs":
+        elif peer in cas:
             t = time.perf_counter()
-            cas.umount()
-            extra.setdefault("casfs umount after tar and cp s", time.perf_counter() - t)
+            cas[peer].umount()
+            extra.setdefault(f"{peer} umount after tar and cp s", time.perf_counter() - t)
 
     try:
         for peer in DIR_PEERS:
@@ -170,8 +191,9 @@ def run(source: Path, work: Path, trees: list[str]) -> dict[str, Any]:
     finally:
         unmount(bind_mnt)
         floor.umount()
-        cas.umount()
-        unmount(cas.mnt)
+        for c in cas.values():
+            c.umount()
+            unmount(c.mnt)
     return {
         "source": str(source),
         "entries": entries,
@@ -183,9 +205,64 @@ def run(source: Path, work: Path, trees: list[str]) -> dict[str, Any]:
     }
 
 
+def casfs_peers(work: Path) -> dict[str, Casfs]:
+    """casfs with passthrough (its default) and with the writeback cache, each its own
+    store with a blank directory volume `tree`."""
+    peers = {
+        "casfs": Casfs(work / "store", work / "casfs", volume="tree"),
+        "casfs-wb": Casfs(work / "store-wb", work / "casfs-wb", volume="tree", args=["--no-passthrough"]),
+    }
+    for c in peers.values():
+        c.cli("init")
+        c.cli("volume", "create", "tree", "--blank-dir")
+    return peers
+
+
+def run_fio(work: Path, size: int, runtime: int) -> dict[str, dict[str, dict[str, float]]]:
+    """The changed-file tests per peer (FIO_TESTS), casfs's file copied up from blobs."""
+    native = work / "native-fio"
+    native.mkdir()
+    (work / "fio").mkdir()
+    cas = casfs_peers(work / "fio")
+    results: dict[str, dict[str, dict[str, float]]] = {t: {} for t in FIO_TESTS}
+    try:
+        for peer in FIO_PEERS:
+            top = native
+            if peer in cas:
+                c = cas[peer]
+                c.mnt.mkdir()
+                c.mount()
+                fio(c.mnt / "file", ["--rw=write", "--bs=1M", "--ioengine=psync", "--refill_buffers"], size)
+                c.umount()  # (folded: the file's bytes are in blobs)
+                c.mount()
+                top = c.mnt
+            path = top / "file"
+            if peer == "native":
+                fio(path, ["--rw=write", "--bs=1M", "--ioengine=psync", "--refill_buffers"], size)
+            with open(path, "r+b") as f:  # the file changed: copied up (casfs)
+                f.write(b"x")
+            for test, args in FIO_TESTS.items():
+                timed_args = [f"--runtime={runtime}"] if "--time_based" in args else []
+                results[test][peer] = fio(path, [*args, *timed_args], size)
+                print(f"  {peer:8} {test:14} {describe(test, results[test][peer])}", file=sys.stderr)
+            if peer in cas:
+                cas[peer].umount()
+    finally:
+        for c in cas.values():
+            c.umount()
+            unmount(c.mnt)
+    return results
+
+
 def report_table(report: dict[str, Any]) -> str:
+    out = []
+    if report.get("fio"):
+        fio_table = table(fio_rows(report["fio"]), FIO_PEERS, ("native", "casfs-wb"))
+        out += [f"a changed file of {report['fio_size']} bytes:", fio_table]
+    if not report.get("results"):
+        return "\n".join(out)
     rows = [Row(step, "s", by_peer, higher_is_better=False) for step, by_peer in report["results"].items()]
-    out = [table(rows, DIR_PEERS, ("native", "bindfs", "pyfuse3"))]
+    out += [table(rows, DIR_PEERS, ("native", "bindfs", "pyfuse3", "casfs-wb"))]
     for key, value in report["extra"].items():
         out.append(f"{key}: {value:.2f}")
     if not report["dropped"]:
@@ -199,13 +276,21 @@ def main() -> int:
     p.add_argument(
         "--rootfs", nargs="+", default=list(ROOTFS_TREES), help="host trees the tarball is made of"
     )
+    p.add_argument("--fio-size", type=parse_size, default=parse_size("256M"))
+    p.add_argument("--runtime", type=int, default=5, help="seconds per random fio test")
+    p.add_argument("--fio-only", action="store_true", help="only the changed-file tests")
     args = p.parse_args()
-    with scratch(args.workdir, "casfs-dirbench-") as work:
-        report = run(Path(args.source), work, args.rootfs)
+    mounts = ("casfs", "casfs-wb", "bindfs", "floor", "fio/casfs", "fio/casfs-wb")
+    with scratch(args.workdir, "casfs-dirbench-", mounts) as work:
+        report: dict[str, Any] = {"fio_size": args.fio_size}
+        report["fio"] = run_fio(work, args.fio_size, args.runtime)
+        if not args.fio_only:
+            report.update(run(Path(args.source), work, args.rootfs))
     heading = (
-        f"{report['source']}: {report['entries']} entries; rootfs tarball: {report['rootfs_entries']} "
-        f"entries; {os.cpu_count()} CPUs; times in seconds "
-        "(ratios above 1 are slower); casfs: a directory volume mounted alone"
+        f"{report.get('source', '-')}: {report.get('entries', '-')} entries; rootfs tarball: "
+        f"{report.get('rootfs_entries', '-')} entries; {os.cpu_count()} CPUs; times in seconds "
+        "(ratios above 1 are slower), fio in MB/s or IOPS (below 1 slower); casfs: a directory "
+        "volume mounted alone, with passthrough; casfs-wb: --no-passthrough (the writeback cache)"
     )
     emit(report, args.json, heading, report_table(report))
     return 0

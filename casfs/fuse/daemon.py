@@ -230,10 +230,12 @@ async def serve(cfg: Config) -> int:
             ops = Operations(InodeTable(root), chunks, controls, options, subject)
             # The kernel's writeback cache owns a regular file's size and mtime once the
             # inode exists, and the root inode exists before any getattr: a block volume
-            # mounted on a file would show size 0 for ever. Off there, and where nothing writes.
-            ops.enable_writeback_cache = not cfg.read_only and not on_file
-            why_not = passthrough.refusal(cfg.passthrough, cfg.read_only)
+            # mounted on a file would show size 0 for ever. Off there, and where nothing
+            # writes; and where passthrough is asked for (the kernel has it only without
+            # that cache: changed files are then written by the kernel, casfs.fuse.upperpass).
+            why_not = passthrough.refusal(cfg.passthrough)
             ops.enable_passthrough = why_not is None  # (pyfuse3 asks the kernel at INIT)
+            ops.enable_writeback_cache = not cfg.read_only and not on_file and not ops.enable_passthrough
             files = FileCache(cache_root(cfg.store))
             ops.on_init = functools.partial(_start_passthrough, ops, controls, files, repo.get, why_not)
             pyfuse3.init(ops, cfg.mountpoint, _fuse_options(cfg))

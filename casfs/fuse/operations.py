@@ -32,7 +32,7 @@ from pyfuse3 import FileHandleT, FileNameT, FlagT, FUSEError, InodeT, ModeT, Req
 from casfs import metrics
 from casfs.errors import CasfsError, Corruption, ReadOnly, of_database
 from casfs.fuse import control as ctl
-from casfs.fuse import passthrough, rwsession
+from casfs.fuse import passthrough, rwsession, upperpass
 from casfs.fuse.inodes import ROOT, InodeTable
 from casfs.fuse.replybuf import ReplyBuffer
 from casfs.ids import InodeNo
@@ -140,6 +140,7 @@ class _Handle:
     atime: bool = False
     direct: bool = False  # opened with direct I/O (no page cache)
     backing: bool = False  # opened with a backing file: the kernel reads it, not us
+    writer: bool = False  # (a backed handle) opened for writing: the kernel writes it too
     # Made once here, not for every read: the read-ahead stream's key, its planner, and
     # what to tell of an access (None: no atime to keep).
     stream: tuple[int, InodeNo] = field(init=False)
@@ -447,13 +448,30 @@ class Operations(pyfuse3.Operations):
         if flags & os.O_TRUNC:
             # libfuse asks for atomic O_TRUNC: the kernel sends no separate truncate.
             await self._mutate(view, lambda rw, fetched: rw.setattr(ino, size=0, fetched=fetched))
-        if self.passthrough is not None and not flags & _WRITE_FLAGS:
-            backing = await self.passthrough.backing_id(view, ino, lambda: self._served_open(view, ino))
-            if backing:
-                fh = next(self._fh)
-                self._handles[fh] = _Handle(view, ino, inode, backing=True)
-                return pyfuse3.FileInfo(fh=FileHandleT(fh), keep_cache=False, backing_id=backing)
-        return self._new_handle(view, ino, inode, flags)
+        backed = await self._backed_handle(view, ino, inode, flags)
+        return backed if backed is not None else self._new_handle(view, ino, inode, flags)
+
+    async def _backed_handle(
+        self, view: View, ino: InodeNo, fino: int, flags: int
+    ) -> pyfuse3.FileInfo | None:
+        """A handle the kernel serves from a backing file (passthrough), or None."""
+        opens = self.passthrough
+        if opens is None:
+            return None
+        writer = bool(flags & _WRITE_FLAGS)
+        served = functools.partial(self._served_open, view, ino)
+        if upperpass.kind_of(view) is not None and not self.opts.read_only:
+            backing = await upperpass.backing_id(opens, view, ino, writer, served, self._mutate)
+        else:
+            backing = 0 if writer else await opens.backing_id(view, ino, served)
+        if not backing:
+            return None
+        rw = view.rw
+        if rw is not None and flags & os.O_ACCMODE != os.O_WRONLY and not flags & os.O_NOATIME:
+            rw.accessed(ino)  # (the kernel's reads never reach the daemon: the open is the access)
+        fh = next(self._fh)
+        self._handles[fh] = _Handle(view, ino, fino, backing=True, writer=writer)
+        return pyfuse3.FileInfo(fh=FileHandleT(fh), keep_cache=False, backing_id=backing)
 
     def _served_open(self, view: View, ino: InodeNo) -> bool:
         """Whether (view, ino) has a handle whose reads this daemon serves."""
@@ -469,7 +487,8 @@ class Operations(pyfuse3.Operations):
             view, lambda rw, _: _names(rw).mknod(ino, name, kind, 0, ctx.uid, ctx.gid)
         )
         attrs = self._entry_reply(view, st, view)
-        return self._new_handle(view, st.ino, attrs.st_ino, flags), attrs
+        backed = await self._backed_handle(view, st.ino, attrs.st_ino, flags)
+        return backed if backed is not None else self._new_handle(view, st.ino, attrs.st_ino, flags), attrs
 
     @handler
     async def read(self, fh: FileHandleT, off: int, size: int) -> bytes:
@@ -520,12 +539,17 @@ class Operations(pyfuse3.Operations):
         h = self._handles.pop(fh)
         self.chunks.forget_stream(h.stream)
         if h.backing and self.passthrough is not None:
-            self.passthrough.release(h.view, h.ino)
+            if upperpass.kind_of(h.view) is not None and not self.opts.read_only:
+                await upperpass.release(self.passthrough, h.view, h.ino, h.writer, self._mutate)
+            else:
+                self.passthrough.release(h.view, h.ino)
 
     @handler
     async def fsync(self, fh: FileHandleT, datasync: bool) -> None:
         h = self._handles[fh]
         if not (self.opts.read_only or h.view.read_only):
+            if h.backing:
+                await upperpass.fsync(h.view, h.ino)  # (the kernel's writes: only in the file)
             await rwsession.sync(h.view)
 
     # -- directories -------------------------------------------------------------

@@ -6,7 +6,8 @@ FileInfo.backing_id, pyfuse3.passthrough_granted), a kernel with passthrough (6.
 and CAP_SYS_ADMIN: the kernel lets only that register a backing file. The kernel also
 refuses, measured on 6.18:
   - passthrough on a connection that has the writeback cache (registering fails EPERM),
-    so it is asked for only on read-only mounts, which have no writeback cache;
+    so a writable mount that asks for it goes without that cache (casfs.fuse.upperpass:
+    a directory volume's changed files are then written by the kernel itself);
   - two backing files for one inode, and a passthrough open of an inode beside a cached
     one (that open fails EIO): an inode's handles are all passthrough, sharing one
     backing id, or none are (Backings, Operations);
@@ -50,12 +51,10 @@ def built_in() -> bool:
     return hasattr(pyfuse3.FileInfo(), "backing_id")
 
 
-def refusal(asked: bool, read_only: bool) -> str | None:
+def refusal(asked: bool) -> str | None:
     """Why this mount cannot have passthrough, before it asks the kernel; None: it can."""
     if not asked:
         return "turned off (--no-passthrough)"
-    if not read_only:
-        return "the mount is writable (the kernel has no passthrough beside the writeback cache)"
     if not built_in():
         return "pyfuse3 is built without it (scripts/install.sh builds it against libfuse 3.17+)"
     if os.geteuid() != 0:
@@ -87,12 +86,13 @@ class Backings:
     def holds(self, key: Hashable) -> bool:
         return key in self._ids
 
-    def acquire(self, key: Hashable, path: Path | None = None) -> int:
-        """The backing id of `key` for one more handle; `path` registers it if none is."""
+    def acquire(self, key: Hashable, path: Path | str | None = None, writable: bool = False) -> int:
+        """The backing id of `key` for one more handle; `path` registers it if none is
+        (opened read/write if `writable`: the kernel writes through that file)."""
         held = self._ids.get(key)
         if held is None:
             assert path is not None, "a first open names its backing file"
-            held = self._ids[key] = [self._register(path), 0]
+            held = self._ids[key] = [self._register(path, writable), 0]
         held[1] += 1
         return held[0]
 
@@ -103,8 +103,8 @@ class Backings:
             del self._ids[key]
             fcntl.ioctl(self._fd, _BACKING_CLOSE, struct.pack("I", held[0]))
 
-    def _register(self, path: Path) -> int:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    def _register(self, path: Path | str, writable: bool) -> int:
+        fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
         try:
             # (a mutable buffer, so that ioctl returns the call's result, the id)
             return int(fcntl.ioctl(self._fd, _BACKING_OPEN, bytearray(struct.pack("iIQ", fd, 0, 0)), True))
@@ -135,6 +135,10 @@ class PassthroughOpens:
             self._mode = "on" if self._backings is not None else f"off: {why_not}"
             log.info("passthrough %s", self._mode)
         return self._mode
+
+    def backings(self) -> Backings | None:
+        """The session's backing files, None where the kernel takes none."""
+        return self._backings if self.mode() == "on" else None
 
     async def backing_id(self, view: View, ino: InodeNo, cached_open: Callable[[], bool]) -> int:
         """The backing id to open (view, ino) with, or 0: served by the daemon.

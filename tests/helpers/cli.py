@@ -57,7 +57,18 @@ def must(*cmd: str | Path, timeout: float = CALL_TIMEOUT) -> str:
 def casfs(store: Path | None, *args: str | Path, timeout: float = TIMEOUT, **extra_env: str) -> Completed:
     """`casfs -s STORE ARGS` (no -s without a store); `extra_env` such as CASFS_FAULT."""
     where = ["-s", str(store)] if store is not None else []
+    if args and args[0] == "mount" and not passthrough_wanted() and "--no-passthrough" not in args:
+        args = (*args, "--no-passthrough")
     return run([*CLI, *where, *args], timeout=timeout, env=env(CASFS_TEST_TIMEOUTS="0", **extra_env))
+
+
+def passthrough_wanted() -> bool:
+    """The mode mount tests run in, CASFS_TEST_PASSTHROUGH=on (the default) or off
+    (--no-passthrough: the daemon serves every byte, a writable mount has the writeback
+    cache); scripts/test.sh runs the mount tests both ways."""
+    mode = os.environ.get("CASFS_TEST_PASSTHROUGH", "on")
+    assert mode in ("on", "off"), f"CASFS_TEST_PASSTHROUGH={mode!r}: on or off"
+    return mode == "on"
 
 
 def ok(store: Path, *args: str | Path, timeout: float = TIMEOUT, **extra_env: str) -> Completed:

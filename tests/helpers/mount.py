@@ -28,8 +28,9 @@ from pathlib import Path
 
 import pytest
 
+from casfs.fuse import passthrough
 from casfs.fuse.mountinfo import MountEntry, mounts
-from tests.helpers.cli import CALL_TIMEOUT, run
+from tests.helpers.cli import CALL_TIMEOUT, passthrough_wanted, run
 
 DAEMON = [sys.executable, "-m", "casfs.fuse.daemon"]
 READY_TIMEOUT_S = 30.0
@@ -111,10 +112,17 @@ def start_daemon(
     ro: bool = False,
     extra: Sequence[str] = (),
     kernel_cache: bool = False,
+    passthrough: bool | None = None,
 ) -> Mount:
     """Start a foreground daemon and wait until the mount answers; fail at once if the
     daemon dies first (its log is in the failure message). Tests see every change at
-    once (zero entry and attribute timeouts) unless `kernel_cache`: a user's timeouts."""
+    once (zero entry and attribute timeouts) unless `kernel_cache`: a user's timeouts.
+    Passthrough as CASFS_TEST_PASSTHROUGH says unless `passthrough` or `extra` does;
+    the daemon's mode is checked against it (assert_mode)."""
+    if passthrough is None:
+        passthrough = passthrough_wanted() and "--no-passthrough" not in extra
+    if not passthrough and "--no-passthrough" not in extra:
+        extra = [*extra, "--no-passthrough"]
     log_path = mountpoint.parent / f".{mountpoint.name}.daemon.log"
     cmd = [*DAEMON, "--store", str(store)] + ([] if kernel_cache else ["--zero-timeouts"])
     cmd += ["--volume", volume] if volume else []
@@ -139,7 +147,24 @@ def start_daemon(
     if word.split(" ", 1)[0] != "ready":  # (then a JSON list of warnings, if any)
         force_cleanup(m)
         pytest.fail(f"the daemon did not come up ({word or 'no word'}):\n{m.log()}")
+    try:
+        assert_mode(m, passthrough)
+    except BaseException:
+        force_cleanup(m)
+        raise
     return m
+
+
+def assert_mode(m: Mount, wanted: bool) -> None:
+    """The daemon runs in the passthrough mode asked for: "on" where this host can have
+    it (root, a pyfuse3 built with it; the kernel then must grant it), else off."""
+    mode = os.getxattr(m.path, "user.casfs.passthrough").decode()
+    if not wanted:
+        assert mode == "off: turned off (--no-passthrough)", f"{mode}\n{m.log()}"
+    elif passthrough.built_in() and os.geteuid() == 0:
+        assert mode == "on", f"{mode}\n{m.log()}"
+    else:
+        assert mode.startswith("off: ") and "turned off" not in mode, mode
 
 
 def _read_word(fd: int, proc: subprocess.Popen[bytes], timeout: float) -> str:
@@ -221,11 +246,18 @@ def as_nobody(*cmd: str | Path) -> subprocess.CompletedProcess[str]:
 
 
 @contextlib.contextmanager
-def running(store: Path, mountpoint: Path, *, volume: str | None = None) -> Iterator[Mount]:
+def running(
+    store: Path,
+    mountpoint: Path,
+    *,
+    volume: str | None = None,
+    extra: Sequence[str] = (),
+    passthrough: bool | None = None,
+) -> Iterator[Mount]:
     """A daemon for a test that ends it some other way (kill -9, a refused or forced
     unmount): afterwards no mount and no daemon are left, whatever happened."""
     mountpoint.mkdir(parents=True, exist_ok=True)
-    m = start_daemon(store, mountpoint, volume=volume)
+    m = start_daemon(store, mountpoint, volume=volume, extra=extra, passthrough=passthrough)
     try:
         yield m
     finally:
@@ -241,11 +273,20 @@ def mounted(
     ro: bool = False,
     extra: Sequence[str] = (),
     kernel_cache: bool = False,
+    passthrough: bool | None = None,
 ) -> Iterator[Mount]:
     """Mount, yield, and always unmount: cleanly when possible, by force otherwise."""
     if not mountpoint.exists():  # a directory by default; block volumes need a file made first
         mountpoint.mkdir(parents=True)
-    m = start_daemon(store, mountpoint, volume=volume, ro=ro, extra=extra, kernel_cache=kernel_cache)
+    m = start_daemon(
+        store,
+        mountpoint,
+        volume=volume,
+        ro=ro,
+        extra=extra,
+        kernel_cache=kernel_cache,
+        passthrough=passthrough,
+    )
     try:
         yield m
     finally:

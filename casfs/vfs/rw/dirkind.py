@@ -23,6 +23,7 @@ from casfs.vfs.overlay.spill import Spill, SpillJob
 from casfs.vfs.rw.below import chunk_blocks
 from casfs.vfs.rw.jobs.flush import FlushJob
 from casfs.vfs.rw.jobs.fold_dir import DirFold
+from casfs.vfs.rw.kernelfiles import KernelOpens
 from casfs.vfs.rw.names import DirNames
 from casfs.vfs.rw.volume import RwVolume, finish, now_ns
 
@@ -44,6 +45,7 @@ class DirKind:
         self.files = FileUppers.of(vol.repo.path, vol.name)
         self.spill = Spill()
         self._no_upper: dict[InodeNo, int] = {}  # making its upper file failed: errno
+        self.kernel = KernelOpens()  # inodes whose upper file the kernel serves (passthrough)
         self._next_gen = 1
 
     def load(self) -> None:
@@ -71,7 +73,15 @@ class DirKind:
         """(Nothing beside the core's: upper files are trimmed at load.)"""
 
     def settle(self) -> None:
-        """(A directory volume's attributes are always up to date.)"""
+        """The files the kernel writes itself (passthrough): what moved is a change."""
+        for ino, held in self.kernel.writers():
+            node = self.vol.nodes.get(ino)
+            if node is not None:
+                self._look(node)
+            if held.changed:
+                held.changed = False
+                self.files.written(held.key)
+                self.vol.touch(ino)
 
     def folded(self) -> None:
         self.namespace.forget_links()
@@ -118,6 +128,7 @@ class DirKind:
     def blocks(self, node: Node) -> int:
         if node.upper is None:
             return chunk_blocks(self.vol, node)
+        self._look(node)  # (first: a file the kernel writes has moved on)
         return self.files.allocated_blocks((node.ino, node.upper))
 
     def write_at(self, node: Node, offset: int, data: bytes, fetched: Fetched | None) -> int:
@@ -162,9 +173,10 @@ class DirKind:
             self._start_upper(node, keep=size)
         assert node.upper is not None
         key = (node.ino, node.upper)
-        if size < node.attrs.size and key not in self.files.fresh:
+        if size < node.attrs.size and key not in self.files.fresh and not self.kernel.held(node.ino):
             # The committed row names this file with the old size: cutting it in place
-            # would let a crash show the old size over zeros. A new generation instead.
+            # would let a crash show the old size over zeros. A new generation instead
+            # (not for a file the kernel holds open: it writes only the one it was given).
             if size:
                 raise self._copy_prefix(node, key, size)
             self._replace_upper(node, self._new_upper(node.ino))
@@ -265,7 +277,58 @@ class DirKind:
         node.upper = f.key[1]
         self.vol.touch(node.ino)
 
+    # -- upper files the kernel serves itself (FUSE passthrough) -----------------------
+
+    def kernel_open(self, ino: InodeNo, writer: bool) -> str | None:
+        """The upper file to give the kernel for one more open of `ino` (copied up first
+        for a writer: NeedWork), or None: the daemon serves it (no upper file to read, or
+        writes the store's disk refused, kept in memory)."""
+        node = self.vol.node(ino)
+        if not node.is_file or ino in self.spill or ino in self._no_upper:
+            return None
+        if node.upper is None:
+            if not writer:
+                return None
+            self._start_upper(node)
+        assert node.upper is not None
+        key = (ino, node.upper)
+        self.kernel.add(ino, key, writer, self.files.open(key).fd)
+        if writer:
+            self.files.written(key)
+        return self.files.path(key)
+
+    def kernel_release(self, ino: InodeNo, writer: bool) -> None:
+        """One passthrough handle of `ino` closed: a writer's last changes are taken."""
+        node = self.vol.nodes.get(ino)
+        if writer and node is not None:
+            self._look(node)
+        held = self.kernel.remove(ino, writer)
+        if held.changed and node is not None:
+            held.changed = False
+            self.files.written(held.key)
+            self.vol.touch(ino)
+
+    def kernel_file(self, ino: InodeNo) -> str | None:
+        """The path of the upper file the kernel holds for `ino` (an fsync syncs it)."""
+        held = self.kernel.opens.get(ino)
+        return None if held is None else self.files.path(held.key)
+
+    def _look(self, node: Node) -> None:
+        """A file the kernel writes: its size and mtime from its upper file, if moved
+        (attributes only; the change is marked at the next settle)."""
+        held = self.kernel.opens.get(node.ino)
+        if held is None or not held.writers:
+            return
+        seen = self.kernel.look(held, self.files.open(held.key).fd)
+        if seen is None:
+            return
+        size, mtime_ns = seen
+        if node.attrs.nlink:
+            self.vol.logical += size - node.attrs.size
+        node.set(size=size, mtime_ns=mtime_ns, ctime_ns=max(mtime_ns, node.attrs.ctime_ns))
+
     def dropped(self, ino: InodeNo) -> None:
+        self.kernel.opens.pop(ino, None)
         node = self.vol.nodes.get(ino)
         if node is not None and node.upper is not None:
             self.files.retire((ino, node.upper))
@@ -348,4 +411,14 @@ class DirKind:
         return finish(self.snapshot_job(label)).snapshot
 
     def closing(self) -> None:
-        """(Nothing is left to fold before the last flush.)"""
+        """The session is over: no file is the kernel's now (a release still in flight
+        at the unmount never comes). A writer's last changes are taken first; its row
+        exists already (its upper file was made with one), so marking it is enough."""
+        for ino, held in self.kernel.writers():
+            node = self.vol.nodes.get(ino)
+            if node is not None:
+                self._look(node)
+                if held.changed:
+                    self.files.written(held.key)
+                    self.vol.dirty_nodes.add(ino)
+        self.kernel.opens.clear()

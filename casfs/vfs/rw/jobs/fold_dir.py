@@ -36,13 +36,17 @@ class DirFold:
     files: FileUppers
     chunk_size: int
     folded_files: list[Key] = field(default_factory=list)  # upper files now in blobs
+    # Upper files the kernel holds open (passthrough): folded, but kept as the files'
+    # content (the kernel goes on reading and writing them), named again at the next flush.
+    kept: set[Key] = field(default_factory=set)
     what: str = "snapshot"
     slot: bool = True
     stored_bytes: int = 0
 
     @staticmethod
     def capture(kind: DirKind, label: str | None) -> DirFold:
-        return DirFold(OverlayFold.capture(kind.vol, label), kind, kind.files, kind.vol.chunk_size)
+        kept = kind.kernel.keys()
+        return DirFold(OverlayFold.capture(kind.vol, label), kind, kind.files, kind.vol.chunk_size, kept=kept)
 
     @property
     def snapshot(self) -> SnapshotNo:
@@ -67,6 +71,12 @@ class DirFold:
                 node.upper = None
         self.files.forget(self.folded_files)
         self.fold.applied()
+        vol = self.fold.vol
+        for key in self.kept:
+            node = vol.nodes.get(key[0])
+            if node is not None and node.upper == key[1] and node.attrs.nlink:
+                self.files.adopt(key)  # (no committed row names it now)
+                vol.touch(key[0])
 
     def abort(self) -> None:
         self.fold.aborted()
@@ -150,7 +160,8 @@ class _Folder:
             self._upper_ids.get((node.ino, gen, ChunkNo(n)), ZERO_ID)
             for n in range(chunkmap.n_chunks(size, cs))
         ]
-        self.job.folded_files.append((node.ino, gen))
+        if (node.ino, gen) not in self.job.kept:
+            self.job.folded_files.append((node.ino, gen))
         return chunkmap.build_content(self.batch.put_kind, ids, size, cs)
 
 

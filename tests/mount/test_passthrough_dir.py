@@ -1,0 +1,125 @@
+"""FUSE passthrough on a writable directory volume (casfs.fuse.upperpass): a changed
+file's upper file is read and written by the kernel itself, and the daemon still gets
+its size, times, snapshots and durability right. Each test checks through the mount's
+metrics that the bytes did not pass through the daemon (no read or write requests)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from casfs import volumes
+from casfs.repo import Repository
+from tests.helpers.cli import casfs
+from tests.helpers.mount import Mount, mounted, running, wait_gone
+from tests.mount.test_metrics import free_port, scrape, value
+
+MIB = 1 << 20
+
+
+def served(port: int, op: str) -> float:
+    """Requests of `op` this daemon has answered."""
+    return value(scrape(port), "casfs_fuse_request_seconds_count", op=op)
+
+
+def exported(store: Path, tmp: Path, name: str) -> bytes:
+    """File `name` of volume v's last snapshot."""
+    out = tmp / f"export-{len(list(tmp.glob('export-*')))}"
+    done = casfs(store, "volume", "export", "v", str(out))
+    assert done.returncode == 0, done.stderr
+    return (out / name).read_bytes()
+
+
+def snapshot(m: Mount) -> None:
+    subprocess.run(["setfattr", "-n", "user.casfs.snapshot", m.path], check=True, timeout=60)
+
+
+def test_kernel_written_bytes_are_in_stat_du_and_the_snapshots(repo: Repository, tmp_path: Path) -> None:
+    volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
+    port = free_port()
+    extra = ["--metrics", f"127.0.0.1:{port}"]
+    first, second = os.urandom(MIB), os.urandom(MIB // 2)
+    with mounted(repo.path, tmp_path / "mnt", volume="v", extra=extra, passthrough=True) as m:
+        path = m.path / "f"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, first)
+            st = os.stat(path)  # (while open: the daemon looks at the upper file)
+            assert (st.st_size, st.st_blocks) == (MIB, MIB // 512)
+            snapshot(m)  # the fold keeps the file the kernel holds open
+            os.pwrite(fd, second, MIB)
+            assert os.stat(path).st_size == MIB + len(second)
+            assert os.pread(fd, 16, MIB) == second[:16]
+        finally:
+            os.close(fd)
+        assert exported(repo.path, tmp_path, "f") == first
+        du = subprocess.run(["du", "-k", path], capture_output=True, text=True, check=True).stdout
+        assert int(du.split()[0]) == (MIB + len(second)) // 1024
+        assert path.read_bytes() == first + second
+        snapshot(m)
+        assert exported(repo.path, tmp_path, "f") == first + second
+        assert served(port, "write") == 0 and served(port, "read") == 0, m.log()
+    with mounted(repo.path, tmp_path / "mnt", volume="v") as m:
+        assert (m.path / "f").read_bytes() == first + second
+
+
+def test_kill_9_after_fsync_keeps_what_the_kernel_wrote(repo: Repository, tmp_path: Path) -> None:
+    volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
+    mnt = tmp_path / "mnt"
+    data = os.urandom(3 * MIB + 5)
+    with running(repo.path, mnt, volume="v", passthrough=True) as m:
+        (mnt / "old").write_bytes(b"base")
+        snapshot(m)  # "old" is in blobs now: its writer below copies it up first
+        with open(mnt / "new", "wb") as f, open(mnt / "old", "r+b") as g:
+            f.write(data)
+            g.seek(2)
+            g.write(b"SE and more")
+            f.flush()
+            g.flush()
+            os.fsync(f.fileno())
+            os.fsync(g.fileno())
+            os.kill(m.pid, signal.SIGKILL)  # (with both still open)
+            assert wait_gone(m.pid, m.proc, 30)
+    with mounted(repo.path, mnt, volume="v") as m:
+        assert (m.path / "new").read_bytes() == data
+        assert (m.path / "old").read_bytes() == b"baSE and more"
+
+
+def test_one_mode_per_inode_while_open(repo: Repository, tmp_path: Path) -> None:
+    """A file open by the daemon (no upper file yet) stays served by it, writers too;
+    once closed, a writer gets the upper file, a reader then shares its backing file,
+    and mmap, O_APPEND and a cut work on it."""
+    volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
+    port = free_port()
+    extra = ["--metrics", f"127.0.0.1:{port}"]
+    with mounted(repo.path, tmp_path / "mnt", volume="v", extra=extra, passthrough=True) as m:
+        path = m.path / "f"
+        path.write_bytes(b"0123456789")
+        snapshot(m)  # folded: no upper file, the next reader is served by the daemon
+        with open(path, "rb") as reader:
+            assert reader.read() == b"0123456789"
+            with open(path, "r+b") as writer:  # beside a served reader: served too
+                writer.write(b"ab")
+            assert served(port, "write") == 1
+            reader.seek(0)
+            assert reader.read() == b"ab23456789"
+        writes = served(port, "write")
+        with open(path, "r+b") as writer, open(path, "rb") as reader:
+            with mmap.mmap(writer.fileno(), 10) as mm:
+                mm[2:4] = b"CD"
+                mm.flush()
+            assert reader.read() == b"abCD456789"
+            writer.truncate(4)
+            with open(path, "ab") as appender:
+                appender.write(b"++")
+            assert os.fstat(reader.fileno()).st_size == 6
+            reader.seek(0)
+            assert reader.read() == b"abCD++"
+        assert served(port, "write") == writes, m.log()
+        assert os.stat(path).st_size == 6
+        assert "served by the daemon" not in m.log()
+    with mounted(repo.path, tmp_path / "mnt", volume="v") as m:
+        assert (m.path / "f").read_bytes() == b"abCD++"
