@@ -36,8 +36,13 @@ from casfs.store.local import fsync_dir
 
 DEFAULT_LIMIT_BYTES = 4 << 30
 # Files up to this size are filled when first opened (the open waits for it: ~0.1 s for
-# 64 MiB); larger ones are served through the daemon as before.
+# 64 MiB); larger ones in the background (casfs.store.filefill), served through the
+# daemon until they are cached.
 MAX_FILE_BYTES = 64 << 20
+# The bound and the open-time fill's limit, in MiB, for tests (no GiBs written) and for
+# a user who wants another bound.
+ENV_LIMIT_MB = "CASFS_FILE_CACHE_MB"
+ENV_OPEN_FILL_MB = "CASFS_FILE_CACHE_OPEN_FILL_MB"
 _TMP_PREFIX = ".fill-"
 DIGEST_XATTR = "user.casfs.blake3"
 
@@ -49,6 +54,17 @@ def cache_root(store: Path) -> Path:
 # A file's content as the fill takes it: each chunk's blob (ZERO_ID: a hole) and the
 # range [start, end) of it in the file's order (a blob shorter than its range: zeros follow).
 Part = tuple[BlobId, int, int]
+
+
+def limits_from_env() -> tuple[int, int]:
+    """(the cache's bound, the largest file filled at its open), bytes: the defaults, or
+    what ENV_LIMIT_MB and ENV_OPEN_FILL_MB say."""
+    limit = os.environ.get(ENV_LIMIT_MB)
+    open_fill = os.environ.get(ENV_OPEN_FILL_MB)
+    return (
+        int(limit) << 20 if limit else DEFAULT_LIMIT_BYTES,
+        int(open_fill) << 20 if open_fill else MAX_FILE_BYTES,
+    )
 
 
 class FileCache:
@@ -116,6 +132,15 @@ class FileCache:
                 path.unlink(missing_ok=True)
                 removed.append((path.name, why))
         return removed
+
+    def usage(self) -> tuple[int, int]:
+        """The cache's files and the bytes they take on disk (holes take none)."""
+        files = used = 0
+        for path in self._files():
+            with contextlib.suppress(FileNotFoundError):
+                used += path.stat().st_blocks * 512
+                files += 1
+        return files, used
 
     def _files(self) -> list[Path]:
         with contextlib.suppress(FileNotFoundError), os.scandir(self.root) as it:

@@ -1,0 +1,156 @@
+"""Background fills of the whole-file cache (casfs.store.filecache): files too large to
+be filled while their open waits (a VM's disk image, a large file of an image).
+
+One worker thread fills one file at a time, in the order they were first asked for,
+from blobs that `fetch` verifies, through FileCache.fill (written whole, hashed, fsync'd,
+renamed). Meanwhile the daemon serves those files' reads as without passthrough; an
+open after the fill finds the file cached (casfs.fuse.passthrough switches then, when no
+handle of the inode is served by the daemon: the kernel refuses mixing the two).
+
+A file larger than the cache's bound is never filled (it would evict everything else
+and still not fit): `status()` says how many were refused so. A fill that fails (a
+damaged chunk, a full disk) is not tried again in this session: its reads stay the
+daemon's, with their EIO for a damaged range.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from casfs.errors import CasfsError
+from casfs.store.filecache import FileCache, Part
+from casfs.store.ids import BlobId
+
+log = logging.getLogger("casfs.daemon")
+
+
+class _Stopped(Exception):
+    pass
+
+
+@dataclass
+class FillStats:
+    """What the fills did, for status lines and metrics (one writer: the worker)."""
+
+    queued: int = 0
+    filling_bytes: int = 0  # the size of the file being filled (0: none)
+    filled_bytes: int = 0  # of it, so far
+    files: int = 0  # fills finished in this session
+    bytes: int = 0  # their bytes
+    seconds: float = 0.0  # their time
+    failed: int = 0
+    too_large: int = 0  # files larger than the cache's bound, not filled
+
+    def rate(self) -> float:
+        """Bytes a second over the finished fills (0: none yet)."""
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+
+class BackgroundFills:
+    def __init__(self, cache: FileCache, fetch: Callable[[BlobId], bytes]) -> None:
+        self.cache = cache
+        self.fetch = fetch
+        self.stats = FillStats()
+        self._todo: OrderedDict[str, Sequence[Part]] = OrderedDict()
+        self._refused: set[str] = set()  # too large or failed: not asked again
+        self._cv = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._current: str | None = None  # the key being filled
+
+    def want(self, key: str, size: int, parts: Sequence[Part]) -> None:
+        """Fill `key` (of `size` bytes, made of `parts`) once the fills before it are done;
+        nothing if it is queued, refused, or too large for the cache."""
+        with self._cv:
+            if key in self._todo or key in self._refused or self._stop.is_set():
+                return
+            if size > self.cache.limit:
+                self._refused.add(key)
+                self.stats.too_large += 1
+                log.info(
+                    "passthrough: a file of %d bytes is larger than the file cache (%d): not cached",
+                    size,
+                    self.cache.limit,
+                )
+                return
+            self._todo[key] = parts
+            self.stats.queued = len(self._todo)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="casfs-filefill", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def pending(self, key: str) -> bool:
+        """Whether `key` is queued, being filled, or refused (nothing to ask then)."""
+        with self._cv:
+            return key in self._todo or key == self._current or key in self._refused
+
+    def stop(self) -> None:
+        """End the worker; a fill in flight stops at its next chunk (its temporary file
+        is removed)."""
+        self._stop.set()
+        with self._cv:
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def status(self) -> str:
+        s = self.stats
+        line = f"{s.files} filled ({s.bytes >> 20} MiB, {s.rate() / 1e6:.0f} MB/s), {s.queued} queued"
+        if s.filling_bytes:
+            line += f", filling {s.filled_bytes >> 20} of {s.filling_bytes >> 20} MiB"
+        if s.failed:
+            line += f", {s.failed} failed"
+        if s.too_large:
+            line += f", {s.too_large} larger than the cache"
+        return line
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._todo and not self._stop.is_set():
+                    self._cv.wait()
+                if self._stop.is_set():
+                    return
+                key, parts = self._todo.popitem(last=False)
+                self._current = key
+            self._fill(key, parts)
+            with self._cv:
+                self._current = None
+                self.stats.queued = len(self._todo)
+
+    def _fill(self, key: str, parts: Sequence[Part]) -> None:
+        if self.cache.lookup(key) is not None:
+            return
+        s = self.stats
+        s.filling_bytes, s.filled_bytes = sum(end - start for _, start, end in parts), 0
+        t0 = time.monotonic()
+        try:
+            self.cache.fill(key, self._counted(parts), self.fetch)
+        except _Stopped:
+            return
+        except (CasfsError, OSError) as e:
+            with self._cv:
+                self._refused.add(key)
+            s.failed += 1
+            log.warning(
+                "passthrough: the background fill of a file of %d bytes failed: %s", s.filling_bytes, e
+            )
+            return
+        finally:
+            size, s.filling_bytes = s.filling_bytes, 0
+        s.files += 1
+        s.bytes += size
+        s.seconds += time.monotonic() - t0
+
+    def _counted(self, parts: Sequence[Part]) -> Iterator[Part]:
+        for part in parts:
+            if self._stop.is_set():
+                raise _Stopped
+            yield part
+            self.stats.filled_bytes += part[2] - part[1]
