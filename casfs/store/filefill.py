@@ -90,13 +90,13 @@ class BackgroundFills:
         with self._cv:
             return key in self._todo or key == self._current or key in self._refused
 
-    def stop(self) -> None:
-        """End the worker; a fill in flight stops at its next chunk (its temporary file
-        is removed)."""
+    def stop(self, wait: bool = True) -> None:
+        """End the worker (`wait`: and wait for it); a fill in flight stops at its next
+        chunk (its temporary file is removed)."""
         self._stop.set()
         with self._cv:
             self._cv.notify()
-        if self._thread is not None:
+        if wait and self._thread is not None:
             self._thread.join()
 
     def status(self) -> str:
@@ -119,16 +119,19 @@ class BackgroundFills:
                     return
                 key, parts = self._todo.popitem(last=False)
                 self._current = key
+                self.stats.queued = len(self._todo)
+                self.stats.filling_bytes = sum(end - start for _, start, end in parts)
+                self.stats.filled_bytes = 0
             self._fill(key, parts)
             with self._cv:
                 self._current = None
                 self.stats.queued = len(self._todo)
 
     def _fill(self, key: str, parts: Sequence[Part]) -> None:
-        if self.cache.lookup(key) is not None:
-            return
         s = self.stats
-        s.filling_bytes, s.filled_bytes = sum(end - start for _, start, end in parts), 0
+        if self.cache.lookup(key) is not None:
+            s.filling_bytes = 0
+            return
         t0 = time.monotonic()
         try:
             self.cache.fill(key, self._counted(parts), self.fetch)
