@@ -53,6 +53,7 @@ from casfs.lifecycle.claims import claim_volume, release_volume
 from casfs.repo import Repository
 from casfs.store import BlobStore
 from casfs.store.filecache import FileCache, cache_root, limits_from_env
+from casfs.store.filefill import GetMany
 from casfs.store.ids import BlobId
 from casfs.store.reserve import free_bytes
 from casfs.upkeep import scheduled
@@ -237,7 +238,7 @@ async def serve(cfg: Config) -> int:
             limit, open_fill_max = limits_from_env()
             files = FileCache(cache_root(cfg.store), limit)
             ops.on_init = functools.partial(
-                _start_passthrough, ops, controls, files, repo.get, why_not, open_fill_max
+                _start_passthrough, ops, controls, files, repo.get, why_not, open_fill_max, repo.get_many
             )
             pyfuse3.init(ops, cfg.mountpoint, _fuse_options(cfg))
             stack.callback(_stop_fills, ops)
@@ -276,13 +277,14 @@ def _start_passthrough(
     fetch: Callable[[BlobId], bytes],
     why_not: str | None,
     open_fill_max: int,
+    fetch_many: GetMany,
 ) -> None:
     """At the kernel's INIT: passthrough where it was asked for and granted (its mode is
     then logged at the first use), else why not, logged now."""
     if why_not is None and not pyfuse3.passthrough_granted:
         why_not = "the kernel does not offer passthrough"
     if why_not is None:
-        ops.passthrough = passthrough.PassthroughOpens(files, fetch, open_fill_max)
+        ops.passthrough = passthrough.PassthroughOpens(files, fetch, open_fill_max, fetch_many)
         controls.passthrough_mode = ops.passthrough.mode
         controls.file_cache_status = ops.passthrough.status
         return

@@ -33,7 +33,7 @@ from casfs.errors import CasfsError
 from casfs.fuse.fastwait import fuse_fd
 from casfs.ids import InodeNo
 from casfs.store.filecache import MAX_FILE_BYTES, FileCache, Part
-from casfs.store.filefill import BackgroundFills
+from casfs.store.filefill import BackgroundFills, GetMany
 from casfs.store.ids import BlobId
 from casfs.vfs.api import ReadPiece, View
 
@@ -123,12 +123,16 @@ class PassthroughOpens:
     the open)."""
 
     def __init__(
-        self, cache: FileCache, fetch: Callable[[BlobId], bytes], open_fill_max: int = MAX_FILE_BYTES
+        self,
+        cache: FileCache,
+        fetch: Callable[[BlobId], bytes],
+        open_fill_max: int = MAX_FILE_BYTES,
+        fetch_many: GetMany | None = None,
     ) -> None:
         self.cache = cache
         self.fetch = fetch
         self.open_fill_max = open_fill_max
-        self.fills = BackgroundFills(cache, fetch)
+        self.fills = BackgroundFills(cache, fetch, fetch_many)
         # The cache keys of large files opened: (view, key), by (id(view), ino); the view
         # held so that its id is not reused while its entry stands.
         self._keys: dict[tuple[int, InodeNo], tuple[View, str | None]] = {}

@@ -4,9 +4,11 @@ blobs only, a file larger than the bound refused, a failed fill not retried, sto
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import blake3
+import pytest
 
 from casfs.errors import Corruption
 from casfs.store.filecache import FileCache, Part
@@ -36,7 +38,8 @@ def drain(fills: BackgroundFills, n: int) -> None:
             done.set()
 
 
-def test_fills_run_in_order_and_share_one_copy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("runs", [False, True], ids=["one by one", "in runs"])
+def test_a_fill_writes_the_file_its_parts_make_once(tmp_path: Path, runs: bool) -> None:
     parts, got = blobs(4)
     fetched: list[BlobId] = []
 
@@ -44,8 +47,12 @@ def test_fills_run_in_order_and_share_one_copy(tmp_path: Path) -> None:
         fetched.append(bid)
         return got[bid]
 
+    def fetch_many(bids: Sequence[BlobId]) -> Iterator[tuple[BlobId, bytes | Exception]]:
+        for bid in bids:
+            yield bid, fetch(bid)
+
     cache = FileCache(tmp_path / "files", limit=1 << 20)
-    fills = BackgroundFills(cache, fetch)
+    fills = BackgroundFills(cache, fetch, fetch_many if runs else None)
     try:
         fills.want("a", 4 * CHUNK, parts)
         fills.want("a", 4 * CHUNK, parts)  # queued or filled already: nothing more
