@@ -238,7 +238,7 @@ async def serve(cfg: Config) -> int:
             limit, open_fill_max = limits_from_env()
             files = FileCache(cache_root(cfg.store), limit)
             ops.on_init = functools.partial(
-                _start_passthrough, ops, controls, files, repo.get, why_not, open_fill_max, repo.get_many
+                _start_passthrough, ops, controls, files, repo.get, why_not, open_fill_max, _runs_of(chunks)
             )
             pyfuse3.init(ops, cfg.mountpoint, _fuse_options(cfg))
             stack.callback(_stop_fills, ops)
@@ -290,6 +290,17 @@ def _start_passthrough(
         return
     controls.passthrough_mode = lambda: f"off: {why_not}"
     log.info("passthrough off: %s", why_not)
+
+
+def _runs_of(chunks: ChunkCache) -> GetMany:
+    """Passthrough's background fills read through the daemon's chunk cache: a first
+    reader of the file beside its fill (served by the daemon) and the fill decode each
+    chunk once between them, whichever is ahead (the reader behind reads the fill's file)."""
+
+    def get_many(bids: Sequence[BlobId]) -> Iterator[tuple[BlobId, bytes | Exception]]:
+        return iter(chunks.fetch_many(bids).items())
+
+    return get_many
 
 
 def _stop_fills(ops: Operations) -> None:

@@ -36,6 +36,7 @@ from casfs.fuse import passthrough, rwsession
 from casfs.fuse.inodes import ROOT, InodeTable
 from casfs.fuse.replybuf import ReplyBuffer
 from casfs.ids import InodeNo
+from casfs.store.filecache import FillProgress
 from casfs.store.ids import ZERO_ID
 from casfs.vfs.api import ROOT_INO, ZEROS, Fetched, Names, RwView, Stat, View, assemble_into
 from casfs.vfs.chunks import ChunkCache
@@ -140,6 +141,8 @@ class _Handle:
     atime: bool = False
     direct: bool = False  # opened with direct I/O (no page cache)
     backing: bool = False  # opened with a backing file: the kernel reads it, not us
+    # A file being filled into passthrough's cache: what the fill has written is read there.
+    filling: FillProgress | None = None
     # Made once here, not for every read: the read-ahead stream's key, its planner, and
     # what to tell of an access (None: no atime to keep).
     stream: tuple[int, InodeNo] = field(init=False)
@@ -453,6 +456,9 @@ class Operations(pyfuse3.Operations):
                 fh = next(self._fh)
                 self._handles[fh] = _Handle(view, ino, inode, backing=True)
                 return pyfuse3.FileInfo(fh=FileHandleT(fh), keep_cache=False, backing_id=backing)
+            served = self._new_handle(view, ino, inode, flags)
+            self._handles[served.fh].filling = self.passthrough.filling(view, ino)
+            return served
         return self._new_handle(view, ino, inode, flags)
 
     def _served_open(self, view: View, ino: InodeNo) -> bool:
@@ -474,6 +480,8 @@ class Operations(pyfuse3.Operations):
     @handler
     async def read(self, fh: FileHandleT, off: int, size: int) -> bytes:
         h = self._handles[fh]
+        if h.filling is not None and (filled := h.filling.read(off, size)) is not None:
+            return filled
         pieces = h.plan(off, size)
         chunks = self.chunks
         have, missing = chunks.split(pieces)
@@ -521,6 +529,8 @@ class Operations(pyfuse3.Operations):
         self.chunks.forget_stream(h.stream)
         if h.backing and self.passthrough is not None:
             self.passthrough.release(h.view, h.ino)
+        if h.filling is not None:
+            h.filling.detach()
 
     @handler
     async def fsync(self, fh: FileHandleT, datasync: bool) -> None:

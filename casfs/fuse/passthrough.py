@@ -32,7 +32,7 @@ import trio
 from casfs.errors import CasfsError
 from casfs.fuse.fastwait import fuse_fd
 from casfs.ids import InodeNo
-from casfs.store.filecache import MAX_FILE_BYTES, FileCache, Part
+from casfs.store.filecache import MAX_FILE_BYTES, FileCache, FillProgress, Part
 from casfs.store.filefill import BackgroundFills, GetMany
 from casfs.store.ids import BlobId
 from casfs.vfs.api import ReadPiece, View
@@ -215,6 +215,15 @@ class PassthroughOpens:
         if path is None:
             self.fills.want(key, size, [(p.blob, p.start, p.end) for p in pieces])
         return path
+
+    def filling(self, view: View, ino: InodeNo) -> FillProgress | None:
+        """For an open served by the daemon: the background fill of its file, while one is
+        queued or running (its reader is served from what the fill has written: a pread,
+        not the packs; detach() it at release)."""
+        held = self._keys.get((id(view), ino))
+        if held is None or held[0] is not view or held[1] is None:
+            return None
+        return self.fills.progress(held[1])
 
     def status(self) -> str:
         """The cache's disk cost and the background fills' pace, one line."""

@@ -3,7 +3,8 @@ be filled while their open waits (a VM's disk image, a large file of an image).
 
 One worker thread fills one file at a time, in the order they were first asked for,
 from blobs that `fetch` verifies, through FileCache.fill (written whole, hashed, fsync'd,
-renamed). Meanwhile the daemon serves those files' reads as without passthrough; an
+renamed). Meanwhile the daemon serves those files' reads, from what the fill has written
+where it is ahead of the reader (progress()), as without passthrough elsewhere; an
 open after the fill finds the file cached (casfs.fuse.passthrough switches then, when no
 handle of the inode is served by the daemon: the kernel refuses mixing the two).
 
@@ -23,15 +24,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from casfs.errors import CasfsError
-from casfs.store.filecache import FileCache, Part
+from casfs.store.filecache import FileCache, FillProgress, Part
 from casfs.store.ids import ZERO_ID, BlobId
 
 # The store's verified read of a run (BlobStore.get_many): each blob's plaintext or error.
 GetMany = Callable[[Sequence[BlobId]], Iterator[tuple[BlobId, bytes | Exception]]]
-# Parts read as one run: one index query and one pread for chunks side by side, as the
-# chunk cache's read-ahead reads. (Through the daemon's chunk cache instead, so that a
-# first reader beside the fill shares its decodes: 83-116 MB/s against 92-97 for that
-# reader of a 256 MiB image at load 10, not a clear gain; not taken.)
+# Parts read as one run (fetch_many: one index query and one pread for chunks side by
+# side). The daemon gives its chunk cache's, so that a first reader beside the fill and
+# the fill decode each chunk once: the reader, when behind, reads the fill's file
+# (FillProgress), and the fill, when behind, finds the reader's chunks in the cache.
 _RUN_PARTS = 64
 
 log = logging.getLogger("casfs.daemon")
@@ -53,6 +54,7 @@ class FillStats:
     seconds: float = 0.0  # their time
     failed: int = 0
     too_large: int = 0  # files larger than the cache's bound, not filled
+    served_bytes: int = 0  # read by the daemon's readers from fills in flight (ended ones)
 
     def rate(self) -> float:
         """Bytes a second over the finished fills (0: none yet)."""
@@ -68,6 +70,7 @@ class BackgroundFills:
         self.fetch_many = fetch_many
         self.stats = FillStats()
         self._todo: OrderedDict[str, Sequence[Part]] = OrderedDict()
+        self._progress: dict[str, FillProgress] = {}  # of fills queued or in flight
         self._refused: set[str] = set()  # too large or failed: not asked again
         self._cv = threading.Condition()
         self._stop = threading.Event()
@@ -90,11 +93,21 @@ class BackgroundFills:
                 )
                 return
             self._todo[key] = parts
+            self._progress[key] = FillProgress()
             self.stats.queued = len(self._todo)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="casfs-filefill", daemon=True)
                 self._thread.start()
             self._cv.notify()
+
+    def progress(self, key: str) -> FillProgress | None:
+        """The fill of `key` while it is queued or in flight, for readers meanwhile
+        (attach() it, detach() when done)."""
+        with self._cv:
+            got = self._progress.get(key)
+            if got is not None:
+                got.attach()
+            return got
 
     def pending(self, key: str) -> bool:
         """Whether `key` is queued, being filled, or refused (nothing to ask then)."""
@@ -115,6 +128,8 @@ class BackgroundFills:
         line = f"{s.files} filled ({s.bytes >> 20} MiB, {s.rate() / 1e6:.0f} MB/s), {s.queued} queued"
         if s.filling_bytes:
             line += f", filling {s.filled_bytes >> 20} of {s.filling_bytes >> 20} MiB"
+        if s.served_bytes:
+            line += f", {s.served_bytes >> 20} MiB read from fills in flight"
         if s.failed:
             line += f", {s.failed} failed"
         if s.too_large:
@@ -127,18 +142,27 @@ class BackgroundFills:
                 while not self._todo and not self._stop.is_set():
                     self._cv.wait()
                 if self._stop.is_set():
+                    for progress in self._progress.values():
+                        progress.end()
                     return
                 key, parts = self._todo.popitem(last=False)
                 self._current = key
                 self.stats.queued = len(self._todo)
                 self.stats.filling_bytes = sum(end - start for _, start, end in parts)
                 self.stats.filled_bytes = 0
-            self._fill(key, parts)
             with self._cv:
-                self._current = None
-                self.stats.queued = len(self._todo)
+                progress = self._progress[key]
+            try:
+                self._fill(key, parts, progress)
+            finally:
+                with self._cv:
+                    del self._progress[key]
+                    self._current = None
+                    self.stats.queued = len(self._todo)
+                progress.end()
+                self.stats.served_bytes += progress.served
 
-    def _fill(self, key: str, parts: Sequence[Part]) -> None:
+    def _fill(self, key: str, parts: Sequence[Part], progress: FillProgress) -> None:
         s = self.stats
         if self.cache.lookup(key) is not None:
             s.filling_bytes = 0
@@ -147,7 +171,7 @@ class BackgroundFills:
         run: dict[BlobId, bytes] = {}
         fetch = self.fetch if self.fetch_many is None else lambda bid: run.pop(bid, None) or self.fetch(bid)
         try:
-            self.cache.fill(key, self._counted(parts, run), fetch)
+            self.cache.fill(key, self._counted(parts, run), fetch, progress)
         except _Stopped:
             return
         except (CasfsError, OSError) as e:

@@ -109,3 +109,34 @@ def test_stop_ends_a_fill_in_flight_and_leaves_no_file(tmp_path: Path) -> None:
     assert list((tmp_path / "files").iterdir()) == []
     fills.want("slow", 8 * CHUNK, parts)  # stopped: nothing starts again
     assert fills.stats.queued == 0
+
+
+def test_a_reader_beside_a_fill_reads_what_it_has_written(tmp_path: Path) -> None:
+    parts, got = blobs(4)
+    whole = b"".join(got[b] for b, _, _ in parts)
+    second, release = threading.Event(), threading.Event()
+
+    def fetch(bid: BlobId) -> bytes:
+        if bid == parts[2][0]:  # (the third chunk waits: two are written)
+            second.set()
+            release.wait()
+        return got[bid]
+
+    cache = FileCache(tmp_path / "files", limit=1 << 20)
+    fills = BackgroundFills(cache, fetch)
+    fills.want("f", 4 * CHUNK, parts)
+    progress = fills.progress("f")
+    assert progress is not None and fills.progress("other") is None
+    try:
+        second.wait()
+        assert progress.read(CHUNK - 10, 20) == whole[CHUNK - 10 : CHUNK + 10]
+        assert progress.read(2 * CHUNK - 10, 20) is None  # not written yet: the packs' turn
+        release.set()
+        drain(fills, 1)
+        assert progress.read(3 * CHUNK, CHUNK) == whole[3 * CHUNK :]  # (its reader still holds it)
+        assert fills.progress("f") is None  # done: the next open finds the cache file
+    finally:
+        release.set()
+        progress.detach()
+        fills.stop()
+    assert progress.read(0, 10) is None  # closed with its last reader
