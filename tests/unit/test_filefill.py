@@ -89,18 +89,29 @@ def test_a_file_larger_than_the_bound_and_a_failed_fill_are_not_retried(tmp_path
         fills.stop()
 
 
-def test_stop_ends_a_fill_in_flight_and_leaves_no_file(tmp_path: Path) -> None:
-    parts, got = blobs(8)
-    started, release = threading.Event(), threading.Event()
+def held_fill(
+    tmp_path: Path, key: str, n: int, at: int
+) -> tuple[BackgroundFills, FileCache, bytes, threading.Event, threading.Event]:
+    """A fill of `n` chunks under `key` whose read of chunk `at` waits for `release`
+    (`reached`: it is waiting): (fills, cache, the file's bytes, reached, release)."""
+    parts, got = blobs(n)
+    reached, release = threading.Event(), threading.Event()
 
     def fetch(bid: BlobId) -> bytes:
-        started.set()
-        release.wait()
+        if bid == parts[at][0]:
+            reached.set()
+            release.wait()
         return got[bid]
 
     cache = FileCache(tmp_path / "files", limit=1 << 20)
     fills = BackgroundFills(cache, fetch)
-    fills.want("slow", 8 * CHUNK, parts)
+    fills.want(key, n * CHUNK, parts)
+    return fills, cache, b"".join(got[b] for b, _, _ in parts), reached, release
+
+
+def test_stop_ends_a_fill_in_flight_and_leaves_no_file(tmp_path: Path) -> None:
+    fills, cache, _, started, release = held_fill(tmp_path, "slow", 8, 0)
+    parts, _ = blobs(8)
     started.wait()
     fills.stop(wait=False)
     release.set()
@@ -112,19 +123,7 @@ def test_stop_ends_a_fill_in_flight_and_leaves_no_file(tmp_path: Path) -> None:
 
 
 def test_a_reader_beside_a_fill_reads_what_it_has_written(tmp_path: Path) -> None:
-    parts, got = blobs(4)
-    whole = b"".join(got[b] for b, _, _ in parts)
-    second, release = threading.Event(), threading.Event()
-
-    def fetch(bid: BlobId) -> bytes:
-        if bid == parts[2][0]:  # (the third chunk waits: two are written)
-            second.set()
-            release.wait()
-        return got[bid]
-
-    cache = FileCache(tmp_path / "files", limit=1 << 20)
-    fills = BackgroundFills(cache, fetch)
-    fills.want("f", 4 * CHUNK, parts)
+    fills, _, whole, second, release = held_fill(tmp_path, "f", 4, 2)  # (two chunks written)
     progress = fills.progress("f")
     assert progress is not None and fills.progress("other") is None
     try:
