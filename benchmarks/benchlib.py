@@ -324,3 +324,18 @@ def _fmt(v: float | None) -> str:
     if v is None:
         return "-"
     return f"{v:.0f}" if abs(v) >= 100 else f"{v:.2f}"
+
+
+def wait_file_cache(mnt: Path, timeout: float = 1800) -> float:
+    """Seconds until passthrough's background fills on the mount at `mnt` are done (none
+    queued, none in flight: `user.casfs.file_cache`); its status line is printed."""
+    t = time.perf_counter()
+    while True:
+        status = os.getxattr(mnt, "user.casfs.file_cache").decode()
+        fills = status.split("background fills: ")[-1]
+        if ", 0 queued" in fills and "filling" not in fills:
+            print(f"  file cache: {status}", file=sys.stderr)
+            return time.perf_counter() - t
+        if time.perf_counter() - t > timeout:
+            raise TimeoutError(f"the file cache's fills did not end in {timeout:.0f} s: {status}")
+        time.sleep(0.05)

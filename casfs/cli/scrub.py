@@ -29,7 +29,10 @@ def cmd_scrub(args: argparse.Namespace) -> int:
         show = _progress if sys.stderr.isatty() and not args.json else None
         lock = repo.writer_lock()  # shared: writers go on, gc waits (no blob goes mid-read)
         try:
-            report = scrub.Scrubber(repo, rate, show).scrub(todo, scrub.state_path(repo))
+            scrubber = scrub.Scrubber(repo, rate, show)
+            report = scrubber.scrub(todo, scrub.state_path(repo))
+            if args.volume is None and args.image is None:
+                scrubber.file_cache()
         finally:
             lock.release()
         if show is not None:
@@ -41,6 +44,8 @@ def cmd_scrub(args: argparse.Namespace) -> int:
     else:
         for damage in report.damaged:
             print("\n".join(scrub.describe(damage)))
+        for name in report.cache_removed:
+            print(f"cached file {name} removed: it no longer matches its digest (filled again when opened)")
         healed = sum(1 for d in report.damaged if d.healed_from)
         resumed = f" (resumed after {report.resumed_after})" if report.resumed_after else ""
         print(

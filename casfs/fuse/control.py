@@ -13,6 +13,7 @@
     user.casfs.corrupt_ids     the mount root                  get             owner
     user.casfs.flush           the mount root                  set             owner
     user.casfs.passthrough     the mount root                  get             anyone
+    user.casfs.file_cache      the mount root                  get             anyone
 
 "A volume" is a volume's root: the mount root of a single-volume mount (the file, for
 a block volume), or volumes/<name> in a whole-store mount. The owner is root or the
@@ -140,9 +141,12 @@ class ControlPlane:
             PREFIX + b"corrupt_ids": Control(self._corrupt_ids, None, Who.OWNER),
             PREFIX + b"flush": Control(None, self._flush, Who.OWNER),
             PREFIX + b"passthrough": Control(self._passthrough, None, Who.ANYONE),
+            PREFIX + b"file_cache": Control(self._file_cache, None, Who.ANYONE),
         }
         # "on", or "off: why" (the daemon sets it at the kernel's INIT).
         self.passthrough_mode: Callable[[], str] = lambda: "off: not started"
+        # Passthrough's whole-file cache: its disk cost and its background fills' pace.
+        self.file_cache_status: Callable[[], str] = lambda: "off (no passthrough)"
 
         # Saves every read/write volume of this mount (the daemon sets it): `casfs umount`
         # asks for it before unmounting, and refuses to unmount if it fails.
@@ -275,6 +279,11 @@ class ControlPlane:
         if not t.is_mount_root:
             raise nodata()
         return self.passthrough_mode().encode()
+
+    async def _file_cache(self, t: Target) -> bytes:
+        if not t.is_mount_root:
+            raise nodata()
+        return (await trio.to_thread.run_sync(self.file_cache_status)).encode()
 
     async def _corrupt_ids(self, t: Target) -> bytes:
         if not t.is_mount_root:

@@ -52,7 +52,8 @@ from casfs.kinds import VolumeKind
 from casfs.lifecycle.claims import claim_volume, release_volume
 from casfs.repo import Repository
 from casfs.store import BlobStore
-from casfs.store.filecache import FileCache, cache_root
+from casfs.store.filecache import FileCache, cache_root, limits_from_env
+from casfs.store.filefill import GetMany
 from casfs.store.ids import BlobId
 from casfs.store.reserve import free_bytes
 from casfs.upkeep import scheduled
@@ -236,9 +237,13 @@ async def serve(cfg: Config) -> int:
             why_not = passthrough.refusal(cfg.passthrough)
             ops.enable_passthrough = why_not is None  # (pyfuse3 asks the kernel at INIT)
             ops.enable_writeback_cache = not cfg.read_only and not on_file and not ops.enable_passthrough
-            files = FileCache(cache_root(cfg.store))
-            ops.on_init = functools.partial(_start_passthrough, ops, controls, files, repo.get, why_not)
+            limit, open_fill_max = limits_from_env()
+            files = FileCache(cache_root(cfg.store), limit)
+            ops.on_init = functools.partial(
+                _start_passthrough, ops, controls, files, repo.get, why_not, open_fill_max, _runs_of(chunks)
+            )
             pyfuse3.init(ops, cfg.mountpoint, _fuse_options(cfg))
+            stack.callback(_stop_fills, ops)
             stack.callback(_close_session, cfg.mountpoint)
             chunks.idle = _fuse_idle()
             log.info("mounted %s on %s", cfg.volume or cfg.store, cfg.mountpoint)
@@ -273,17 +278,36 @@ def _start_passthrough(
     files: FileCache,
     fetch: Callable[[BlobId], bytes],
     why_not: str | None,
+    open_fill_max: int,
+    fetch_many: GetMany,
 ) -> None:
     """At the kernel's INIT: passthrough where it was asked for and granted (its mode is
     then logged at the first use), else why not, logged now."""
     if why_not is None and not pyfuse3.passthrough_granted:
         why_not = "the kernel does not offer passthrough"
     if why_not is None:
-        ops.passthrough = passthrough.PassthroughOpens(files, fetch)
+        ops.passthrough = passthrough.PassthroughOpens(files, fetch, open_fill_max, fetch_many)
         controls.passthrough_mode = ops.passthrough.mode
+        controls.file_cache_status = ops.passthrough.status
         return
     controls.passthrough_mode = lambda: f"off: {why_not}"
     log.info("passthrough off: %s", why_not)
+
+
+def _runs_of(chunks: ChunkCache) -> GetMany:
+    """Passthrough's background fills read through the daemon's chunk cache: a first
+    reader of the file beside its fill (served by the daemon) and the fill decode each
+    chunk once between them, whichever is ahead (the reader behind reads the fill's file)."""
+
+    def get_many(bids: Sequence[BlobId]) -> Iterator[tuple[BlobId, bytes | Exception]]:
+        return iter(chunks.fetch_many(bids).items())
+
+    return get_many
+
+
+def _stop_fills(ops: Operations) -> None:
+    if ops.passthrough is not None:
+        ops.passthrough.fills.stop()
 
 
 def _root_view(

@@ -36,6 +36,7 @@ from casfs.fuse import passthrough, rwsession, upperpass
 from casfs.fuse.inodes import ROOT, InodeTable
 from casfs.fuse.replybuf import ReplyBuffer
 from casfs.ids import InodeNo
+from casfs.store.filecache import FillProgress
 from casfs.store.ids import ZERO_ID
 from casfs.vfs.api import ROOT_INO, ZEROS, Fetched, Names, RwView, Stat, View, assemble_into
 from casfs.vfs.chunks import ChunkCache
@@ -141,6 +142,8 @@ class _Handle:
     direct: bool = False  # opened with direct I/O (no page cache)
     backing: bool = False  # opened with a backing file: the kernel reads it, not us
     writer: bool = False  # (a backed handle) opened for writing: the kernel writes it too
+    # A file being filled into passthrough's cache: what the fill has written is read there.
+    filling: FillProgress | None = None
     # Made once here, not for every read: the read-ahead stream's key, its planner, and
     # what to tell of an access (None: no atime to keep).
     stream: tuple[int, InodeNo] = field(init=False)
@@ -449,7 +452,16 @@ class Operations(pyfuse3.Operations):
             # libfuse asks for atomic O_TRUNC: the kernel sends no separate truncate.
             await self._mutate(view, lambda rw, fetched: rw.setattr(ino, size=0, fetched=fetched))
         backed = await self._backed_handle(view, ino, inode, flags)
-        return backed if backed is not None else self._new_handle(view, ino, inode, flags)
+        if backed is not None:
+            return backed
+        served = self._new_handle(view, ino, inode, flags)
+        if self.passthrough is not None and not flags & _WRITE_FLAGS and not self._upper_passed(view):
+            self._handles[served.fh].filling = self.passthrough.filling(view, ino)
+        return served
+
+    def _upper_passed(self, view: View) -> bool:
+        """Whether `view`'s backed opens are its upper files (a writable volume's)."""
+        return upperpass.kind_of(view) is not None and not self.opts.read_only
 
     async def _backed_handle(
         self, view: View, ino: InodeNo, fino: int, flags: int
@@ -460,7 +472,7 @@ class Operations(pyfuse3.Operations):
             return None
         writer = bool(flags & _WRITE_FLAGS)
         served = functools.partial(self._served_open, view, ino)
-        if upperpass.kind_of(view) is not None and not self.opts.read_only:
+        if self._upper_passed(view):
             backing = await upperpass.backing_id(opens, view, ino, writer, served, self._mutate)
         else:
             backing = 0 if writer else await opens.backing_id(view, ino, served)
@@ -493,6 +505,8 @@ class Operations(pyfuse3.Operations):
     @handler
     async def read(self, fh: FileHandleT, off: int, size: int) -> bytes:
         h = self._handles[fh]
+        if h.filling is not None and (filled := h.filling.read(off, size)) is not None:
+            return filled
         pieces = h.plan(off, size)
         chunks = self.chunks
         have, missing = chunks.split(pieces)
@@ -539,10 +553,12 @@ class Operations(pyfuse3.Operations):
         h = self._handles.pop(fh)
         self.chunks.forget_stream(h.stream)
         if h.backing and self.passthrough is not None:
-            if upperpass.kind_of(h.view) is not None and not self.opts.read_only:
+            if self._upper_passed(h.view):
                 await upperpass.release(self.passthrough, h.view, h.ino, h.writer, self._mutate)
             else:
                 self.passthrough.release(h.view, h.ino)
+        if h.filling is not None:
+            h.filling.detach()
 
     @handler
     async def fsync(self, fh: FileHandleT, datasync: bool) -> None:

@@ -33,7 +33,8 @@ import trio
 from casfs.errors import CasfsError
 from casfs.fuse.fastwait import fuse_fd
 from casfs.ids import InodeNo
-from casfs.store.filecache import MAX_FILE_BYTES, FileCache, Part
+from casfs.store.filecache import MAX_FILE_BYTES, FileCache, FillProgress, Part
+from casfs.store.filefill import BackgroundFills, GetMany
 from casfs.store.ids import BlobId
 from casfs.vfs.api import ReadPiece, View
 
@@ -114,14 +115,27 @@ class Backings:
 
 class PassthroughOpens:
     """Which opens are answered with a backing file: a regular file of immutable content
-    (an image, a snapshot) of at most MAX_FILE_BYTES, from the whole-file cache, filled
-    at its first open. Anything that fails on the way (a full disk, a damaged chunk) is
-    logged and the open is served by the daemon, as without passthrough (a damaged chunk
-    then fails the reads of its range with EIO, not the open)."""
+    (an image, a snapshot, a block image), from the whole-file cache: filled at its first
+    open up to `open_fill_max` bytes, larger ones in the background (casfs.store.filefill:
+    served by the daemon until an open finds them cached). Anything that fails on the way
+    (a full disk, a damaged chunk) is logged and the open is served by the daemon, as
+    without passthrough (a damaged chunk then fails the reads of its range with EIO, not
+    the open)."""
 
-    def __init__(self, cache: FileCache, fetch: Callable[[BlobId], bytes]) -> None:
+    def __init__(
+        self,
+        cache: FileCache,
+        fetch: Callable[[BlobId], bytes],
+        open_fill_max: int = MAX_FILE_BYTES,
+        fetch_many: GetMany | None = None,
+    ) -> None:
         self.cache = cache
         self.fetch = fetch
+        self.open_fill_max = open_fill_max
+        self.fills = BackgroundFills(cache, fetch, fetch_many)
+        # The cache keys of large files opened: (view, key), by (id(view), ino); the view
+        # held so that its id is not reused while its entry stands.
+        self._keys: dict[tuple[int, InodeNo], tuple[View, str | None]] = {}
         self._filling: dict[str, trio.Lock] = {}
         self._backings: Backings | None = None
         self._mode: str | None = None
@@ -153,10 +167,13 @@ class PassthroughOpens:
         if not view.immutable or cached_open():
             return 0
         st = view.getattr(ino)
-        if st.is_dir or not 0 < st.size <= MAX_FILE_BYTES:
+        if st.is_dir or st.size <= 0:
             return 0
         try:
-            path = await self._cached_file(view, ino, st.size)
+            if st.size > self.open_fill_max:
+                path = self._filled_in_background(view, ino, st.size)
+            else:
+                path = await self._cached_file(view, ino, st.size)
             if path is None or cached_open():
                 return 0
             return backings.acquire(key, path)
@@ -181,9 +198,49 @@ class PassthroughOpens:
             if not lock.locked() and not lock.statistics().tasks_waiting:
                 self._filling.pop(key, None)
 
+    def _filled_in_background(self, view: View, ino: InodeNo, size: int) -> Path | None:
+        """A large file's cache file if its fill is done; else its fill is queued, once
+        (again if the file was trimmed or evicted since)."""
+        held = self._keys.get((id(view), ino))
+        if held is not None and held[0] is view:
+            key = held[1]
+            if key is None or self.fills.pending(key):
+                return None
+            if (path := self.cache.lookup(key)) is not None:
+                return path
+        pieces = view.read_plan(ino, 0, size)
+        key = content_key(size, pieces)
+        if len(self._keys) >= _KEYS_KEPT:
+            self._keys.clear()
+        self._keys[(id(view), ino)] = (view, key)
+        if key is None:
+            return None
+        path = self.cache.lookup(key)
+        if path is None:
+            self.fills.want(key, size, [(p.blob, p.start, p.end) for p in pieces])
+        return path
+
+    def filling(self, view: View, ino: InodeNo) -> FillProgress | None:
+        """For an open served by the daemon: the background fill of its file, while one is
+        queued or running (its reader is served from what the fill has written: a pread,
+        not the packs; detach() it at release)."""
+        held = self._keys.get((id(view), ino))
+        if held is None or held[0] is not view or held[1] is None:
+            return None
+        return self.fills.progress(held[1])
+
+    def status(self) -> str:
+        """The cache's disk cost and the background fills' pace, one line."""
+        files, used = self.cache.usage()
+        disk = f"{files} files, {used >> 20} MiB of {self.cache.limit >> 20} MiB"
+        return f"{disk}; background fills: {self.fills.status()}"
+
     def release(self, view: View, ino: InodeNo) -> None:
         assert self._backings is not None, "only a backed handle is released here"
         self._backings.release((id(view), ino))
+
+
+_KEYS_KEPT = 1024  # large files' keys remembered (dropped all at once past it)
 
 
 def _probe(cache: FileCache) -> tuple[Backings | None, str]:

@@ -26,6 +26,7 @@ import contextlib
 import fcntl
 import os
 import secrets
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -36,8 +37,13 @@ from casfs.store.local import fsync_dir
 
 DEFAULT_LIMIT_BYTES = 4 << 30
 # Files up to this size are filled when first opened (the open waits for it: ~0.1 s for
-# 64 MiB); larger ones are served through the daemon as before.
+# 64 MiB); larger ones in the background (casfs.store.filefill), served through the
+# daemon until they are cached.
 MAX_FILE_BYTES = 64 << 20
+# The bound and the open-time fill's limit, in MiB, for tests (no GiBs written) and for
+# a user who wants another bound.
+ENV_LIMIT_MB = "CASFS_FILE_CACHE_MB"
+ENV_OPEN_FILL_MB = "CASFS_FILE_CACHE_OPEN_FILL_MB"
 _TMP_PREFIX = ".fill-"
 DIGEST_XATTR = "user.casfs.blake3"
 
@@ -49,6 +55,17 @@ def cache_root(store: Path) -> Path:
 # A file's content as the fill takes it: each chunk's blob (ZERO_ID: a hole) and the
 # range [start, end) of it in the file's order (a blob shorter than its range: zeros follow).
 Part = tuple[BlobId, int, int]
+
+
+def limits_from_env() -> tuple[int, int]:
+    """(the cache's bound, the largest file filled at its open), bytes: the defaults, or
+    what ENV_LIMIT_MB and ENV_OPEN_FILL_MB say."""
+    limit = os.environ.get(ENV_LIMIT_MB)
+    open_fill = os.environ.get(ENV_OPEN_FILL_MB)
+    return (
+        int(limit) << 20 if limit else DEFAULT_LIMIT_BYTES,
+        int(open_fill) << 20 if open_fill else MAX_FILE_BYTES,
+    )
 
 
 class FileCache:
@@ -65,9 +82,16 @@ class FileCache:
             return None
         return path
 
-    def fill(self, key: str, parts: Iterable[Part], fetch: Callable[[BlobId], bytes]) -> Path:
+    def fill(
+        self,
+        key: str,
+        parts: Iterable[Part],
+        fetch: Callable[[BlobId], bytes],
+        progress: FillProgress | None = None,
+    ) -> Path:
         """Write the file `parts` make (its blobs from `fetch`, which verifies them)
-        under `key`, then trim the cache to its limit. Blocking: a worker thread's."""
+        under `key`, then trim the cache to its limit. Blocking: a worker thread's.
+        `progress` is told where the file is being written and how far it is."""
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / key
         tmp = self.root / f"{_TMP_PREFIX}{key}.{secrets.token_hex(4)}"
@@ -75,6 +99,8 @@ class FileCache:
         fcntl.flock(fd, fcntl.LOCK_EX)  # (a fill in flight: trim() leaves it alone)
         digest = blake3.blake3()
         try:
+            if progress is not None:
+                progress.opened(tmp)
             with os.fdopen(fd, "wb", closefd=False) as out:
                 for blob, start, end in parts:
                     data = b"" if blob == ZERO_ID else fetch(blob)[start:end]
@@ -83,6 +109,9 @@ class FileCache:
                     if len(data) < end - start:  # the rest is zeros: a hole
                         out.seek(end - start - len(data), os.SEEK_CUR)
                         _hash_zeros(digest, end - start - len(data))
+                    if progress is not None:
+                        out.flush()
+                        progress.written(out.tell())
                 out.truncate()
             os.setxattr(fd, DIGEST_XATTR, digest.hexdigest().encode())
             os.fsync(fd)
@@ -117,6 +146,15 @@ class FileCache:
                 removed.append((path.name, why))
         return removed
 
+    def usage(self) -> tuple[int, int]:
+        """The cache's files and the bytes they take on disk (holes take none)."""
+        files = used = 0
+        for path in self._files():
+            with contextlib.suppress(FileNotFoundError):
+                used += path.stat().st_blocks * 512
+                files += 1
+        return files, used
+
     def _files(self) -> list[Path]:
         with contextlib.suppress(FileNotFoundError), os.scandir(self.root) as it:
             return [Path(e.path) for e in it if not e.name.startswith(_TMP_PREFIX)]
@@ -140,6 +178,64 @@ class FileCache:
                 break
             path.unlink(missing_ok=True)
             total -= size
+
+
+class FillProgress:
+    """A fill's file while it is written, for its readers meanwhile: the bytes before
+    `filled` are verified content already in the file (the fill writes in order), served
+    from it (a pread) instead of from the packs. The file stays readable through its
+    open descriptor after the fill renames it, or removes it when it fails."""
+
+    def __init__(self) -> None:
+        self.filled = 0
+        self.served = 0  # bytes read from it
+        self._fd: int | None = None
+        self._readers = 0
+        self._done = False
+        self._lock = threading.Lock()  # (the fill's thread and the readers': no fd closed mid-read)
+
+    def opened(self, tmp: Path) -> None:
+        with self._lock:
+            if not self._done:
+                self._fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+
+    def written(self, n: int) -> None:
+        self.filled = n
+
+    def read(self, offset: int, size: int) -> bytes | None:
+        """The bytes [offset, offset + size) if the fill has written them, else None."""
+        if offset + size > self.filled:
+            return None
+        with self._lock:
+            if self._fd is None:
+                return None
+            data = os.pread(self._fd, size, offset)
+        if len(data) != size:
+            return None
+        self.served += size
+        return data
+
+    def attach(self) -> None:
+        with self._lock:
+            self._readers += 1
+
+    def detach(self) -> None:
+        with self._lock:
+            self._readers -= 1
+            if self._done and not self._readers:
+                self._close()
+
+    def end(self) -> None:
+        """The fill is over (done or not): the file is closed once no reader holds it."""
+        with self._lock:
+            self._done = True
+            if not self._readers:
+                self._close()
+
+    def _close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 def _remove_if_abandoned(path: str) -> None:

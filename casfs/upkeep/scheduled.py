@@ -73,6 +73,7 @@ def run(store: Path, stop: threading.Event, blobs: BlobStore | None = None) -> d
             "blobs": report.blobs,
             "bytes": report.bytes,
             "damaged": [d.blob for d in report.damaged],
+            "cache_removed": report.cache_removed,
         }
         tmp = last_path(store).with_suffix(".tmp")
         tmp.write_text(json.dumps(summary))
@@ -89,7 +90,9 @@ def _scrub(repo: Repository, stop: threading.Event) -> scrub.ScrubReport | None:
         lock = repo.writer_lock()
         try:
             scrubber = scrub.Scrubber(repo, rate, stop=stop)
-            return scrubber.scrub(scrub.roots(repo), scrub.state_path(repo))
+            report = scrubber.scrub(scrub.roots(repo), scrub.state_path(repo))
+            scrubber.file_cache()
+            return report
         except scrub.Stopped:
             return None
         finally:

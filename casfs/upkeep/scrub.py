@@ -22,6 +22,10 @@ again, resumes after the last root it finished. Safe beside mounts, imports and 
 it holds the store's shared lock while it reads (gc waits), reads only what roots name,
 and changes nothing but damaged marks and, when healing, the damaged blobs' files.
 Overlays of mounted volumes (their upper files) are not blobs and are not scrubbed.
+Passthrough's whole-file cache (STORE/cache/files) is re-hashed too, at the end of a scrub
+of the whole store (Scrubber.file_cache): a file that no longer matches the BLAKE3
+recorded at its fill is removed (the next open fills it again from verified chunks), and
+reported, not counted as damage (it is a copy).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from casfs.lifecycle.faults import fault_point
 from casfs.repo import Repository
 from casfs.snapshots.chunkmap import PAGE_ENTRIES, MapRoot, decode_page, is_mapped
 from casfs.snapshots.tree import Tree
+from casfs.store.filecache import FileCache, cache_root
 from casfs.store.ids import ZERO_ID, BlobId
 
 STATE_VERSION = 1
@@ -85,6 +90,7 @@ class ScrubReport:
     blobs: int = 0  # blobs read and re-hashed
     bytes: int = 0  # their plaintext bytes
     damaged: list[Damage] = field(default_factory=list)
+    cache_removed: list[str] = field(default_factory=list)  # cached files that failed their digest
 
     @property
     def clean(self) -> bool:
@@ -176,6 +182,11 @@ class Scrubber:
         if state is not None:
             state.unlink(missing_ok=True)  # finished: the next scrub starts afresh
         return self.report
+
+    def file_cache(self) -> None:
+        """Re-hash passthrough's cached files; remove (and report) those that fail."""
+        for name, _why in FileCache(cache_root(self.repo.path)).check():
+            self.report.cache_removed.append(name)
 
     def _tree(self, bid: BlobId) -> _Found:
         if bid in self._below:

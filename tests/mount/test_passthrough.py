@@ -20,6 +20,7 @@ from casfs.store.filecache import MAX_FILE_BYTES
 from casfs.store.ids import ZERO_ID, BlobId
 from tests.helpers import blobs as blob_files
 from tests.helpers.cli import run
+from tests.helpers.filecache import wait_filled
 from tests.helpers.mount import mounted
 
 CHUNK = 64 << 10
@@ -112,18 +113,21 @@ def test_mmap_and_pread_of_a_passthrough_file(
             os.close(fd)
 
 
-def test_large_files_are_served_by_the_daemon(repo: Repository, tmp_path: Path) -> None:
+def test_files_over_the_open_limit_are_filled_in_the_background(repo: Repository, tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
-    with open(src / "large", "wb") as f:  # mostly a hole: cheap to import
+    with open(src / "large", "wb") as f:  # mostly a hole: cheap to import and to fill
         f.write(b"head")
         f.truncate(MAX_FILE_BYTES + CHUNK)
     images.import_image(repo, "large", src, chunk_size=CHUNK)
     with mounted(repo.path, tmp_path / "mnt", ro=True, passthrough=True) as m:
         assert passthrough_mode(m.path) == "on"
-        with open(m.path / "images/large/large", "rb") as f:
+        with open(m.path / "images/large/large", "rb") as f:  # served; its fill queued
             assert f.read(8) == b"head" + bytes(4)
-        assert cached_files(repo.path) == []
+        wait_filled(m, 1)
+        (cached,) = cached_files(repo.path)
+        assert cached.stat().st_size == MAX_FILE_BYTES + CHUNK
+        assert cached.stat().st_blocks * 512 <= 2 * CHUNK  # the holes stay holes
 
 
 def test_a_refused_mount_says_why_passthrough_is_off_and_a_writable_one_has_it(
