@@ -32,7 +32,7 @@ meanwhile), pt-cached once that fill is done (the kernel reads the cache file):
   rand 4K cold    fio randread 4 KiB qd1 (psync) of the image file for 3 s after a drop
                   of the page cache, IOPS (the cache file keeps the image's zero runs
                   as holes, which the native file has written: not comparable there)
-  rand 4K hot     the same again at once, IOPS
+  rand 4K hot     the same again once a dd has read the whole file in, IOPS
   daemon RSS      VmHWM of the daemon after all of them, MiB
 
 Repetitions interleave the peers (the order rotates each time); figures are medians.
@@ -279,6 +279,7 @@ def read_once(
         figures["seq read hot"] = size / _shell(f"dd if='{disk}' of=/dev/null bs=1M", repos.env)[0] / 1e6
         dropped = drop_caches() and dropped
         figures["rand 4K cold"] = float(fio(disk, _RAND_4K, size)["iops"])
+        _shell(f"dd if='{disk}' of=/dev/null bs=1M", repos.env)  # (every page in, for the hot run)
         figures["rand 4K hot"] = float(fio(disk, _RAND_4K, size)["iops"])
         hwm = memory_kib(pid).get("VmHWM")
         if hwm is not None:
