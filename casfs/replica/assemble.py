@@ -63,7 +63,7 @@ class Assembler:
         next snapshot names mostly its previous one's chunks). Only the base pages of
         changed places are read, never the rest of the map: the work is the change's,
         not the volume's. Under the writer lock, none of them goes. The base's root is
-        read in the pool while the new root is asked for; `missing` waits for it."""
+        read in the pool while the new root is asked for; the first map record waits for it."""
         if kind == BlobKind.MAP_ROOT:
             self._held = self.pool.submit(lambda: MapRoot.decode(self.repo.get_meta(root)))
 
@@ -92,15 +92,11 @@ class Assembler:
                 self.present.update(i for i in decode_page(self.repo.get_meta(old)) if i != ZERO_ID)
 
     def start(self) -> list[Want]:
-        """What to fetch first: the root, unless it is present (nothing to move). (Never
-        under a base `holding` walks: it need not wait for that walk.)"""
-        return self._missing([(self.root, self.kind)])
+        """What to fetch first: the root, unless it is present (nothing to move)."""
+        return self.missing([(self.root, self.kind)])
 
     def missing(self, items: Sequence[Want]) -> list[Want]:
         """Those of `items` neither present nor wanted yet; they become wanted."""
-        return self._missing(items)
-
-    def _missing(self, items: Sequence[Want]) -> list[Want]:
         fresh: dict[BlobId, BlobKind] = {}
         for bid, kind in items:
             if bid != ZERO_ID and bid not in self.present and bid not in self.wanted:
