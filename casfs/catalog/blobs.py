@@ -70,10 +70,13 @@ def add_leaves(conn: sqlite3.Connection, rows: Sequence[tuple[BlobId, BlobKind, 
 
 def add_refs(conn: sqlite3.Connection, increments: Mapping[BlobId, int]) -> None:
     """Add to reference counts (negative: remove); MissingBlob if a blob has no row."""
-    changes = [(n, bid) for bid, n in increments.items() if n and bid != ZERO_ID]
-    cur = conn.executemany("UPDATE blobs SET refs = refs + ? WHERE id = ?", changes)
+    # In the ids' order: the B-tree's pages in turn, each read and dirtied once (a new
+    # map page's thousand children, in hash order, touch every page of the table, which
+    # outgrows SQLite's page cache: in any other order each page is read again and again).
+    changes = sorted((bid, n) for bid, n in increments.items() if n and bid != ZERO_ID)
+    cur = conn.executemany("UPDATE blobs SET refs = refs + ?2 WHERE id = ?1", changes)
     if cur.rowcount != len(changes):  # (a total over the rows: find the one missing)
-        missing = next(bid for _, bid in changes if not known(conn, [bid]))
+        missing = next(bid for bid, _ in changes if not known(conn, [bid]))
         raise MissingBlob(f"blob {missing.hex()} is referenced but not in the catalog")
 
 

@@ -32,6 +32,7 @@ from casfs.refcount.ledger import Batch
 from casfs.replica.wire import Record, verify
 from casfs.repo import Repository
 from casfs.snapshots.children import children
+from casfs.snapshots.chunkmap import MapRoot, decode_page
 from casfs.store.ids import ZERO_ID, BlobId
 
 # Stored bytes of data per intermediate commit: what a crash may make a rerun move again.
@@ -51,45 +52,51 @@ class Assembler:
         self.data: Batch | None = None
         self.present: set[BlobId] = set()  # has a row, or staged by this run
         self.wanted: dict[BlobId, BlobKind] = {}
-        self._held: Future[set[BlobId]] | None = None  # holding's walk, under way
+        self._held: Future[MapRoot] | None = None  # holding's read of the base root, under way
+        self._base_root: MapRoot | None = None
+        self._places: dict[BlobId, int] = {}  # the new map's pages: their place in it
 
     def holding(self, root: BlobId, kind: BlobKind) -> None:
         """`root` has a row here (a local snapshot's): so has everything under it. For a
-        chunk map, take its pages' children as present without asking the catalog (a
-        volume's next snapshot names mostly its previous one's chunks: a few reads of
-        local pages instead of a look-up per chunk). Under the writer lock, none goes.
-        The pages are read in the pool while the root is asked for; `missing` waits."""
+        chunk map, each page that arrives is paired with the base's page at its place:
+        that page's chunks are taken as present without asking the catalog (a volume's
+        next snapshot names mostly its previous one's chunks). Only the base pages of
+        changed places are read, never the rest of the map: the work is the change's,
+        not the volume's. Under the writer lock, none of them goes. The base's root is
+        read in the pool while the new root is asked for; the first map record waits for it."""
         if kind == BlobKind.MAP_ROOT:
-            self._held = self.pool.submit(self._under, root, kind)
+            self._held = self.pool.submit(lambda: MapRoot.decode(self.repo.get_meta(root)))
 
-    def _under(self, root: BlobId, kind: BlobKind) -> set[BlobId]:
-        found: set[BlobId] = set()
-        todo: list[Want] = [(root, kind)]
-        while todo:
-            bid, k = todo.pop()
-            if bid == ZERO_ID:
-                continue  # (a hole)
-            found.add(bid)
-            for child, ck in children(k, self.repo.get_meta(bid)):
-                if ck == BlobKind.MAP_PAGE:
-                    todo.append((child, ck))
-                else:
-                    found.add(child)
-        return found
+    def _base(self) -> MapRoot | None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._base_root = held.result()
+        return self._base_root
+
+    def _pair(self, r: Record, plain: bytes) -> None:
+        """Take the base's chunks at the place of an arriving map root or page as present
+        (see holding): a depth-0 root's chunk for chunk, a page's page for page."""
+        base = self._base()
+        if base is None:
+            return
+        if r.kind == BlobKind.MAP_ROOT:
+            new = MapRoot.decode(plain)
+            if new.depth == 0 and base.depth == 0:
+                self.present.update(i for i in base.ids if i != ZERO_ID)
+            elif new.depth == 1 and base.depth == 1:
+                self._places = {p: n for n, p in enumerate(new.ids) if p != ZERO_ID}
+        elif r.kind == BlobKind.MAP_PAGE and base.depth == 1:
+            n = self._places.get(r.bid)
+            old = base.ids[n] if n is not None and n < len(base.ids) else ZERO_ID
+            if old not in (ZERO_ID, r.bid):
+                self.present.update(i for i in decode_page(self.repo.get_meta(old)) if i != ZERO_ID)
 
     def start(self) -> list[Want]:
-        """What to fetch first: the root, unless it is present (nothing to move). (Never
-        under a base `holding` walks: it need not wait for that walk.)"""
-        return self._missing([(self.root, self.kind)])
+        """What to fetch first: the root, unless it is present (nothing to move)."""
+        return self.missing([(self.root, self.kind)])
 
     def missing(self, items: Sequence[Want]) -> list[Want]:
         """Those of `items` neither present nor wanted yet; they become wanted."""
-        if self._held is not None:
-            held, self._held = self._held, None
-            self.present |= held.result()
-        return self._missing(items)
-
-    def _missing(self, items: Sequence[Want]) -> list[Want]:
         fresh: dict[BlobId, BlobKind] = {}
         for bid, kind in items:
             if bid != ZERO_ID and bid not in self.present and bid not in self.wanted:
@@ -130,6 +137,7 @@ class Assembler:
             self.present.add(r.bid)
             take.append((r, plain))
             if r.kind != BlobKind.DATA:
+                self._pair(r, plain)
                 found.extend(self.missing(list(children(r.kind, plain))))
 
         def store(item: tuple[Record, bytes]) -> None:

@@ -47,11 +47,12 @@ def test_after_the_source_pruned_the_replicas_newest_a_pull_moves_only_the_chang
     two: tuple[Path, Path], tmp_path: Path
 ) -> None:
     a, b = two
-    block_volume(a, tmp_path, "vm1", 16 * MiB, os.urandom(4 * MiB))
-    held = write_block(a, "vm1", [(8 * MiB, os.urandom(MiB))])
+    # (96 MiB: a map of pages, each change in another one, paired with the base's page)
+    block_volume(a, tmp_path, "vm1", 96 * MiB, os.urandom(4 * MiB))
+    held = write_block(a, "vm1", [(80 * MiB, os.urandom(MiB))])
     assert pull(b, str(a), "vm1")["n"] == held
     write_block(a, "vm1", [(0, os.urandom(CHANGE))])
-    newest = write_block(a, "vm1", [(CHANGE, os.urandom(CHANGE))])
+    newest = write_block(a, "vm1", [(90 * MiB, os.urandom(CHANGE))])
     doc = prune(a, "vm1", "--keep-last", "1")
     assert held in doc["removed"] and numbers(a, "vm1") == [newest]
     assert query(a, "SELECT n FROM bookmarks WHERE volume = 'vm1' AND n = ?", held) == [(held,)]
