@@ -53,6 +53,7 @@ import re
 import shutil
 import signal
 import socket
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -403,8 +404,12 @@ def wait_for(check: Any, timeout: float, what: str, step: float = 0.01) -> None:
 
 def newest(store: Path, volume: str) -> int:
     from casfs.catalog import volumes as rows
+    from casfs.errors import CasfsError
 
-    repo = Repository.open(store)
+    try:
+        repo = Repository.open(store)
+    except (CasfsError, sqlite3.OperationalError):  # (opening as the agent's last connection closes the WAL: ask again)
+        return 0
     try:
         return max((int(n) for n in rows.snapshot_numbers(repo.conn, volume)), default=0)
     finally:
