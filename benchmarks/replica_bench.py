@@ -408,7 +408,7 @@ def newest(store: Path, volume: str) -> int:
 
     try:
         repo = Repository.open(store)
-    except (CasfsError, sqlite3.OperationalError):  # (opening as the agent's last connection closes the WAL: ask again)
+    except (CasfsError, sqlite3.OperationalError):  # (an open racing the WAL's close: ask again)
         return 0
     try:
         return max((int(n) for n in rows.snapshot_numbers(repo.conn, volume)), default=0)
