@@ -68,6 +68,7 @@ import re
 import shutil
 import signal
 import socket
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -541,8 +542,12 @@ def wait_for(check: Any, timeout: float, what: str, step: float = 0.01) -> None:
 
 def newest(store: Path, volume: str) -> int:
     from casfs.catalog import volumes as rows
+    from casfs.errors import CasfsError
 
-    repo = Repository.open(store)
+    try:
+        repo = Repository.open(store)
+    except (CasfsError, sqlite3.OperationalError):  # (an open racing the WAL's close: ask again)
+        return 0
     try:
         return max((int(n) for n in rows.snapshot_numbers(repo.conn, volume)), default=0)
     finally:

@@ -11,12 +11,12 @@ test sshd; every mount the test made is cleaned up, every store fsck'd (`stores`
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +28,7 @@ import pytest
 
 from casfs.repo import Repository
 from tests.helpers.cli import CLI, env
-from tests.helpers.fsck import Stores
+from tests.helpers.fsck import Stores, query
 from tests.helpers.mount import cleanup, is_mounted
 from tests.replica.conftest import Sshd
 
@@ -189,10 +189,19 @@ class Cluster:
         return all(max(self.local_snapshots(node, volume), default=0) >= n for node in self.nodes)
 
     def local_snapshots(self, node: str, volume: str) -> list[int]:
-        from casfs.catalog import volumes as rows
-
-        with contextlib.closing(Repository.open(self.nodes[node].store)) as repo:
-            return [int(s) for s in rows.snapshot_numbers(repo.conn, volume)]
+        """VOL's snapshots in NODE's store, read-only, while its agent writes there (a
+        connection opening as the last other one closes its WAL may meet SQLITE_IOERR:
+        asked again)."""
+        for _ in range(50):
+            try:
+                rows = query(
+                    self.nodes[node].store, "SELECT n FROM snapshots WHERE volume = ? ORDER BY n", volume
+                )
+            except sqlite3.OperationalError:
+                time.sleep(0.05)
+                continue
+            return [int(n) for (n,) in rows]
+        raise AssertionError(f"the catalog of {node} could not be read")
 
     def mount(self, node: str, volume: str, *more: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
         where = self.tmp / f"mnt-{node}-{volume}"
