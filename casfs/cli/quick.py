@@ -83,6 +83,9 @@ def _arguments(row: Row, words: list[str], values: dict[str, object]) -> SimpleN
             values[_dest(a)] = a.options.get("default", False if _is_flag(a) else None)
         else:
             positionals.append(a)
+            if _is_optional(a):  # (nargs="?": argparse stores its default when absent)
+                values[_dest(a)] = a.options.get("default")
+    required = sum(not _is_optional(a) for a in positionals)
     given: set[str] = set()
     it = iter(words)
     n = 0
@@ -109,7 +112,7 @@ def _arguments(row: Row, words: list[str], values: dict[str, object]) -> SimpleN
         if converted is None:
             return None
         values[_dest(a)] = converted
-    if n < len(positionals):
+    if n < required or any(o.options.get("required") and f not in given for f, o in options.items()):
         return None
     for group in row.args:
         if isinstance(group, OneOf) and len(given.intersection(a.flags[0] for a in group.args)) != 1:
@@ -139,6 +142,10 @@ def _flat(row: Row) -> list[Arg]:
 
 def _is_flag(a: Arg) -> bool:
     return a.options.get("action") == "store_true"
+
+
+def _is_optional(a: Arg) -> bool:
+    return a.options.get("nargs") == "?"
 
 
 def _dest(a: Arg) -> str:
