@@ -6,6 +6,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from casfs.lifecycle.queue import acquire_slot, queue_limit
 from casfs.repo import Repository
@@ -31,8 +32,10 @@ def snapshots(store: Path, volume: str) -> dict[int, bool]:
     return {s["n"]: s["folded"] for s in js(store, "snapshot", "ls", volume)}
 
 
-def wait_until(what: str, done: Callable[[], bool]) -> None:
+def wait_until(what: str, done: Callable[[], Any]) -> Any:
+    """Poll `done` until it returns something true (a loaded machine: up to WAIT_S); that."""
     deadline = time.monotonic() + WAIT_S
-    while not done():
-        assert time.monotonic() < deadline, f"still waiting for {what}"
+    while not (value := done()):
+        assert time.monotonic() < deadline, f"still waiting for {what} (after {WAIT_S:.0f} s)"
         time.sleep(0.05)
+    return value

@@ -147,13 +147,18 @@ def _tar_layer3() -> bytes:
     return buf.getvalue()
 
 
-def build_sample(work: Path) -> Path:
-    """The sample image as an OCI layout at work/sample (tag v1)."""
-    layout = work / "sample"
+def umoci_base(layout: Path, bundle: Path) -> tuple[Path, Path]:
+    """An empty OCI layout (tag `base`, no layers) and its bundle unpacked at `bundle`,
+    to fill bundle/rootfs and repack as the first layer."""
     run("umoci", "init", "--layout", layout)
     run("umoci", "new", "--image", f"{layout}:base")
-    bundle = work / "bundle"
     run("umoci", "unpack", "--image", f"{layout}:base", bundle)
+    return layout, bundle
+
+
+def build_sample(work: Path) -> Path:
+    """The sample image as an OCI layout at work/sample (tag v1)."""
+    layout, bundle = umoci_base(work / "sample", work / "bundle")
     _layer1(bundle / "rootfs")
     run("umoci", "repack", "--image", f"{layout}:l1", bundle)
     shutil.rmtree(bundle)
@@ -303,11 +308,7 @@ DEBIAN_TREES = ("/etc", "/usr/lib/python3.11")
 def build_debian(work: Path, trees: Iterable[str] = DEBIAN_TREES, tag: str = "debian") -> Path:
     """An image of copies of host subtrees (one umoci layer), plus a small second layer
     that deletes a directory and replaces a file: its layout at work/debian."""
-    layout = work / "debian"
-    run("umoci", "init", "--layout", layout)
-    run("umoci", "new", "--image", f"{layout}:base")
-    bundle = work / "debian-bundle"
-    run("umoci", "unpack", "--image", f"{layout}:base", bundle)
+    layout, bundle = umoci_base(work / "debian", work / "debian-bundle")
     rootfs = bundle / "rootfs"
     for t in trees:
         dest = rootfs / t.lstrip("/")

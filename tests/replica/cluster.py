@@ -19,7 +19,7 @@ import socket
 import sqlite3
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,28 +30,17 @@ from casfs.repo import Repository
 from tests.helpers.cli import CLI, env
 from tests.helpers.fsck import Stores, query
 from tests.helpers.mount import cleanup, is_mounted
+from tests.helpers.snapshots import wait_until
 from tests.replica.conftest import Sshd
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 TTL = 2  # the agents' lease (s): a dead agent shows as not alive this long after
-DEADLINE_S = 60.0  # what a poll waits at most (a loaded machine); never a sleep
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def until(what: str, check: Callable[[], Any], deadline: float = DEADLINE_S) -> Any:
-    """Poll `check` until it returns something true; its value. Fail after `deadline`."""
-    end = time.monotonic() + deadline
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < end, f"not within {deadline:.0f} s: {what}"
-        time.sleep(0.05)
 
 
 @dataclass
@@ -75,7 +64,7 @@ class Etcd:
             stdout=log, stderr=log,
         )  # fmt: skip
         log.close()
-        until("etcd answers", self._healthy, 30)
+        wait_until("etcd answers", self._healthy, 30)
 
     def _healthy(self) -> bool:
         assert self.proc is not None and self.proc.poll() is None, "etcd exited"

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from tests.helpers.cli import CLI
 from tests.helpers.mount import fsync, is_mounted
-from tests.replica.cluster import Cluster, Etcd, cluster, etcd, until
+from tests.helpers.snapshots import wait_until
+from tests.replica.cluster import Cluster, Etcd, cluster, etcd
 
 __all__ = ["cluster", "etcd"]  # (the fixtures, for pytest)
 
@@ -25,7 +26,7 @@ def replicated(c: Cluster, factor: int = 3) -> None:
     c.ok("n1", "replica", "set-factor", "v", str(factor))
     for name in c.nodes:
         c.start_agent(name)
-    until("v@1 on every node", lambda: c.all_hold("v", 1))
+    wait_until("v@1 on every node", lambda: c.all_hold("v", 1))
 
 
 def write_and_unmount(c: Cluster, node: str, name: str, text: str) -> tuple[Path, int]:
@@ -54,13 +55,13 @@ def test_factor_three_follows_unmounts_and_active_moves(cluster: Cluster) -> Non
     assert not is_mounted(elsewhere)
     done = c.umount("n1", where)
     assert done.returncode == 0, done.stderr
-    until("v@2 on every node after n1's unmount", lambda: c.all_hold("v", 2))
+    wait_until("v@2 on every node after n1's unmount", lambda: c.all_hold("v", 2))
     assert c.record("v")["active"] is None
 
     # n2 takes `active` now; n1 and n3 follow its unmount
     _, n = write_and_unmount(c, "n2", "b", "from n2")
     assert n == 3
-    until("v@3 on every node after n2's unmount", lambda: c.all_hold("v", 3))
+    wait_until("v@3 on every node after n2's unmount", lambda: c.all_hold("v", 3))
     where3, p = c.mount("n3", "v", "--ro")
     assert p.returncode == 0, p.stderr
     assert (where3 / "a").read_text() == "from n1" and (where3 / "b").read_text() == "from n2"
@@ -74,7 +75,7 @@ def test_mount_catches_up_first(cluster: Cluster) -> None:
     replicated(c)
     c.kill_agent("n2")
     c.start_agent("n2", ttl=60)
-    until("n2's agent on its new lease", lambda: c.replicas("v")["n2"]["alive"])
+    wait_until("n2's agent on its new lease", lambda: c.replicas("v")["n2"]["alive"])
     n2 = c.nodes["n2"].agent
     assert n2 is not None
     where, p = c.mount("n1", "v")
@@ -109,8 +110,8 @@ def test_rm_keeps_the_factor_and_races_leave_k(cluster: Cluster) -> None:
     codes = [p.returncode for p in procs]
     assert sorted(codes) == [0, 4], said
     gone = "n2" if codes[0] == 0 else "n3"
-    until(f"{gone}'s agent deleted its copy", lambda: not c.local_snapshots(gone, "v"))
-    until(f"{gone}'s entry is gone", lambda: gone not in c.replicas("v"))
+    wait_until(f"{gone}'s agent deleted its copy", lambda: not c.local_snapshots(gone, "v"))
+    wait_until(f"{gone}'s entry is gone", lambda: gone not in c.replicas("v"))
     left = c.replicas("v")
     assert len(left) == 2 and all(r["healthy"] for r in left.values())
     # the last good copies stay: neither may go now
@@ -118,8 +119,8 @@ def test_rm_keeps_the_factor_and_races_leave_k(cluster: Cluster) -> None:
         assert c.run(node, "replica", "rm", "v").returncode == 4
     # a replica asked for beyond the factor: that node's agent pulls it
     c.ok(None, "replica", "add", "v", "--node", gone)
-    until(f"{gone} holds v again", lambda: c.all_hold("v", 1))
-    until(f"{gone}'s entry healthy", lambda: c.replicas("v")[gone]["healthy"])
+    wait_until(f"{gone} holds v again", lambda: c.all_hold("v", 1))
+    wait_until(f"{gone}'s entry healthy", lambda: c.replicas("v")[gone]["healthy"])
 
 
 def test_etcd_down_mounts_keep_working(cluster: Cluster, etcd: Etcd) -> None:
@@ -138,7 +139,7 @@ def test_etcd_down_mounts_keep_working(cluster: Cluster, etcd: Etcd) -> None:
         assert "registry" in done.stderr
     finally:
         etcd.start()
-    until("v@2 on every node once etcd is back", lambda: c.all_hold("v", 2))
+    wait_until("v@2 on every node once etcd is back", lambda: c.all_hold("v", 2))
     assert all(a.agent is not None and a.agent.poll() is None for a in c.nodes.values())
 
 
@@ -153,7 +154,7 @@ def test_takeover_keeps_the_old_nodes_divergent_line(cluster: Cluster) -> None:
     daemon = int(json.loads(run_file.read_text())["pid"])
     c.kill_agent("n1")
     os.kill(daemon, signal.SIGKILL)
-    until("n1 not alive", lambda: not c.replicas("v")["n1"]["alive"])
+    wait_until("n1 not alive", lambda: not c.replicas("v")["n1"]["alive"])
     taken, p = c.mount("n2", "v")
     assert p.returncode == 0, p.stderr
     assert "taking over" in p.stderr
@@ -161,11 +162,11 @@ def test_takeover_keeps_the_old_nodes_divergent_line(cluster: Cluster) -> None:
     assert c.umount("n2", taken).returncode == 0
     record = c.record("v")
     assert [(t["old"], t["new"]) for t in record["takeovers"]] == [("n1", "n2")]
-    until("v@2 on n3", lambda: c.all_hold("v", 2, ("n2", "n3")))
+    wait_until("v@2 on n3", lambda: c.all_hold("v", 2, ("n2", "n3")))
     subprocess.run(["fusermount3", "-u", "-z", str(where)], capture_output=True, timeout=30)
     c.start_agent("n1")
     kept = "v.diverged-n1-2"
-    until(
+    wait_until(
         "n1 keeps its line and follows n2's", lambda: c.all_hold("v", 2, ("n1",)) and kept in volumes(c, "n1")
     )
     old, _ = c.mount("n1", kept, "--ro")
@@ -185,7 +186,7 @@ def test_periodic_snapshots_reach_the_followers_while_mounted(cluster: Cluster) 
     assert c.record("v")["snapshot_every"] == 1.0
     (where / "kept").write_text("before any unmount")
     fsync(where / "kept")
-    until("a periodic snapshot on every node while n1 is mounted", lambda: c.all_reach("v", 2))
+    wait_until("a periodic snapshot on every node while n1 is mounted", lambda: c.all_reach("v", 2))
     assert is_mounted(where) and c.record("v")["active"] == "n1"
     assert c.umount("n1", where).returncode == 0
     shown, p = c.mount("n3", "v", "--ro")
@@ -207,11 +208,11 @@ def test_agent_killed_during_a_pull_resumes(cluster: Cluster) -> None:
     c.start_agent("n2", CASFS_STOP="pull:batch")
     agent = c.nodes["n2"].agent
     assert agent is not None
-    until("n2's agent stopped mid-pull", lambda: stopped(agent.pid))
+    wait_until("n2's agent stopped mid-pull", lambda: stopped(agent.pid))
     c.kill_agent("n2")
     assert c.local_snapshots("n2", "v") == [1]
     c.start_agent("n2")
-    until("n2 holds v@2", lambda: c.all_hold("v", 2))
+    wait_until("n2 holds v@2", lambda: c.all_hold("v", 2))
     shown, p = c.mount("n2", "v", "--ro")
     assert p.returncode == 0, p.stderr
     assert (shown / "big").stat().st_size == 12 << 20

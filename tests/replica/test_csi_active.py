@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 from tests.helpers.csi import create, mount_cap, plugin_running, stage, unstage
-from tests.replica.cluster import Cluster, cluster, etcd, until
+from tests.helpers.snapshots import wait_until
+from tests.replica.cluster import Cluster, cluster, etcd
 
 __all__ = ["cluster", "etcd"]
 
@@ -22,7 +23,7 @@ def test_stage_takes_active_and_unstage_is_followed(cluster: Cluster) -> None:
         c.ok("n1", "replica", "set-factor", name, "3")
         for node in ("n2", "n3"):
             c.start_agent(node)
-        until("three entries, the plugin's own among them", lambda: len(c.replicas(name)) == 3)
+        wait_until("three entries, the plugin's own among them", lambda: len(c.replicas(name)) == 3)
         assert p.node_id in c.replicas(name)
         staging = kubelet / "staging" / "pvc-r"
         stage(p, vid, staging, mount_cap())
@@ -32,7 +33,7 @@ def test_stage_takes_active_and_unstage_is_followed(cluster: Cluster) -> None:
         (staging / "f").write_text("staged on the plugin's node")
         unstage(p, vid, staging)
         assert c.record(name)["active"] is None
-        until("the unstage's snapshot on n2 and n3", lambda: c.all_hold(name, 1, ("n2", "n3")))
+        wait_until("the unstage's snapshot on n2 and n3", lambda: c.all_hold(name, 1, ("n2", "n3")))
         shown, done = c.mount("n3", name, "--ro")
         assert done.returncode == 0, done.stderr
         assert (shown / "f").read_text() == "staged on the plugin's node"

@@ -15,7 +15,8 @@ from casfs.errors import Busy, NotFound, UsageError
 from casfs.replica import records as rec
 from casfs.replica.registry import Change, Registry, RegistryDown, View
 from tests.helpers.cli import CLI, env
-from tests.replica.cluster import Etcd, etcd, free_port, until
+from tests.helpers.snapshots import wait_until
+from tests.replica.cluster import Etcd, etcd, free_port
 
 __all__ = ["etcd"]
 
@@ -86,7 +87,7 @@ def test_a_node_lives_on_its_lease(etcd: Etcd) -> None:
     reg.publish_node(rec.Node("n1", "/s", "/s", 10, lease))
     assert [n.name for n in reg.nodes()] == ["n1"]
     assert reg.refresh(lease)
-    until("the node key gone with its lease", lambda: not reg.nodes(), 30)
+    wait_until("the node key gone with its lease", lambda: not reg.nodes(), 30)
     assert not reg.refresh(lease)
 
 

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.oci.build import run
+from tests.oci.build import run, umoci_base
 
 BUSYBOX = "/bin/busybox"
 APPLETS = ("sh", "cat", "echo", "ls", "true", "sleep", "rm", "mkdir", "sha256sum", "touch", "sync")
@@ -19,11 +19,7 @@ HELLO = "hello from a casfs rootfs\n"
 def build_busybox(work: Path, tag: str = "v1", trees: tuple[str, ...] = ()) -> Path:
     """The image as an OCI layout at work/busybox (tag `tag`); `trees`: copies of these
     host directories in layer 2 too (a bigger image, for the benchmark)."""
-    layout = work / "busybox"
-    run("umoci", "init", "--layout", layout)
-    run("umoci", "new", "--image", f"{layout}:base")
-    bundle = work / "bb-bundle"
-    run("umoci", "unpack", "--image", f"{layout}:base", bundle)
+    layout, bundle = umoci_base(work / "busybox", work / "bb-bundle")
     rootfs = bundle / "rootfs"
     (rootfs / "bin").mkdir(exist_ok=True)
     shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
