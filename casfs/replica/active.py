@@ -72,12 +72,11 @@ def pull_from(
 ) -> Moved:
     """`casfs pull` of the newest snapshot of `volume` from the node of `source` (the
     connection started before the store opens, as the CLI's pull does). `bwlimit`:
-    bytes a second, where replica.peers takes it."""
+    at most that many bytes a second read from the source."""
     from casfs.replica.peers import Connection
     from casfs.replica.pull import pull
 
-    limit = {} if bwlimit is None else {"bwlimit": bwlimit}
-    with Connection(source.reach, remote, **limit) as conn, store as repo:
+    with Connection(source.reach, remote, bwlimit) as conn, store as repo:
         return pull(repo, conn, volume)
 
 

@@ -22,7 +22,6 @@ decision is made without a fresh read.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
 import os
@@ -39,6 +38,7 @@ from casfs.lifecycle import pids
 from casfs.replica import records as rec
 from casfs.replica.registry import Change, Registry, RegistryDown, View
 from casfs.repo import Repository
+from casfs.volumes.prune import KeepPolicy, prune
 
 log = logging.getLogger("casfs.replica.agent")
 
@@ -226,18 +226,14 @@ class Agent:
         return False
 
     def _retain(self, repo: Repository, volume: rec.Volume, n: int) -> None:
-        """The volume's retention policy applied here, once per new snapshot, through
-        casfs.volumes.prune (helper prune's; absent from a tree without it)."""
+        """The volume's retention policy applied here, once per new snapshot."""
         if volume.retention is None or self._kept.get(volume.name) == n:
             return
         self._kept[volume.name] = n
-        try:
-            prune_module = importlib.import_module("casfs.volumes.prune")
-        except ImportError:
-            log.warning("%s has a retention policy, but this casfs has no snapshot prune", volume.name)
+        policy = KeepPolicy.from_dict(volume.retention)
+        if policy.empty:
             return
-        policy = prune_module.KeepPolicy(**{k: volume.retention.get(k) for k in ("last", "hourly", "daily")})
-        gone = prune_module.prune(repo, volume.name, policy)
+        gone = prune(repo, volume.name, policy)
         if gone:
             log.info("retention on %s removed snapshots %s", volume.name, gone)
 

@@ -32,10 +32,11 @@ def snapshots(store: Path, volume: str) -> dict[int, bool]:
     return {s["n"]: s["folded"] for s in js(store, "snapshot", "ls", volume)}
 
 
-def wait_until(what: str, done: Callable[[], Any]) -> Any:
-    """Poll `done` until it returns something true (a loaded machine: up to WAIT_S); that."""
-    deadline = time.monotonic() + WAIT_S
+def wait_until(what: str, done: Callable[[], Any], within: float = WAIT_S) -> Any:
+    """Poll `done` until it returns something true (a loaded machine: up to `within`
+    seconds); that value."""
+    deadline = time.monotonic() + within
     while not (value := done()):
-        assert time.monotonic() < deadline, f"still waiting for {what} (after {WAIT_S:.0f} s)"
+        assert time.monotonic() < deadline, f"still waiting for {what} (after {within:.0f} s)"
         time.sleep(0.05)
     return value

@@ -64,7 +64,11 @@ class Etcd:
             stdout=log, stderr=log,
         )  # fmt: skip
         log.close()
-        wait_until("etcd answers", self._healthy, 30)
+        try:
+            wait_until("etcd answers", self._healthy, 30)
+        except BaseException:
+            self.stop()  # (a start that failed leaves no etcd behind)
+            raise
 
     def _healthy(self) -> bool:
         assert self.proc is not None and self.proc.poll() is None, "etcd exited"
