@@ -16,8 +16,10 @@ def import_into(s: Stack, image: Image, namespace: str) -> str:
 
 
 def settled(s: Stack) -> None:
-    """No snapshot is in the middle of an operation."""
-    assert {k: r["phase"] for k, r in s.records().items() if r["phase"] != "ready"} == {}
+    """No snapshot is in the middle of an operation, once what is under way (a `ctr run
+    --rm`'s Remove may still be running when ctr returns) has finished: one left stuck
+    by a crash never settles."""
+    s.wait("every snapshot settled", lambda: all(r["phase"] == "ready" for r in s.records().values()))
 
 
 def committed_in(s: Stack, namespace: str) -> list[str]:
