@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 CLI = [sys.executable, "-m", "casfs"]
 # `python -m casfs` (argv: sys.argv) run inside a probing interpreter, which then looks
 # at what it loaded: the os._exit that ends the program (casfs.cli.run) raises SystemExit
@@ -69,6 +71,12 @@ def passthrough_wanted() -> bool:
     mode = os.environ.get("CASFS_TEST_PASSTHROUGH", "on")
     assert mode in ("on", "off"), f"CASFS_TEST_PASSTHROUGH={mode!r}: on or off"
     return mode == "on"
+
+
+def needs_passthrough() -> pytest.MarkDecorator:
+    """For a module of passthrough's own tests (`pytestmark = needs_passthrough()`): the
+    run with CASFS_TEST_PASSTHROUGH=off skips it (it ran in the default mode)."""
+    return pytest.mark.skipif(not passthrough_wanted(), reason="passthrough's own tests: the mode is off")
 
 
 def ok(store: Path, *args: str | Path, timeout: float = TIMEOUT, **extra_env: str) -> Completed:

@@ -19,9 +19,11 @@ from casfs.snapshots.tree import Tree
 from casfs.store.filecache import MAX_FILE_BYTES
 from casfs.store.ids import ZERO_ID, BlobId
 from tests.helpers import blobs as blob_files
-from tests.helpers.cli import run
+from tests.helpers.cli import needs_passthrough, run
 from tests.helpers.filecache import wait_filled
 from tests.helpers.mount import mounted
+
+pytestmark = needs_passthrough()
 
 CHUNK = 64 << 10
 

@@ -13,9 +13,11 @@ from pathlib import Path
 
 from casfs import volumes
 from casfs.repo import Repository
-from tests.helpers.cli import casfs
+from tests.helpers.cli import casfs, needs_passthrough
 from tests.helpers.mount import Mount, mounted, running, wait_gone
 from tests.mount.test_metrics import free_port, scrape, value
+
+pytestmark = needs_passthrough()
 
 MIB = 1 << 20
 

@@ -13,11 +13,13 @@ import pytest
 from casfs import images
 from casfs.repo import Repository
 from casfs.store.filecache import ENV_LIMIT_MB, ENV_OPEN_FILL_MB
-from tests.helpers.cli import out
+from tests.helpers.cli import needs_passthrough, out
 from tests.helpers.filecache import file_cache, wait_filled
 from tests.helpers.mount import mounted
 from tests.mount.test_mount_block import loop_device
 from tests.mount.test_passthrough import cached_files, drop_caches, passthrough_mode
+
+pytestmark = needs_passthrough()
 
 CHUNK = 64 << 10
 MIB = 1 << 20
