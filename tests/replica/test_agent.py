@@ -190,10 +190,14 @@ def test_periodic_snapshots_reach_the_followers_while_mounted(cluster: Cluster) 
     assert is_mounted(where) and c.record("v")["active"] == "n1"
     # The record's retention, applied by the active node's agent at each new snapshot.
     c.ok("n1", "replica", "set-factor", "v", "3", "--keep-last", "2")
+
+    def newest_on_n1() -> int:
+        return max(c.local_snapshots("n1", "v"))
+
     for i in range(3):
         (where / f"more{i}").write_text(str(i))
         fsync(where / f"more{i}")
-        wait_until(f"periodic snapshot {3 + i} on n1", lambda i=i: max(c.local_snapshots("n1", "v")) >= 3 + i)
+        wait_until(f"periodic snapshot {3 + i} on n1", lambda: newest_on_n1() >= 3 + i)  # noqa: B023 (waited for here)
     wait_until("n1 pruned to its last 2", lambda: len(c.local_snapshots("n1", "v")) == 2)
     assert c.umount("n1", where).returncode == 0
     shown, p = c.mount("n3", "v", "--ro")
