@@ -7,7 +7,6 @@ import fcntl
 import json
 import os
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from casfs.upkeep import scheduled
 from tests.helpers import blobs as blob_files
 from tests.helpers.cli import fails, ok, out
 from tests.helpers.mount import mounted
+from tests.helpers.snapshots import wait_until
 
 CHUNK = 64 << 10
 
@@ -45,13 +45,11 @@ def test_a_mount_daemon_scrubs_on_schedule(repo: Repository, tmp_path: Path) -> 
     ok(repo.path, "config", "set", "scrub.every", "2s")
     last = scheduled.last_path(repo.path)
     with mounted(repo.path, tmp_path / "mnt") as m:
-        deadline = time.monotonic() + 60
-        while not last.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert last.exists(), m.log()
+        wait_until("the scheduled scrub's record", last.exists, within=60)
         found = json.loads(last.read_text())
         assert found["damaged"] == [victim.hex()]
-        assert f"damaged: {victim.hex()}" in m.log()
+        # The record is written before the daemon logs what it found.
+        wait_until("the scrub's log line", lambda: f"damaged: {victim.hex()}" in m.log())
     assert "scrub.every" in out(repo.path, "config", "ls")
 
 
