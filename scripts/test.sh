@@ -9,8 +9,12 @@ cd "$(dirname "$0")/.."
 check=$?
 # A per-test timeout; the thread method, because a test stuck in a FUSE syscall never
 # sees SIGALRM: it dumps every thread's stack and ends the run instead of hanging CI.
+# One worker per core, at most four (pytest-xdist; every fixture is per test or per worker:
+# temp dirs, free ports, its own servers). CASFS_TEST_WORKERS=0 runs in this process.
+cores=$(nproc)
+workers=${CASFS_TEST_WORKERS:-$((cores < 4 ? cores : 4))}
 pytest=(.venv/bin/python -m pytest -p no:cacheprovider --timeout="${CASFS_TEST_TIMEOUT:-300}"
-    --timeout-method=thread)
+    --timeout-method=thread -n "$workers")
 "${pytest[@]}" "$@"
 rc=$?
 # Every mount test in both passthrough modes (tests/helpers/cli.py: CASFS_TEST_PASSTHROUGH):
