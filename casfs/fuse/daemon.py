@@ -392,7 +392,8 @@ async def _release_volume(store_view: StoreView, writer: CatalogWriter, mounted:
         await writer.run(functools.partial(release_volume, name=name))
         mounted.held.discard(name)
     # (the store view is the mount's root view: its inode numbers are the kernel's)
-    pyfuse3.invalidate_entry_async(pyfuse3.InodeT(VOLUMES_INO), pyfuse3.FileNameT(name.encode()), ignore_enoent=True)
+    entry = pyfuse3.FileNameT(name.encode())
+    pyfuse3.invalidate_entry_async(pyfuse3.InodeT(VOLUMES_INO), entry, ignore_enoent=True)
 
 
 def _released(generation: tuple[object, ...]) -> None:

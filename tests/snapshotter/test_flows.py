@@ -86,9 +86,10 @@ def test_a_second_container_is_a_clone_sharing_every_blob(imported: Stack) -> No
     s.ctr("run", "-d", "--snapshotter", "casfs", REF, "long2", "/bin/sleep", "1000")
     try:
         assert stored(s) - before < 64 << 10  # (two clones: no file data stored)
-        volumes = [v for v in s.volumes().values() if v["origin"].startswith("snapshot:")]
-        actives = [v for v in volumes if v["phase"] == "mounted"]
+        mine = {r["volume"] for k, r in s.records().items() if k.endswith(("/long1", "/long2"))}
+        actives = [v for v in s.volumes().values() if v["name"] in mine]
         assert len(actives) == 2 and len({v["origin"] for v in actives}) == 1
+        assert actives[0]["origin"].startswith("snapshot:")
         assert all(v["written"] == 0 for v in actives)
         s.ctr("tasks", "exec", "--exec-id", "w", "long1", "/bin/sh", "-c", "echo mine > /data/only1")
         assert s.ctr("tasks", "exec", "--exec-id", "r", "long1", "/bin/cat", "/data/only1") == "mine\n"

@@ -7,6 +7,7 @@ malformed requests."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -209,6 +210,32 @@ def test_a_snapshot_mounted_elsewhere_is_neither_committed_nor_removed(
         subprocess.run(["umount", str(target)], check=True)
     commit(rpc, "bound-c", "bound")
     remove(rpc, "bound-c")
+
+
+def test_one_store_mount_serves_every_snapshot_and_a_dead_one_is_restarted(
+    rpc: snapshots_pb2_grpc.SnapshotsStub, sn: Stack
+) -> None:
+    """Prepares, a commit and a removal start no daemon; the store mount's daemon killed,
+    the next Mounts starts another, and what was made durable before is there."""
+    a, b = Path(prepare(rpc, "dd-a")), Path(prepare(rpc, "dd-b"))
+    pid = sn.store_daemon()
+    assert pid is not None and a.parent == b.parent == sn.store_mount / "volumes"
+    with open(a / "f", "w") as f:
+        f.write("kept")
+        f.flush()
+        os.fsync(f.fileno())
+    commit(rpc, "dd-c", "dd-b")
+    assert sn.store_daemon() == pid
+    os.kill(pid, signal.SIGKILL)
+    sn.wait("the daemon gone", lambda: sn.store_daemon() is None)
+    again = Path(rpc.Mounts(pb.MountsRequest(key="dd-a")).mounts[0].source)
+    assert sn.store_daemon() not in (None, pid)
+    assert (again / "f").read_text() == "kept"
+    (again / "g").write_text("after")
+    commit(rpc, "dd-ac", "dd-a")
+    child = Path(prepare(rpc, "dd-child", "dd-ac"))
+    assert sorted(os.listdir(child)) == ["f", "g"]
+    remove(rpc, "dd-child", "dd-ac", "dd-c")
 
 
 @pytest.mark.parametrize(
