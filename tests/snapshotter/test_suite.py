@@ -173,6 +173,33 @@ def test_list_and_usage(rpc: snapshots_pb2_grpc.SnapshotsStub) -> None:
     remove(rpc, "us-c")
 
 
+def listed(rpc: snapshots_pb2_grpc.SnapshotsStub, *filters: str) -> list[str]:
+    return sorted(i.name for r in rpc.List(pb.ListSnapshotsRequest(filters=filters)) for i in r.info)
+
+
+def test_list_filters_in_containerd_syntax(rpc: snapshots_pb2_grpc.SnapshotsStub) -> None:
+    """testsuite's Walk with filters (containerd's filters package: OR of filters, AND
+    of a filter's selectors); what the service cannot filter by is InvalidArgument."""
+    prepare(rpc, "lf-a")
+    rpc.Commit(pb.CommitSnapshotRequest(name="lf-base", key="lf-a", labels={"app.x": "1", "tier": "base"}))
+    prepare(rpc, "lf-b", "lf-base", tier="top")
+    rpc.View(pb.ViewSnapshotRequest(key="lf-v", parent="lf-base", labels={"tier": "view"}))
+    mine = ["lf-b", "lf-base", "lf-v"]
+    assert [n for n in listed(rpc) if n.startswith("lf-")] == mine
+    assert listed(rpc, 'labels."app.x"==1') == listed(rpc, 'labels."app.x"') == ["lf-base"]
+    assert listed(rpc, "parent==lf-base") == ["lf-b", "lf-v"]
+    assert listed(rpc, "kind==view") == ["lf-v"] and listed(rpc, "kind==committed,name~=^lf-") == ["lf-base"]
+    assert listed(rpc, "labels.tier==top", "labels.tier==view") == ["lf-b", "lf-v"]  # (OR)
+    assert listed(rpc, "labels.tier==top,parent==lf-base") == ["lf-b"]  # (AND)
+    assert listed(rpc, "name~=/^lf-[bv]$/") == ["lf-b", "lf-v"]
+    assert [n for n in listed(rpc, "parent!=lf-base") if n.startswith("lf-")] == ["lf-base"]
+    assert listed(rpc, "labels.tier,name~=lf-") == mine  # (present)
+    for bad in ("size==1", "labels", "name==", "name~=(", 'labels."open==1', "name==a b,,", "kind=view"):
+        every = lambda request: list(rpc.List(request))  # noqa: E731 (a stream: its status comes as it is read)
+        assert code_of(every, pb.ListSnapshotsRequest(filters=[bad])) == Code.INVALID_ARGUMENT, bad
+    remove(rpc, "lf-b", "lf-v", "lf-base")
+
+
 def test_the_errors_containerd_tells_apart(rpc: snapshots_pb2_grpc.SnapshotsStub) -> None:
     prepare(rpc, "er-a")
     assert code_of(rpc.Prepare, pb.PrepareSnapshotRequest(key="er-a")) == Code.ALREADY_EXISTS
