@@ -8,9 +8,11 @@ ls` and clients of the Snapshots API write them):
     value     a "quoted" string, /a regexp/, or text up to the next ","
 
 The fields of a snapshot (containerd's snapshot adaptor): name, parent, kind (active,
-view, committed) and labels.KEY. `==` needs the field present; `!=` and `~=` (a regular
-expression, searched) compare an absent field as "". Anything else (another field, bad
-syntax, a bad regular expression) is refused, never ignored: InvalidArgument.
+view, committed), always present, and labels.KEY. `==` needs the field present; `!=`
+and `~=` (a regular expression, searched) compare an absent field as "". Anything else
+(another field, bad syntax, a bad regular expression) is refused, never ignored:
+InvalidArgument. containerd's own use: after a remote snapshot's AlreadyExists it finds
+the snapshot by `labels."containerd.io/snapshot.ref"==CHAIN,parent==PARENT`.
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ class Selector:
 def field_of(rec: Record, path: tuple[str, ...]) -> tuple[str, bool]:
     """(the value, whether it is present) of a field of a snapshot."""
     if path in (("name",), ("parent",), ("kind",)):
-        value = {"name": rec.key, "parent": rec.parent, "kind": rec.kind}[path[0]]
-        return value, bool(value)
+        # (always present, "" for no parent: containerd's own Walk after a remote
+        # snapshot's AlreadyExists asks for `parent==""`)
+        return {"name": rec.key, "parent": rec.parent, "kind": rec.kind}[path[0]], True
     if len(path) >= 2 and path[0] == "labels":
         key = ".".join(path[1:])
         return rec.labels.get(key, ""), key in rec.labels

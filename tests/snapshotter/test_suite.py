@@ -188,6 +188,7 @@ def test_list_filters_in_containerd_syntax(rpc: snapshots_pb2_grpc.SnapshotsStub
     assert [n for n in listed(rpc) if n.startswith("lf-")] == mine
     assert listed(rpc, 'labels."app.x"==1') == listed(rpc, 'labels."app.x"') == ["lf-base"]
     assert listed(rpc, "parent==lf-base") == ["lf-b", "lf-v"]
+    assert "lf-base" in listed(rpc, 'parent==""') and "lf-b" not in listed(rpc, 'parent==""')
     assert listed(rpc, "kind==view") == ["lf-v"] and listed(rpc, "kind==committed,name~=^lf-") == ["lf-base"]
     assert listed(rpc, "labels.tier==top", "labels.tier==view") == ["lf-b", "lf-v"]  # (OR)
     assert listed(rpc, "labels.tier==top,parent==lf-base") == ["lf-b"]  # (AND)
