@@ -7,6 +7,7 @@
     user.casfs.unique          a volume, image or snapshot     get             owner
     user.casfs.snapshots       a volume                        get             owner
     user.casfs.snapshot        a volume                        set [label]     owner
+    user.casfs.release         a volume of a whole-store mount set             owner
     user.casfs.clone           an image or a snapshot          set NAME        owner
     user.casfs.digest          any regular file                get             anyone who may read it
     user.casfs.corrupt_reads   the mount root                  get             owner
@@ -136,6 +137,7 @@ class ControlPlane:
             PREFIX + b"snapshots": Control(self._snapshots, None, Who.OWNER),
             PREFIX + b"snapshot": Control(None, self._take_snapshot, Who.OWNER),
             PREFIX + b"clone": Control(None, self._clone, Who.OWNER),
+            PREFIX + b"release": Control(None, self._release, Who.OWNER),
             PREFIX + b"digest": Control(self._digest, None, Who.ANYONE),
             PREFIX + b"corrupt_reads": Control(self._corrupt_reads, None, Who.OWNER),
             PREFIX + b"corrupt_ids": Control(self._corrupt_ids, None, Who.OWNER),
@@ -151,6 +153,9 @@ class ControlPlane:
         # Saves every read/write volume of this mount (the daemon sets it): `casfs umount`
         # asks for it before unmounting, and refuses to unmount if it fails.
         self.flush_all: Callable[[], Awaitable[None]] | None = None
+        # Lets go of a volume of a whole-store mount (the daemon sets it there): the
+        # containerd snapshotter's commit and removal, without an unmount.
+        self.release_volume: Callable[[str], Awaitable[None]] | None = None
 
     async def get(self, name: bytes, target: Target, uid: int) -> bytes:
         control = self.table.get(name)
@@ -311,6 +316,16 @@ class ControlPlane:
             return
         held = s.name in self.held
         await self.writer.run(lambda repo: volumes.snapshot_at_rest(repo, s.name, label, held))
+
+    async def _release(self, t: Target, value: bytes) -> None:
+        """The mount lets go of the volume: its changes saved (flushed, no snapshot),
+        its claim released; the view it served refuses changes from now on (ESTALE), a
+        new lookup gets a new one. A volume it does not hold: nothing to do."""
+        s = t.subject
+        if s is None or s.what != "volume" or self.release_volume is None:
+            raise OSError(errno.EINVAL, "release is asked of volumes/NAME of a whole-store mount")
+        await self._sync_kernel()
+        await self.release_volume(s.name)
 
     async def _sync_kernel(self) -> None:
         """Writes still in the kernel's writeback cache reach the views first: syncfs

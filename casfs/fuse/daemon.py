@@ -40,7 +40,7 @@ import trio
 from casfs import metrics, volumes
 from casfs.catalog import transaction
 from casfs.catalog import volumes as rows
-from casfs.errors import Busy, CasfsError, NotFound, UsageError, of_database
+from casfs.errors import Busy, CasfsError, NotFound, Stale, UsageError, of_database
 from casfs.fuse import fastwait, launcher, passthrough, rwsession
 from casfs.fuse.control import CatalogWriter, ControlPlane, syncfs_path
 from casfs.fuse.inodes import InodeTable
@@ -60,7 +60,7 @@ from casfs.upkeep import scheduled
 from casfs.upkeep.recovery import recover
 from casfs.vfs.api import ROOT_INO, View
 from casfs.vfs.chunks import DEFAULT_CACHE_BYTES, ChunkCache
-from casfs.vfs.storeview import OpenRw, StoreView, Subject, static_view
+from casfs.vfs.storeview import VOLUMES_INO, OpenRw, StoreView, Subject, static_view
 from casfs.vfs.volume import Volume, open_volume
 
 log = logging.getLogger("casfs.daemon")
@@ -225,6 +225,8 @@ async def serve(cfg: Config) -> int:
             on_file = _is_file(root)
             controls = ControlPlane(repo, writer, chunks, cfg.mountpoint, os.getuid(), mounted.held, on_file)
             controls.flush_all = mounted.flush_all
+            if isinstance(root, StoreView) and not cfg.read_only:
+                controls.release_volume = functools.partial(_release_volume, root, writer, mounted)
             options = MountOptions(cfg.mountpoint, str(cfg.store), cfg.read_only, owner_uid=os.getuid())
             if cfg.zero_timeouts:
                 options.immutable_timeout = options.mutable_timeout = 0.0
@@ -370,6 +372,32 @@ def _rw_opener(repo: Repository, mounted: _Mounted, lazy: bool = False) -> OpenR
         return view
 
     return open_rw
+
+
+async def _release_volume(store_view: StoreView, writer: CatalogWriter, mounted: _Mounted, name: str) -> None:
+    """A whole-store mount lets go of volume `name` (user.casfs.release): its view
+    flushed and closed without a snapshot (the overlay keeps what changed, for whoever
+    snapshots it next), its claim released. A failed flush changes nothing (the view
+    stays served and held). The old view stays the kernel's inodes' (views are never
+    dropped while mounted) but refuses changes; the kernel's entry is dropped."""
+    view = mounted.rw_views.get(name)
+    if view is not None:
+        await rwsession.flush(view)
+        async with rwsession.lock(view):
+            view.close(snapshot=False)
+            view.claim = _released
+        del mounted.rw_views[name]
+    store_view.forget_rw(name)
+    if name in mounted.held:
+        await writer.run(functools.partial(release_volume, name=name))
+        mounted.held.discard(name)
+    # (the store view is the mount's root view: its inode numbers are the kernel's)
+    entry = pyfuse3.FileNameT(name.encode())
+    pyfuse3.invalidate_entry_async(pyfuse3.InodeT(VOLUMES_INO), entry, ignore_enoent=True)
+
+
+def _released(generation: tuple[object, ...]) -> None:
+    raise Stale("this mount released the volume: look it up again")
 
 
 async def _watch_signals(signals: AsyncIterator[int], mountpoint: str) -> None:

@@ -9,7 +9,8 @@ A snapshot's phase is its lock across processes and restarts, as a volume's is:
     removing     its mount and volume are being removed; a crash: the removal finished
 
 Names (containerd's keys) are free text; each active snapshot's volume is named from a
-hash of its key (volume_name), which casfs's volume names allow whatever the key holds.
+hash of its key and a random tail (volume_name), which casfs's volume names allow
+whatever the key holds.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -77,8 +79,11 @@ def _record(r: rows.CtrRow) -> Record:
     )
 
 
-def volume_name(key: str) -> str:
-    return VOLUME_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:32]
+def volume_name(key: str, unique: bool = False) -> str:
+    """`unique`: a new name each time (a key prepared again after its removal gets a
+    volume of its own: the store mount's kernel may still hold the old name's entry)."""
+    tail = f"-{secrets.token_hex(4)}" if unique else ""
+    return VOLUME_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:32] + tail
 
 
 def check_key(key: str, what: str = "key") -> str:

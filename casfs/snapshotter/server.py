@@ -46,6 +46,9 @@ def serve(store: str, address: str, root: str | None) -> int:
         log.info("recovered: %s", message)
     mounts = Path(os.path.abspath(root or DEFAULT_ROOT)) / "mounts"
     mounts.mkdir(parents=True, exist_ok=True)
+    # (root's only, as containerd's own snapshot directories: the store mount, allow_other,
+    # shows every container's rootfs; the runtime's binds of it are mounts of their own)
+    os.chmod(mounts, 0o700)
     sn = Snapshotter(repo, mounts)
     for message in sn.recover():
         log.info("recovered: %s", message)

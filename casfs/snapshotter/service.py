@@ -2,12 +2,12 @@
 thin adapter over this).
 
     Prepare(key, parent)  a read/write directory volume: blank, or an O(1) clone of the
-                          parent's casfs snapshot; mounted (mounts.py)
+                          parent's casfs snapshot; served by the store mount (mounts.py)
     View(key, parent)     the same, read-only
-    Commit(name, key)     the active volume unmounted (its daemon folds what was written)
-                          and snapshotted: the committed snapshot is that VOL@N
-    Remove(key)           its mount and volume removed (a committed one: the volume and
-                          its snapshot); refused while it has children
+    Commit(name, key)     the active volume released by the store mount (flushed) and
+                          snapshotted at rest: the committed snapshot is that VOL@N
+    Remove(key)           its volume released and removed (a committed one: the volume
+                          and its snapshot); refused while it has children
     Cleanup               gc: frees the blobs nothing holds any more
 
 Unpack-free pulls: a Prepare whose `containerd.io/snapshot.ref` label names a layer
@@ -45,7 +45,7 @@ REF_LABEL = "containerd.io/snapshot.ref"  # the layer chain id a snapshot is (co
 class Snapshotter:
     def __init__(self, repo: Repository, root: Path) -> None:
         self.repo = repo
-        self.mounts = Mounts(repo.path, root)
+        self.mounts = Mounts(repo, root)
 
     # -- making ------------------------------------------------------------------------
 
@@ -56,7 +56,8 @@ class Snapshotter:
         target = labels.get(REF_LABEL)
         if target and not read_only and self._held(target, parent, labels):
             raise Conflict(f"target snapshot {target!r} already exists (casfs holds its layers)")
-        rec = Record(key, "view" if read_only else "active", parent, records.volume_name(key), labels=labels)
+        volume = records.volume_name(key, unique=True)
+        rec = Record(key, "view" if read_only else "active", parent, volume, labels=labels)
         records.claim_new(self.repo, rec)
         try:
             if parent:
@@ -65,12 +66,12 @@ class Snapshotter:
                 source = volumes.Source(blank_dir=True)
             volumes.create_volume(self.repo, rec.volume, source, read_only=read_only)
             fault_point("snapshotter:prepared")
-            where = self.mounts.ensure(rec.volume, read_only)
+            self.mounts.ensure()
         except BaseException:
             self._undo(rec)
             raise
         records.settle(self.repo, key)
-        return where
+        return self.mounts.path(rec.volume)
 
     def _held(self, target: str, parent: str, labels: dict[str, str]) -> bool:
         """True if the committed snapshot of layer chain `target` on `parent` exists or
@@ -99,20 +100,22 @@ class Snapshotter:
     def _undo(self, rec: Record) -> None:
         """What a failed (or crashed) Prepare made is removed, and its record."""
         try:
-            self.mounts.stop(rec.volume)
+            if rec.kind != "committed":
+                self.mounts.release(rec.volume)
             volumes.remove_volume(self.repo, rec.volume, if_exists=True)
         finally:
             records.forget(self.repo, rec.key)
 
     def mounts_of(self, key: str) -> tuple[str, bool]:
-        """(the mount path, read-only) of an active or view snapshot, its daemon started
-        again if it is not live (after a reboot, or a daemon that died)."""
+        """(the mount path, read-only) of an active or view snapshot, the store mount
+        started again if its daemon is not live (after a reboot, or a daemon that died)."""
         rec = records.get(self.repo, records.check_key(key))
         if rec.kind == "committed":
             raise NotActive(f"snapshot {key!r} is committed: it has no mounts (View or Prepare on it)")
         if rec.phase != "ready":
             raise Pending(f"snapshot {key!r} is {rec.phase}")
-        return self.mounts.ensure(rec.volume, rec.kind == "view"), rec.kind == "view"
+        self.mounts.ensure()
+        return self.mounts.path(rec.volume), rec.kind == "view"
 
     def commit(self, name: str, key: str, labels: dict[str, str]) -> Record:
         records.check_key(name, "name")
@@ -121,10 +124,8 @@ class Snapshotter:
         records.name_free(self.repo, name)
         rec = records.take(self.repo, key, "committing", ("active",))
         try:
-            taken = self.mounts.stop(rec.volume)
-            n = int(taken[-1].rpartition("@")[2]) if taken else None
-            if n is None:
-                n = int(volumes.create_snapshot(self.repo, rec.volume, label=f"containerd {name}"[:128]))
+            self.mounts.release(rec.volume)
+            n = int(volumes.create_snapshot(self.repo, rec.volume, label=f"containerd {name}"[:128]))
             fault_point("snapshotter:committing")
             return records.committed(self.repo, rec, name, n, labels)
         except BaseException:
@@ -140,7 +141,7 @@ class Snapshotter:
     def _finish_remove(self, rec: Record) -> None:
         try:
             if rec.kind != "committed":
-                self.mounts.stop(rec.volume)
+                self.mounts.release(rec.volume)
             volumes.remove_volume(self.repo, rec.volume, if_exists=True)
         except BaseException:
             records.settle(self.repo, rec.key)
@@ -195,8 +196,8 @@ class Snapshotter:
     # -- restarts ----------------------------------------------------------------------
 
     def recover(self) -> list[str]:
-        """Finish what a killed snapshotter left (by phase: records.py), then mount every
-        active and view snapshot whose daemon is not live."""
+        """Finish what a killed snapshotter left (by phase: records.py), then start the
+        store mount if an active or view snapshot needs it and its daemon is not live."""
         done = []
         for rec in records.orphans(self.repo):
             try:
@@ -211,12 +212,11 @@ class Snapshotter:
                     done.append(f"snapshot {rec.key!r}: its interrupted commit undone")
             except CasfsError as e:  # (one snapshot's trouble keeps no other from being served)
                 done.append(f"snapshot {rec.key!r}: not recovered: {e}")
-        for rec in records.every(self.repo):
-            if rec.kind != "committed" and rec.phase == "ready":
-                try:
-                    self.mounts.ensure(rec.volume, rec.kind == "view")
-                except CasfsError as e:
-                    done.append(f"snapshot {rec.key!r}: not mounted: {e} (its next Mounts tries again)")
+        if any(rec.kind != "committed" for rec in records.every(self.repo)):
+            try:
+                self.mounts.ensure()
+            except CasfsError as e:
+                done.append(f"the store mount did not start: {e} (the next Mounts tries again)")
         return done
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from google.protobuf import empty_pb2, timestamp_pb2
 
 from casfs.errors import UsageError
+from casfs.snapshotter.filters import compile_filters
 from casfs.snapshotter.proto import mount_pb2
 from casfs.snapshotter.proto import snapshots_pb2 as pb
 from casfs.snapshotter.records import Record
@@ -73,10 +74,9 @@ class Snapshots:
         return pb.UpdateSnapshotResponse(info=info(rec))
 
     def List(self, request: pb.ListSnapshotsRequest) -> Iterator[pb.ListSnapshotsResponse]:
-        """All of them, in pages of 100 (containerd checks the filters on what it gets:
-        the metadata store's own Walk does). Read whole first, so that an error is the
-        RPC's status, not a broken stream."""
-        found = [info(r) for r in self.sn.listing()]
+        """Those any filter matches (filters.py), in pages of 100. Read whole first, so
+        that an error is the RPC's status, not a broken stream."""
+        found = [info(r) for r in self.sn.listing(compile_filters(list(request.filters)))]
         return iter([pb.ListSnapshotsResponse(info=found[i : i + 100]) for i in range(0, len(found), 100)])
 
     def Usage(self, request: pb.UsageRequest) -> pb.UsageResponse:

@@ -181,6 +181,11 @@ class StoreView:
             if view.check_folded():
                 del self._frozen_views[key]
 
+    def forget_rw(self, name: str) -> None:
+        """The mount let go of volume `name`: its next lookup opens a new view."""
+        self._rw.pop(name, None)
+        self._rw_generation.pop(name, None)
+
     def subject(self, view: View) -> Subject | None:
         return self._subjects.get(id(view))
 

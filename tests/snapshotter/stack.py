@@ -82,8 +82,16 @@ class Stack:
         return self.base / "store"
 
     @property
-    def mounts(self) -> Path:
-        return self.base / "sroot" / "mounts"
+    def store_mount(self) -> Path:
+        """The one whole-store mount serving every active and view snapshot."""
+        return self.base / "sroot" / "mounts" / "store"
+
+    def store_daemon(self) -> int | None:
+        """The pid of the store mount's live daemon."""
+        from casfs.fuse.launcher import running_mounts
+
+        found = [r for r in running_mounts(self.store) if r.get("mountpoint") == str(self.store_mount)]
+        return found[0].get("pid") if found else None
 
     @property
     def socket(self) -> Path:

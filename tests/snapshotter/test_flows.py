@@ -86,9 +86,10 @@ def test_a_second_container_is_a_clone_sharing_every_blob(imported: Stack) -> No
     s.ctr("run", "-d", "--snapshotter", "casfs", REF, "long2", "/bin/sleep", "1000")
     try:
         assert stored(s) - before < 64 << 10  # (two clones: no file data stored)
-        volumes = [v for v in s.volumes().values() if v["origin"].startswith("snapshot:")]
-        actives = [v for v in volumes if v["phase"] == "mounted"]
+        mine = {r["volume"] for k, r in s.records().items() if k.endswith(("/long1", "/long2"))}
+        actives = [v for v in s.volumes().values() if v["name"] in mine]
         assert len(actives) == 2 and len({v["origin"] for v in actives}) == 1
+        assert actives[0]["origin"].startswith("snapshot:")
         assert all(v["written"] == 0 for v in actives)
         s.ctr("tasks", "exec", "--exec-id", "w", "long1", "/bin/sh", "-c", "echo mine > /data/only1")
         assert s.ctr("tasks", "exec", "--exec-id", "r", "long1", "/bin/cat", "/data/only1") == "mine\n"
@@ -114,11 +115,26 @@ def test_a_committed_container_snapshot_runs_a_new_container(imported: Stack, tm
     assert how[:3] == ["mount", "-t", "bind"]
     subprocess.run(how, check=True)
     try:
-        out = s.ctr("run", "--rm", "--rootfs", str(rootfs), "on-commit", "/bin/cat", "/data/committed")
+        out = s.ctr("run", "--rm", "--rootfs", str(rootfs), "on-commit", "/bin/sh", "-c",
+                    "cat /data/committed; echo second > /data/second")  # fmt: skip
         assert out == "kept\n"
     finally:
         subprocess.run(["umount", str(rootfs)], check=True)
-    s.ctr("snapshots", "--snapshotter", "casfs", "rm", "from-commit")
+    # committed in turn: a chain of its own (image layers, committed-one, committed-two)
+    s.ctr("snapshots", "--snapshotter", "casfs", "commit", "committed-two", "from-commit")
+    info = json.loads(s.ctr("snapshots", "--snapshotter", "casfs", "info", "committed-two"))
+    assert (info["Kind"], info["Parent"]) == ("Committed", "committed-one")
+    s.ctr("snapshots", "--snapshotter", "casfs", "prepare", "from-two", "committed-two")
+    how = s.ctr("snapshots", "--snapshotter", "casfs", "mounts", str(rootfs), "from-two").split()
+    subprocess.run(how, check=True)
+    try:
+        out = s.ctr("run", "--rm", "--rootfs", str(rootfs), "on-two", "/bin/cat", "/data/committed",
+                    "/data/second", "/etc/hello.txt")  # fmt: skip
+        assert out == f"kept\nsecond\n{HELLO}"
+    finally:
+        subprocess.run(["umount", str(rootfs)], check=True)
+    s.ctr("snapshots", "--snapshotter", "casfs", "rm", "from-two")
+    s.ctr("snapshots", "--snapshotter", "casfs", "rm", "committed-two")
     # containerd's rule, casfs's answer: a parent with children is not removed
     s.ctr("snapshots", "--snapshotter", "casfs", "prepare", "child", "committed-one")
     refused = s.ctr("snapshots", "--snapshotter", "casfs", "rm", "committed-one", check=False)

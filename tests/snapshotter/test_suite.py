@@ -7,6 +7,7 @@ malformed requests."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -172,6 +173,34 @@ def test_list_and_usage(rpc: snapshots_pb2_grpc.SnapshotsStub) -> None:
     remove(rpc, "us-c")
 
 
+def listed(rpc: snapshots_pb2_grpc.SnapshotsStub, *filters: str) -> list[str]:
+    return sorted(i.name for r in rpc.List(pb.ListSnapshotsRequest(filters=filters)) for i in r.info)
+
+
+def test_list_filters_in_containerd_syntax(rpc: snapshots_pb2_grpc.SnapshotsStub) -> None:
+    """testsuite's Walk with filters (containerd's filters package: OR of filters, AND
+    of a filter's selectors); what the service cannot filter by is InvalidArgument."""
+    prepare(rpc, "lf-a")
+    rpc.Commit(pb.CommitSnapshotRequest(name="lf-base", key="lf-a", labels={"app.x": "1", "tier": "base"}))
+    prepare(rpc, "lf-b", "lf-base", tier="top")
+    rpc.View(pb.ViewSnapshotRequest(key="lf-v", parent="lf-base", labels={"tier": "view"}))
+    mine = ["lf-b", "lf-base", "lf-v"]
+    assert [n for n in listed(rpc) if n.startswith("lf-")] == mine
+    assert listed(rpc, 'labels."app.x"==1') == listed(rpc, 'labels."app.x"') == ["lf-base"]
+    assert listed(rpc, "parent==lf-base") == ["lf-b", "lf-v"]
+    assert "lf-base" in listed(rpc, 'parent==""') and "lf-b" not in listed(rpc, 'parent==""')
+    assert listed(rpc, "kind==view") == ["lf-v"] and listed(rpc, "kind==committed,name~=^lf-") == ["lf-base"]
+    assert listed(rpc, "labels.tier==top", "labels.tier==view") == ["lf-b", "lf-v"]  # (OR)
+    assert listed(rpc, "labels.tier==top,parent==lf-base") == ["lf-b"]  # (AND)
+    assert listed(rpc, "name~=/^lf-[bv]$/") == ["lf-b", "lf-v"]
+    assert [n for n in listed(rpc, "parent!=lf-base") if n.startswith("lf-")] == ["lf-base"]
+    assert listed(rpc, "labels.tier,name~=lf-") == mine  # (present)
+    for bad in ("size==1", "labels", "name==", "name~=(", 'labels."open==1', "name==a b,,", "kind=view"):
+        every = lambda request: list(rpc.List(request))  # noqa: E731 (a stream: its status comes as it is read)
+        assert code_of(every, pb.ListSnapshotsRequest(filters=[bad])) == Code.INVALID_ARGUMENT, bad
+    remove(rpc, "lf-b", "lf-v", "lf-base")
+
+
 def test_the_errors_containerd_tells_apart(rpc: snapshots_pb2_grpc.SnapshotsStub) -> None:
     prepare(rpc, "er-a")
     assert code_of(rpc.Prepare, pb.PrepareSnapshotRequest(key="er-a")) == Code.ALREADY_EXISTS
@@ -209,6 +238,32 @@ def test_a_snapshot_mounted_elsewhere_is_neither_committed_nor_removed(
         subprocess.run(["umount", str(target)], check=True)
     commit(rpc, "bound-c", "bound")
     remove(rpc, "bound-c")
+
+
+def test_one_store_mount_serves_every_snapshot_and_a_dead_one_is_restarted(
+    rpc: snapshots_pb2_grpc.SnapshotsStub, sn: Stack
+) -> None:
+    """Prepares, a commit and a removal start no daemon; the store mount's daemon killed,
+    the next Mounts starts another, and what was made durable before is there."""
+    a, b = Path(prepare(rpc, "dd-a")), Path(prepare(rpc, "dd-b"))
+    pid = sn.store_daemon()
+    assert pid is not None and a.parent == b.parent == sn.store_mount / "volumes"
+    with open(a / "f", "w") as f:
+        f.write("kept")
+        f.flush()
+        os.fsync(f.fileno())
+    commit(rpc, "dd-c", "dd-b")
+    assert sn.store_daemon() == pid
+    os.kill(pid, signal.SIGKILL)
+    sn.wait("the daemon gone", lambda: sn.store_daemon() is None)
+    again = Path(rpc.Mounts(pb.MountsRequest(key="dd-a")).mounts[0].source)
+    assert sn.store_daemon() not in (None, pid)
+    assert (again / "f").read_text() == "kept"
+    (again / "g").write_text("after")
+    commit(rpc, "dd-ac", "dd-a")
+    child = Path(prepare(rpc, "dd-child", "dd-ac"))
+    assert sorted(os.listdir(child)) == ["f", "g"]
+    remove(rpc, "dd-child", "dd-ac", "dd-c")
 
 
 @pytest.mark.parametrize(
