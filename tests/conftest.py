@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import sqlite3
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -28,11 +29,28 @@ TEST_TIMEOUT_S = 300.0
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Keep each phase's report on the item: the fsck below is pointless after a failure."""
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Keep each phase's report on the item: the fsck below is pointless after a failure.
+    A failure from SQLite gets its extended code added: its message alone ("disk I/O
+    error") does not say which of SQLite's cases it was (a flake seen once under load)."""
     report = yield
     item.stash.setdefault(_reports, {})[report.when] = report
+    code = _sqlite_code(call.excinfo.value if call.excinfo is not None else None)
+    if code is not None:
+        report.sections.append(("SQLite", code))
     return report
+
+
+def _sqlite_code(e: BaseException | None) -> str | None:
+    """The extended code of the first sqlite3 error in `e`'s chain of causes."""
+    seen = 0
+    while e is not None and seen < 10:
+        if isinstance(e, sqlite3.Error):
+            return f"{type(e).__name__}: {e} ({getattr(e, 'sqlite_errorname', 'no code')})"
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return None
 
 
 _reports = pytest.StashKey[dict[str, pytest.TestReport]]()
