@@ -435,7 +435,9 @@ class Operations(pyfuse3.Operations):
         page cache. An O_DIRECT opener (a hypervisor) asks the kernel for none anyway, and
         direct I/O spares each of its writes a second request: without it the kernel asks
         for `security.capability` before every write (to clear it), a whole round trip
-        through this daemon, half the cost of a 4 KiB write. The page cache stays coherent:
+        through this daemon, half the cost of a 4 KiB write (where the kernel did not
+        grant KILLPRIV_V2: with it, it asks once per inode, casfs.fuse.killpriv).
+        The page cache stays coherent:
         the handles open on the file are all direct or all cached (an O_DIRECT opener among
         cached ones stays cached, where the kernel drops the pages it writes over; any
         opener among direct ones is direct), and the first cached handle after direct
