@@ -12,7 +12,10 @@
 #   - pyfuse3-passthrough.patch, only against libfuse >= 3.17 (the system's, or the one
 #     scripts/build-libfuse.sh builds): an open or create reply may carry a backing id
 #     (FileInfo.backing_id), and the INIT asks for passthrough when the operations set
-#     enable_passthrough (pyfuse3.passthrough_granted says whether it was asked).
+#     enable_passthrough (pyfuse3.passthrough_granted says whether it was asked); and
+#     FUSE_CAP_HANDLE_KILLPRIV_V2 when they set enable_killpriv_v2
+#     (pyfuse3.killpriv_v2_granted), with the kernel's FATTR_KILL_SUIDGID shown to
+#     setattr as SetattrFields.kill_suidgid (casfs.fuse.killpriv says what casfs does).
 # Without them (a plain `pip install pyfuse3`) casfs works the same, only slower.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +25,7 @@ SHA256=88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24
 PATCHES=("$PWD/scripts/pyfuse3-read-reply-nogil.patch")
 # A local version, so `pip list` shows which build is installed. Bump N whenever a
 # patch, VERSION or SHA256 changes: an installed build of the same label is kept.
-LABEL=$VERSION+casfs.2
+LABEL=$VERSION+casfs.3
 # libfuse with passthrough: its pkg-config directory (empty for the system's)
 pcdir=$(./scripts/build-libfuse.sh)
 env=()

@@ -239,6 +239,8 @@ async def serve(cfg: Config) -> int:
             why_not = passthrough.refusal(cfg.passthrough)
             ops.enable_passthrough = why_not is None  # (pyfuse3 asks the kernel at INIT)
             ops.enable_writeback_cache = not cfg.read_only and not on_file and not ops.enable_passthrough
+            # (SB_NOSEC: no security.capability question before each write; casfs.fuse.killpriv)
+            ops.enable_killpriv_v2 = ops.enable_passthrough and not cfg.read_only
             limit, open_fill_max = limits_from_env()
             files = FileCache(cache_root(cfg.store), limit)
             ops.on_init = functools.partial(

@@ -32,7 +32,7 @@ from pyfuse3 import FileHandleT, FileNameT, FlagT, FUSEError, InodeT, ModeT, Req
 from casfs import metrics
 from casfs.errors import CasfsError, Corruption, ReadOnly, of_database
 from casfs.fuse import control as ctl
-from casfs.fuse import passthrough, rwsession, upperpass
+from casfs.fuse import killpriv, passthrough, rwsession, upperpass
 from casfs.fuse.inodes import ROOT, InodeTable
 from casfs.fuse.replybuf import ReplyBuffer
 from casfs.ids import InodeNo
@@ -158,8 +158,10 @@ class _Handle:
 
 
 class Operations(pyfuse3.Operations):
-    # Read by casfs's pyfuse3 build at INIT: ask the kernel for passthrough.
+    # Read by casfs's pyfuse3 build at INIT: ask the kernel for passthrough, and to
+    # leave clearing setuid/setgid to the daemon (casfs.fuse.killpriv).
     enable_passthrough = False
+    enable_killpriv_v2 = False
 
     def __init__(
         self,
@@ -187,9 +189,11 @@ class Operations(pyfuse3.Operations):
         # Opens answered with a backing file, where the kernel granted passthrough at
         # INIT; `on_init` (the daemon's) sets it then.
         self.passthrough: passthrough.PassthroughOpens | None = None
+        self.killpriv = False  # the kernel left clearing set-id bits to us (at INIT)
         self.on_init: Callable[[], None] | None = None
 
     def init(self) -> None:
+        self.killpriv = killpriv.granted()
         if self.on_init is not None:
             self.on_init()
 
@@ -332,7 +336,12 @@ class Operations(pyfuse3.Operations):
         changes = {key: getattr(attr, st) for flag, key, st in _SETATTR if getattr(fields, flag)}
         if self._kernel_mtime_restated(inode, changes):
             return self._attrs(view.getattr(ino), inode, view)
-        st = await self._mutate(view, lambda rw, fetched: rw.setattr(ino, **changes, fetched=fetched))
+        drop = self.killpriv and killpriv.asked(fields, fh)
+        if drop and not changes and not killpriv.would_clear(view.getattr(ino).mode):
+            return self._attrs(view.getattr(ino), inode, view)  # (nothing to clear: no change)
+        st = await self._mutate(
+            view, lambda rw, fetched: rw.setattr(ino, **changes, drop_privileges=drop, fetched=fetched)
+        )
         return self._attrs(st, inode, view)
 
     @handler
@@ -426,7 +435,9 @@ class Operations(pyfuse3.Operations):
         page cache. An O_DIRECT opener (a hypervisor) asks the kernel for none anyway, and
         direct I/O spares each of its writes a second request: without it the kernel asks
         for `security.capability` before every write (to clear it), a whole round trip
-        through this daemon, half the cost of a 4 KiB write. The page cache stays coherent:
+        through this daemon, half the cost of a 4 KiB write (where the kernel did not
+        grant KILLPRIV_V2: with it, it asks once per inode, casfs.fuse.killpriv).
+        The page cache stays coherent:
         the handles open on the file are all direct or all cached (an O_DIRECT opener among
         cached ones stays cached, where the kernel drops the pages it writes over; any
         opener among direct ones is direct), and the first cached handle after direct
@@ -450,7 +461,14 @@ class Operations(pyfuse3.Operations):
             self._writable(view)
         if flags & os.O_TRUNC:
             # libfuse asks for atomic O_TRUNC: the kernel sends no separate truncate.
-            await self._mutate(view, lambda rw, fetched: rw.setattr(ino, size=0, fetched=fetched))
+            drop = (
+                self.killpriv
+                and killpriv.would_clear(view.getattr(ino).mode)
+                and not killpriv.opener_may_keep(ctx.pid)
+            )
+            await self._mutate(
+                view, lambda rw, fetched: rw.setattr(ino, size=0, drop_privileges=drop, fetched=fetched)
+            )
         backed = await self._backed_handle(view, ino, inode, flags)
         if backed is not None:
             return backed

@@ -181,6 +181,19 @@ class Changes(TypedDict, total=False):
     size: int
     atime_ns: int
     mtime_ns: int
+    # Clear what a write or chown takes from a file (without_privileges), as the
+    # kernel asks under FUSE_HANDLE_KILLPRIV_V2 (casfs.fuse.killpriv).
+    drop_privileges: bool
+
+
+def without_privileges(mode: int) -> int:
+    """A non-directory's mode once written or given away (the kernel's rule for FUSE,
+    fuse_setattr's): no setuid; no setgid where it means set-group-id (group exec set;
+    without it, setgid marks mandatory locking and stays)."""
+    mode &= ~stat.S_ISUID
+    if mode & stat.S_IXGRP:
+        mode &= ~stat.S_ISGID
+    return mode
 
 
 class Job(Protocol):

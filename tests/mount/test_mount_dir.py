@@ -567,8 +567,9 @@ def test_setuid_cleared_by_write_and_chown(blank: Repository) -> None:
         # One known difference, on the kernel's side: for a setgid file WITHOUT group
         # exec, ext4 (Linux >= 6.2, setattr_should_drop_sgid) also drops setgid when the
         # writer is not in the file's group; FUSE's fuse_setattr keeps the old rule
-        # (drop only with group exec). Doing it ourselves needs handle_killpriv_v2 and
-        # the write's kill flag, which pyfuse3 3.5 does not pass on.
+        # (drop only with group exec). With passthrough casfs clears under
+        # handle_killpriv_v2 and keeps that rule too (casfs.fuse.killpriv): the kernel's
+        # request does not say who wrote, and the write's kill flag is not passed on.
         assert want["w_sgid_noexec"] == ("0o666", 0, 0)
         assert privileges(m.path) == want | {"w_sgid_noexec": ("0o2666", 0, 0)}
 

@@ -53,6 +53,7 @@ from casfs.vfs.api import (
     Stat,
     fs_error,
     no_xattr,
+    without_privileges,
 )
 from casfs.vfs.overlay.nodes import Node
 from casfs.vfs.plan import chunk_spans
@@ -361,11 +362,11 @@ class RwVolume:
         self.touch(ino)
         a = node.attrs
         new_mode = a.mode if mode is None else stat.S_IFMT(a.mode) | stat.S_IMODE(mode)
-        if not node.is_dir and (uid not in (None, a.uid) or gid not in (None, a.gid)):
-            # chown clears setuid, and setgid where it means set-group-id (group exec set).
-            new_mode &= ~stat.S_ISUID
-            if new_mode & stat.S_IXGRP:
-                new_mode &= ~stat.S_ISGID
+        given_away = uid not in (None, a.uid) or gid not in (None, a.gid)
+        if not node.is_dir and (given_away or changes.get("drop_privileges")):
+            new_mode = without_privileges(new_mode)
+            # (its file capabilities go too, as ext4's security_inode_killpriv drops them)
+            node.xattrs.pop(b"security.capability", None)
         node.set(
             mode=new_mode,
             uid=a.uid if uid is None else uid,
