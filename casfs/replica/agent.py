@@ -8,8 +8,10 @@ Each round, for every replicated volume:
   - an entry of this node marked leaving: the local copy is deleted (unless mounted),
     then the entry;
   - a local copy: its entry is published when the registry's differs (the snapshot an
-    unmount or `--snapshot-every` took reaches the others this way too); `active`
-    held by this node on a volume no longer mounted here is released;
+    unmount or `--snapshot-every` took reaches the others this way too), unless another
+    node published that snapshot number first with other content: then the local line
+    is kept as below, never published as a replica of VOL; `active` held by this node
+    on a volume no longer mounted here is released;
   - a newer snapshot elsewhere (and no read/write mount here): pulled from that node;
     a line that diverged from it is kept as VOL.diverged-NODE-N, then VOL follows;
   - fewer replicas than the factor, and records.creator() names this node: it writes
@@ -181,6 +183,12 @@ class Agent:
             if time.time() - held.since > GRACE_S:
                 self._publish(v, here, release=True)
             return False  # (again soon: until it is mounted, or the grace is over)
+        if here is not None and rec.diverged(self.node, here[0], here[1], v.entries):
+            # Another node published this snapshot number first, with other content (this
+            # node snapshotted while another held `active`): this line is kept, not published.
+            log.warning("%s@%d here is not the registry's %s@%d", v.name, here[0], v.name, here[0])
+            self._keep_diverged(repo, v.name)
+            return False
         if here is not None and (
             mine is None or (mine.snapshot, mine.root) != here[:2] or mine.state != rec.OK
         ):
@@ -248,6 +256,8 @@ class Agent:
             if view.volume is None:
                 return None
             volume = rec.release_active(view.volume, self.node) if release else None
+            if rec.diverged(self.node, here[0], here[1], view.entries):  # (published meanwhile)
+                return None if volume is None else Change(volume=volume)
             return Change(volume=volume, put=[entry])
 
         self.registry.change(v.name, decide)

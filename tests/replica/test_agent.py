@@ -174,6 +174,39 @@ def test_takeover_keeps_the_old_nodes_divergent_line(cluster: Cluster) -> None:
     assert c.umount("n1", old).returncode == 0
 
 
+def test_a_snapshot_made_offline_under_a_taken_number_is_kept_not_published(cluster: Cluster) -> None:
+    """n1 snapshots v without the registry while n2 publishes v@2: n1's v@2 is another
+    line under the same number. n1's agent keeps it aside and follows n2's; it is never
+    published (where it would count as a healthy replica of v@2, and neither would pull)."""
+    c = cluster
+    replicated(c)
+    c.kill_agent("n1")
+    write_and_unmount(c, "n2", "from-n2", "on n2")
+    wait_until("n2 publishes v@2", lambda: c.replicas("v")["n2"]["snapshot"] == 2)
+    offline = c.tmp / "offline"
+    offline.mkdir()
+    p = c.run("n1", "mount", offline, "--volume", "v", CASFS_REGISTRY="")
+    assert p.returncode == 0, p.stderr
+    c.mounts.append(offline)
+    (offline / "from-n1").write_text("on n1, offline")
+    assert c.run("n1", "umount", offline, CASFS_REGISTRY="").returncode == 0
+    assert c.local_snapshots("n1", "v")[-1] == 2
+    c.start_agent("n1")
+    kept = "v.diverged-n1-2"
+    wait_until("n1 keeps its line aside", lambda: kept in volumes(c, "n1"))
+    n2_root = c.replicas("v")["n2"]["root"]
+    wait_until("n1 follows n2's v@2", lambda: c.replicas("v")["n1"]["root"] == n2_root)
+    assert c.replicas("v")["n1"]["snapshot"] == 2
+    follows, p = c.mount("n1", "v", "--ro")
+    assert p.returncode == 0, p.stderr
+    assert sorted(os.listdir(follows)) == ["from-n2"]
+    assert c.umount("n1", follows).returncode == 0
+    old, p = c.mount("n1", kept, "--ro")
+    assert p.returncode == 0, p.stderr
+    assert (old / "from-n1").read_text() == "on n1, offline"
+    assert c.umount("n1", old).returncode == 0
+
+
 def volumes(c: Cluster, node: str) -> list[str]:
     return [v["name"] for v in json.loads(c.ok(node, "volume", "ls", "--json"))]
 
