@@ -13,7 +13,7 @@ done
 if ((${#missing[@]})); then
     sudo=()
     [[ $(id -u) -eq 0 ]] || sudo=(sudo)
-    "${sudo[@]}" apt-get update
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
+    "${sudo[@]}" ./scripts/apt-wait.sh update
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive ./scripts/apt-wait.sh install -y "${missing[@]}"
 fi
 echo "install-bench.sh: ready"

@@ -22,7 +22,7 @@ if ((${#missing[@]})); then
     echo "install.sh: installing ${missing[*]}"
     sudo=()
     [[ $(id -u) -eq 0 ]] || sudo=(sudo)
-    "${sudo[@]}" apt-get update
+    "${sudo[@]}" ./scripts/apt-wait.sh update
     # No package's own service is started on install (etcd-server's would hold 2379, the
     # port a registry's user expects free, and the tests start their own): policy-rc.d
     # answers 101 (action forbidden) for the length of the install, then goes.
@@ -34,7 +34,7 @@ if ((${#missing[@]})); then
         own_policy=1
         trap '"${sudo[@]}" rm -f "$policy"' EXIT  # (gone however the install ends)
     fi
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "${APT_PACKAGES[@]}"
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive ./scripts/apt-wait.sh install -y "${APT_PACKAGES[@]}"
     if ((own_policy)); then "${sudo[@]}" rm -f "$policy"; trap - EXIT; fi
 fi
 
