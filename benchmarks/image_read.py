@@ -164,7 +164,9 @@ def main() -> int:
     }
     lines = [f"{'peer':16} {'MB/s':>8} {'CPU s/GiB':>10} {'main thread':>12} {'peak RSS MiB':>13}"]
     for peer, fig in report.items():
-        cells = f"{fig['mbps']:8.0f} {fig['cpu_s_gib']:10.2f} {fig['trio_s_gib']:12.2f} {fig['peak_mib']:13.1f}"
+        cells = (
+            f"{fig['mbps']:8.0f} {fig['cpu_s_gib']:10.2f} {fig['trio_s_gib']:12.2f} {fig['peak_mib']:13.1f}"
+        )
         lines.append(f"{peer:16} {cells}")
     heading = f"cold dd bs=1M of a {args.size} mixed image ({args.chunk_size} chunks); median of {args.reps}"
     emit(report, args.json, heading + f", load {os.getloadavg()[0]:.1f} at the end", *lines)
