@@ -11,13 +11,16 @@ a generated mixed image of --size (image_bench's: zeros, random, text in 1 MiB r
 a volume cloned from it. Each repetition, for each tree in turn (the order alternating),
 after a drop of the page cache and a fresh mount: `dd bs=1M` of
 
-  image   MNT/images/disk of the whole-store mount (image_bench's path)
-  clone   the clone's block volume mounted on a file (block_bench's path)
+  image     MNT/images/disk of the whole-store mount (image_bench's path)
+  clone     the clone's block volume mounted on a file (block_bench's path)
+  pt-first  image, mounted `--ro` with passthrough's file cache emptied (image_bench's
+            pt-first: the first reader beside the background fill of the cache file;
+            the fill's end is awaited after the dd, untimed, and its status printed)
 
 and with --squashfuse, the same image in a squashfs (mksquashfs -comp zstd, once)
 through `squashfuse -f`. Reported: MB/s, and the daemon's CPU seconds per GiB read
 (user+system; and its main thread's: casfs's trio thread, which serves every FUSE
-request), medians. Run as root.
+request), and the daemon's peak RSS (VmHWM) after the dd, medians. Run as root.
 """
 
 from __future__ import annotations
@@ -39,10 +42,12 @@ from benchlib import (
     drop_caches,
     emit,
     generate,
+    memory_kib,
     scratch,
     sh,
     stop_on_sigterm,
     unmount,
+    wait_file_cache,
 )
 
 
@@ -58,16 +63,24 @@ def timed_dd(path: Path, pid: int, size: int) -> dict[str, float]:
     secs = time.perf_counter() - t
     c1, m1 = cpu(pid)
     gib = size / (1 << 30)
-    return {"mbps": size / secs / 1e6, "cpu_s_gib": (c1 - c0) / gib, "trio_s_gib": (m1 - m0) / gib}
+    peak = memory_kib(pid).get("VmHWM", 0) / 1024
+    return {
+        "mbps": size / secs / 1e6,
+        "cpu_s_gib": (c1 - c0) / gib,
+        "trio_s_gib": (m1 - m0) / gib,
+        "peak_mib": peak,
+    }
 
 
 @contextlib.contextmanager
 def casfs_path(work: Path, tree: str, path: str) -> Iterator[tuple[Path, int]]:
     """The image's file as `path` serves it with casfs from `tree`, and the daemon's pid."""
-    if path == "image":
-        cas = Casfs(work / "store", work / "casfs")
+    if path in ("image", "pt-first"):
+        cas = Casfs(work / "store", work / "casfs", args=("--ro",) if path == "pt-first" else ())
         cas.mnt.mkdir(exist_ok=True)
         target = cas.mnt / "images" / "disk"
+        if path == "pt-first":
+            sh("rm", "-rf", work / "store" / "cache" / "files")
     else:
         cas = Casfs(work / "store", work / "casfs.file", volume="clone")
         cas.mnt.touch()
@@ -78,6 +91,9 @@ def casfs_path(work: Path, tree: str, path: str) -> Iterator[tuple[Path, int]]:
         assert pid is not None
         os.stat(target)  # (the lookups, before the clock starts)
         yield target, pid
+        if path == "pt-first":
+            left = wait_file_cache(cas.mnt)  # (not timed: what the first reader left running)
+            print(f"  the fill ended {left:.1f} s after the dd", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -146,9 +162,12 @@ def main() -> int:
         peer: {key: statistics.median(f[key] for f in figs) for key in figs[0]}
         for peer, figs in samples.items()
     }
-    lines = [f"{'peer':16} {'MB/s':>8} {'CPU s/GiB':>10} {'main thread':>12}"]
+    lines = [f"{'peer':16} {'MB/s':>8} {'CPU s/GiB':>10} {'main thread':>12} {'peak RSS MiB':>13}"]
     for peer, fig in report.items():
-        lines.append(f"{peer:16} {fig['mbps']:8.0f} {fig['cpu_s_gib']:10.2f} {fig['trio_s_gib']:12.2f}")
+        cells = (
+            f"{fig['mbps']:8.0f} {fig['cpu_s_gib']:10.2f} {fig['trio_s_gib']:12.2f} {fig['peak_mib']:13.1f}"
+        )
+        lines.append(f"{peer:16} {cells}")
     heading = f"cold dd bs=1M of a {args.size} mixed image ({args.chunk_size} chunks); median of {args.reps}"
     emit(report, args.json, heading + f", load {os.getloadavg()[0]:.1f} at the end", *lines)
     return 0
