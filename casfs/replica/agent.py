@@ -185,8 +185,8 @@ class Agent:
             return False  # (again soon: until it is mounted, or the grace is over)
         if here is not None and rec.diverged(self.node, here[0], here[1], v.entries):
             # Another node published this snapshot number first, with other content (this
-            # node snapshotted while another held `active`): this line is kept, not published.
-            log.warning("%s@%d here is not the registry's %s@%d", v.name, here[0], v.name, here[0])
+            # node snapshotted while another held `active`): this line is kept, not published
+            # (_keep_diverged says so in the log once it is kept).
             self._keep_diverged(repo, v.name)
             return False
         if here is not None and (
