@@ -79,9 +79,10 @@ class BackgroundFills:
 
     def want(self, key: str, size: int, parts: Sequence[Part]) -> None:
         """Fill `key` (of `size` bytes, made of `parts`) once the fills before it are done;
-        nothing if it is queued, refused, or too large for the cache."""
+        nothing if it is queued, in flight, refused, or too large for the cache."""
         with self._cv:
-            if key in self._todo or key in self._refused or self._stop.is_set():
+            # (in flight too: queued again, it would take the place of its progress)
+            if key in self._progress or key in self._refused or self._stop.is_set():
                 return
             if size > self.cache.limit:
                 self._refused.add(key)
@@ -150,7 +151,6 @@ class BackgroundFills:
                 self.stats.queued = len(self._todo)
                 self.stats.filling_bytes = sum(end - start for _, start, end in parts)
                 self.stats.filled_bytes = 0
-            with self._cv:
                 progress = self._progress[key]
             try:
                 self._fill(key, parts, progress)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from casfs.ids import ROOT_INO
 from tests.helpers.blobs import blob_ids
 from tests.helpers.cli import CLI, casfs, env, js, ok
 from tests.helpers.fsck import assert_consistent, query
+from tests.helpers.procs import wait_stopped
 from tests.helpers.volumes import names
 
 CHUNK = 64 << 10
@@ -106,13 +106,7 @@ def test_rm_if_exists(store: Path) -> None:
 
 def stopped(proc: subprocess.Popen[str]) -> None:
     """Wait until `proc` has stopped itself (CASFS_STOP) at its fault point."""
-    deadline = time.monotonic() + 30
-    while True:
-        with open(f"/proc/{proc.pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "T":
-                return
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.02)
+    wait_stopped(proc.pid, lambda: proc.poll() is None)
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,7 @@ from tests.helpers.csi import (
 )
 from tests.helpers.fsck import Stores
 from tests.helpers.mount import kernel_mounted
+from tests.helpers.procs import wait_stopped
 
 Code = grpc.StatusCode
 
@@ -158,13 +159,7 @@ def stopped_create(store: Path, name: str) -> Iterator[int]:
     cmd = [sys.executable, "-m", "casfs", "-s", str(store), "volume", "create", name, "--blank-block", "1G"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(600):
-            if Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
-                break
-            assert proc.poll() is None
-            import time
-
-            time.sleep(0.05)
+        wait_stopped(proc.pid, lambda: proc.poll() is None)
         yield proc.pid
     finally:
         os.kill(proc.pid, signal.SIGCONT)

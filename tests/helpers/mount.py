@@ -31,6 +31,7 @@ import pytest
 from casfs.fuse import passthrough
 from casfs.fuse.mountinfo import MountEntry, mounts
 from tests.helpers.cli import CALL_TIMEOUT, passthrough_wanted, run
+from tests.helpers.procs import alive
 
 DAEMON = [sys.executable, "-m", "casfs.fuse.daemon"]
 READY_TIMEOUT_S = 30.0
@@ -80,14 +81,6 @@ def daemon_pids(under: str) -> list[int]:
         if ours and alive(int(entry)):
             pids.append(int(entry))
     return pids
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
 
 
 def wait_gone(pid: int, proc: subprocess.Popen[bytes] | None, timeout: float) -> bool:

@@ -21,7 +21,8 @@ import pytest
 
 from casfs.fuse.mountinfo import mounts
 from tests.helpers.cli import Completed, env, ok, run
-from tests.helpers.mount import alive, cleanup, is_mounted, wait_gone
+from tests.helpers.mount import cleanup, is_mounted, wait_gone
+from tests.helpers.procs import alive
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("casfs.fuse.daemon") is None, reason="casfs.fuse.daemon is not in this tree yet"

@@ -28,6 +28,7 @@ import pytest
 
 from casfs.repo import Repository
 from tests.helpers.fsck import Stores
+from tests.helpers.procs import alive  # (a master whose parent exited: a zombie till init reaps it)
 
 SSHD = Path("/usr/sbin/sshd")
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,15 +84,6 @@ class Sshd:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         assert not [w for w, p in left.items() if alive(p)], left
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie (a master's parent exited: init reaps it)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def _free_port() -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tests.helpers.cli import CLI
 from tests.helpers.mount import fsync, is_mounted
+from tests.helpers.procs import stopped
 from tests.helpers.snapshots import wait_until
 from tests.replica.cluster import Cluster, Etcd, cluster, etcd
 
@@ -262,7 +263,3 @@ def test_agent_killed_during_a_pull_resumes(cluster: Cluster) -> None:
     assert p.returncode == 0, p.stderr
     assert (shown / "big").stat().st_size == 12 << 20
     assert c.umount("n2", shown).returncode == 0
-
-
-def stopped(pid: int) -> bool:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from casfs.replica.sharing import master_pid, server_name, server_pid
-from tests.replica.conftest import Sshd, alive
+from tests.helpers.procs import alive
+from tests.replica.conftest import Sshd
 from tests.replica.helpers import MiB, block_volume, cli, exported, snapshot, write_block
 
 

@@ -103,15 +103,17 @@ class Stack:
 
     # -- processes -------------------------------------------------------------------
 
-    def start_snapshotter(self, fault: str | None = None) -> None:
-        """`fault`: a fault point (casfs.lifecycle.faults) where it kills itself."""
+    def start_snapshotter(self, fault: str | None = None, stop: str | None = None) -> None:
+        """`fault`: a fault point (casfs.lifecycle.faults) where it kills itself; `stop`:
+        one where it stops itself (SIGSTOP), each time it passes there."""
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()  # (so that the wait below sees the new one)
         cmd = [sys.executable, "-m", "casfs", "-s", str(self.store), "snapshotter", "serve"]
         cmd += ["--address", f"unix://{self.socket}", "--root", str(self.base / "sroot")]
-        env = {k: v for k, v in os.environ.items() if k != "CASFS_FAULT"}
-        if fault is not None:
-            env["CASFS_FAULT"] = fault
+        env = {k: v for k, v in os.environ.items() if k not in ("CASFS_FAULT", "CASFS_STOP")}
+        for name, point in (("CASFS_FAULT", fault), ("CASFS_STOP", stop)):
+            if point is not None:
+                env[name] = point
         with open(self.base / "snapshotter.log", "ab") as log:
             self.snap = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
         self._wait_socket(self.socket, self.snap, "snapshotter.log")

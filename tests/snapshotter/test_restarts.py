@@ -5,6 +5,10 @@ it at the end)."""
 
 from __future__ import annotations
 
+import os
+import signal
+
+from tests.helpers.procs import wait_stopped
 from tests.snapshotter.build import HELLO
 from tests.snapshotter.conftest import Image
 from tests.snapshotter.stack import REF, Stack
@@ -90,15 +94,26 @@ def test_a_snapshotter_killed_mid_prepare_or_mid_commit_leaves_nothing_half_made
 
 def test_containerd_killed_mid_unpack(stack: Stack, image: Image) -> None:
     s = stack
+    # The snapshotter stops itself in the unpack's first Prepare, so that containerd dies
+    # with its unpack surely unfinished (a fast one unpacked both layers before a kill
+    # that followed the Prepare's log line).
+    s.stop_snapshotter()
+    s.start_snapshotter(stop="snapshotter:prepared")
+    s.wait_reconnected()
     proc = s.ctr_popen("images", "import", "--snapshotter", "casfs", "--base-name", "example.com/bb",
                        str(image.tar), namespace="crash-ctrd")  # fmt: skip
-    s.wait("an unpack started", lambda: "Prepare snapshot=crash-ctrd/" in s.log())
+    snap = s.snap
+    assert snap is not None
+    wait_stopped(snap.pid, lambda: snap.poll() is None, timeout=120)
     s.kill9_containerd()
     proc.communicate(timeout=60)  # (it fails: containerd is gone)
+    os.kill(snap.pid, signal.SIGCONT)  # (its Prepare ends, answered to no one)
+    assert s.stop_snapshotter() == 0
+    s.start_snapshotter()
     s.start_containerd()
+    s.wait_reconnected()
     # what the killed import left is not committed (an active snapshot, leased by it)
-    before = committed_in(s, "crash-ctrd")
-    assert len(before) < 2
+    assert committed_in(s, "crash-ctrd") == []
     assert "done" in import_into(s, image, "crash-ctrd")
     assert len(committed_in(s, "crash-ctrd")) == 2
     assert s.ctr("run", "--rm", "--snapshotter", "casfs", REF, "after-ctrd", namespace="crash-ctrd") == HELLO

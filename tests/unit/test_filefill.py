@@ -139,3 +139,22 @@ def test_a_reader_beside_a_fill_reads_what_it_has_written(tmp_path: Path) -> Non
         progress.detach()
         fills.stop()
     assert progress.read(0, 10) is None  # closed with its last reader
+
+
+def test_a_file_asked_for_again_while_it_is_filled_is_not_queued_twice(tmp_path: Path) -> None:
+    # (queued again, it took its own progress's place: the worker then died on the
+    # second, leaving `filling_bytes` set, and a wait for the fills' end waited for ever)
+    fills, cache, whole, reached, release = held_fill(tmp_path, "f", 4, 1)
+    parts, _ = blobs(4)
+    try:
+        reached.wait()
+        fills.want("f", 4 * CHUNK, parts)
+        assert fills.stats.queued == 0 and fills.pending("f")
+        release.set()
+        drain(fills, 1)
+        path = cache.lookup("f")
+        assert path is not None and path.read_bytes() == whole
+        assert fills.status().startswith("1 filled"), fills.status()
+    finally:
+        release.set()
+        fills.stop()
