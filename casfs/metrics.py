@@ -76,6 +76,13 @@ class Counts:
     folds: int = 0  # snapshots' folds into blobs (a directory volume's, a block volume's)
     fold_bytes: int = 0  # what they stored as new blobs
     fold_seconds: Histogram = field(default_factory=lambda: Histogram(FOLD_BUCKETS))
+    # Opens answered with a backing file, by what backs them ("cache": the whole-file
+    # cache; "upper": a writable volume's upper file). Their reads and writes are the
+    # kernel's: no request, no byte of theirs reaches the daemon or read_bytes.
+    passthrough_opens: dict[str, int] = field(default_factory=dict)
+
+    def passed_through(self, backing: str) -> None:
+        self.passthrough_opens[backing] = self.passthrough_opens.get(backing, 0) + 1
 
     def fold(self, stored: int, seconds: float) -> None:
         self.folds += 1
@@ -156,6 +163,21 @@ class Gauges:
     store: Callable[[], StoreReading]  # one catalog read a scrape
 
 
+@dataclass(frozen=True)
+class FileCacheReading:
+    """The whole-file cache of a passthrough mount (casfs.fuse.passthrough), when scraped."""
+
+    files: int
+    disk_bytes: int  # what its files take on disk (holes take none)
+    limit_bytes: int
+    fills: dict[str, int]  # files filled, by when ("open": while it waited; "background")
+    fill_bytes: dict[str, int]
+    fill_failures: int  # background fills that failed (a damaged chunk, a full disk)
+    too_large: int  # files larger than the bound, never filled
+    queued: int  # background fills waiting
+    served_from_fills_bytes: int  # read by the daemon's readers from fills in flight
+
+
 @dataclass
 class StoreReading:
     queue: dict[str, int]  # job state -> jobs of the store's queue
@@ -167,6 +189,8 @@ class CasfsCollector:
 
     def __init__(self, mount: str, c: Counts, gauges: Gauges) -> None:
         self.mount, self.c, self.gauges = mount, c, gauges
+        # Set once the mount has passthrough (its cache exists from the kernel's INIT on).
+        self.file_cache: Callable[[], FileCacheReading | None] = lambda: None
 
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -201,6 +225,15 @@ class CasfsCollector:
         fetch = HistogramMetricFamily("casfs_blob_fetch_seconds", "time to fetch a blob", labels=["mount"])
         fetch.add_metric(m, c.fetch_seconds.cumulative(), c.fetch_seconds.sum)
         yield fetch
+        opens = CounterMetricFamily(
+            "casfs_passthrough_opens",
+            "opens the kernel serves from a backing file itself (their bytes are not in casfs_read_bytes)",
+            labels=["mount", "backing"],
+        )
+        for backing, n in sorted(c.passthrough_opens.items()):
+            opens.add_metric([self.mount, backing], n)
+        yield opens
+        yield from _file_cache_families(self.mount, self.file_cache())
         reading = self.gauges.store()
         queue = GaugeMetricFamily("casfs_queue_jobs", "jobs of the store's work queue", labels=["state"])
         for state, n in sorted(reading.queue.items()):
@@ -213,6 +246,43 @@ class CasfsCollector:
             for figure, value in figures.items():
                 volume.add_metric([name, figure], value)
         yield volume
+
+
+def _file_cache_families(mount: str, fc: FileCacheReading | None) -> Iterator[Metric]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    if fc is None:
+        return
+    m = [mount]
+    for name, doc, value in (
+        ("casfs_file_cache_files", "files in the whole-file cache", fc.files),
+        ("casfs_file_cache_bytes", "disk the whole-file cache takes", fc.disk_bytes),
+        ("casfs_file_cache_limit_bytes", "the whole-file cache's bound", fc.limit_bytes),
+        ("casfs_file_cache_fills_queued", "background fills waiting", fc.queued),
+    ):
+        gauge = GaugeMetricFamily(name, doc, labels=["mount"])
+        gauge.add_metric(m, value)
+        yield gauge
+    for name, doc, by_when in (
+        ("casfs_file_cache_fills", "files filled into the whole-file cache", fc.fills),
+        ("casfs_file_cache_fill_bytes", "bytes of the files filled", fc.fill_bytes),
+    ):
+        family = CounterMetricFamily(name, doc, labels=["mount", "when"])
+        for when, value in sorted(by_when.items()):
+            family.add_metric([mount, when], value)
+        yield family
+    for name, doc, value in (
+        ("casfs_file_cache_fill_failures", "background fills that failed", fc.fill_failures),
+        ("casfs_file_cache_too_large", "files larger than the cache's bound, not cached", fc.too_large),
+        (
+            "casfs_file_cache_served_from_fills_bytes",
+            "bytes the daemon read from fills in flight instead of the packs",
+            fc.served_from_fills_bytes,
+        ),
+    ):
+        counter = CounterMetricFamily(name, doc, labels=["mount"])
+        counter.add_metric(m, value)
+        yield counter
 
 
 class RpcCounts:

@@ -211,6 +211,7 @@ async def serve(cfg: Config) -> int:
                 get_nowait = metrics.counted_get(get_nowait)
             chunks = ChunkCache(get, cache_bytes, get_nowait=get_nowait, local=local, get_many=get_many)
             stack.callback(chunks.close)
+            collector = None
             if cfg.metrics is not None:
                 assert metrics.counts is not None
                 gauges = metrics.store_gauges(str(cfg.store), repo.blobs, lambda: chunks.corrupt_reads)
@@ -231,6 +232,8 @@ async def serve(cfg: Config) -> int:
             if cfg.zero_timeouts:
                 options.immutable_timeout = options.mutable_timeout = 0.0
             ops = Operations(InodeTable(root), chunks, controls, options, subject)
+            if collector is not None:  # (ops.passthrough is made at the kernel's INIT)
+                collector.file_cache = lambda: ops.passthrough.figures() if ops.passthrough else None
             # The kernel's writeback cache owns a regular file's size and mtime once the
             # inode exists, and the root inode exists before any getattr: a block volume
             # mounted on a file would show size 0 for ever. Off there, and where nothing

@@ -496,6 +496,8 @@ class Operations(pyfuse3.Operations):
             backing = 0 if writer else await opens.backing_id(view, ino, served)
         if not backing:
             return None
+        if (counts := metrics.counts) is not None:
+            counts.passed_through("upper" if self._upper_passed(view) else "cache")
         rw = view.rw
         if rw is not None and flags & os.O_ACCMODE != os.O_WRONLY and not flags & os.O_NOATIME:
             rw.accessed(ino)  # (the kernel's reads never reach the daemon: the open is the access)

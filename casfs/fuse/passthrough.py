@@ -33,6 +33,7 @@ import trio
 from casfs.errors import CasfsError
 from casfs.fuse.fastwait import fuse_fd
 from casfs.ids import InodeNo
+from casfs.metrics import FileCacheReading
 from casfs.store.filecache import MAX_FILE_BYTES, FileCache, FillProgress, Part
 from casfs.store.filefill import BackgroundFills, GetMany
 from casfs.store.ids import BlobId
@@ -139,6 +140,7 @@ class PassthroughOpens:
         self._filling: dict[str, trio.Lock] = {}
         self._backings: Backings | None = None
         self._mode: str | None = None
+        self.open_fills = self.open_fill_bytes = 0  # files filled while their open waited
 
     def mode(self) -> str:
         """ "on", or "off: why". Found out at the first use, by registering a probe file:
@@ -193,6 +195,8 @@ class PassthroughOpens:
                 if path is None:
                     parts: list[Part] = [(p.blob, p.start, p.end) for p in pieces]
                     path = await trio.to_thread.run_sync(self.cache.fill, key, parts, self.fetch)
+                    self.open_fills += 1
+                    self.open_fill_bytes += size
                 return path
         finally:
             if not lock.locked() and not lock.statistics().tasks_waiting:
@@ -234,6 +238,22 @@ class PassthroughOpens:
         files, used = self.cache.usage()
         disk = f"{files} files, {used >> 20} MiB of {self.cache.limit >> 20} MiB"
         return f"{disk}; background fills: {self.fills.status()}"
+
+    def figures(self) -> FileCacheReading:
+        """The cache's and the fills' figures, for metrics (read on the scraper's thread)."""
+        files, used = self.cache.usage()
+        s = self.fills.stats
+        return FileCacheReading(
+            files=files,
+            disk_bytes=used,
+            limit_bytes=self.cache.limit,
+            fills={"open": self.open_fills, "background": s.files},
+            fill_bytes={"open": self.open_fill_bytes, "background": s.bytes},
+            fill_failures=s.failed,
+            too_large=s.too_large,
+            queued=s.queued,
+            served_from_fills_bytes=s.served_bytes,
+        )
 
     def release(self, view: View, ino: InodeNo) -> None:
         assert self._backings is not None, "only a backed handle is released here"

@@ -22,6 +22,7 @@ from tests.helpers import blobs as blob_files
 from tests.helpers.cli import needs_passthrough, run
 from tests.helpers.filecache import wait_filled
 from tests.helpers.mount import mounted
+from tests.mount.test_metrics import free_port, scrape, value
 
 pytestmark = needs_passthrough()
 
@@ -89,6 +90,29 @@ def test_a_read_only_mount_reads_through_the_kernel(
         assert big.exists()
 
 
+def test_the_metrics_count_passthrough_opens_and_the_cache(
+    repo: Repository, tree: dict[str, bytes], tmp_path: Path
+) -> None:
+    port = free_port()
+    extra = ["--metrics", f"127.0.0.1:{port}"]
+    with mounted(repo.path, tmp_path / "mnt", ro=True, passthrough=True, extra=extra) as m:
+        for name, data in tree.items():
+            assert (m.path / "images/tree" / name).read_bytes() == data
+        assert (m.path / "images/copy/same.bin").read_bytes() == tree["sub/big.bin"]  # (cached)
+        got = scrape(port)
+        assert value(got, "casfs_passthrough_opens_total", backing="cache") == 4
+        assert value(got, "casfs_passthrough_opens_total", backing="upper") == 0
+        assert value(got, "casfs_read_bytes_total") == 0  # (the kernel's reads, not the daemon's)
+        sizes = sorted(len(d) for d in tree.values())
+        assert value(got, "casfs_file_cache_files") == 3
+        assert value(got, "casfs_file_cache_fills_total", when="open") == 3
+        assert value(got, "casfs_file_cache_fill_bytes_total", when="open") == sum(sizes)
+        assert value(got, "casfs_file_cache_fills_total", when="background") == 0
+        disk = sum(p.stat().st_blocks * 512 for p in cached_files(repo.path))
+        assert value(got, "casfs_file_cache_bytes") == disk
+        assert value(got, "casfs_file_cache_limit_bytes") > disk
+
+
 def test_two_readers_of_one_file_share_its_backing_file(
     repo: Repository, tree: dict[str, bytes], tmp_path: Path
 ) -> None:
@@ -122,11 +146,17 @@ def test_files_over_the_open_limit_are_filled_in_the_background(repo: Repository
         f.write(b"head")
         f.truncate(MAX_FILE_BYTES + CHUNK)
     images.import_image(repo, "large", src, chunk_size=CHUNK)
-    with mounted(repo.path, tmp_path / "mnt", ro=True, passthrough=True) as m:
+    port = free_port()
+    extra = ["--metrics", f"127.0.0.1:{port}"]
+    with mounted(repo.path, tmp_path / "mnt", ro=True, passthrough=True, extra=extra) as m:
         assert passthrough_mode(m.path) == "on"
         with open(m.path / "images/large/large", "rb") as f:  # served; its fill queued
             assert f.read(8) == b"head" + bytes(4)
         wait_filled(m, 1)
+        got = scrape(port)
+        assert value(got, "casfs_file_cache_fills_total", when="background") == 1
+        assert value(got, "casfs_file_cache_fill_bytes_total", when="background") == MAX_FILE_BYTES + CHUNK
+        assert value(got, "casfs_passthrough_opens_total") == 0  # (served by the daemon)
         (cached,) = cached_files(repo.path)
         assert cached.stat().st_size == MAX_FILE_BYTES + CHUNK
         assert cached.stat().st_blocks * 512 <= 2 * CHUNK  # the holes stay holes

@@ -65,6 +65,7 @@ def test_kernel_written_bytes_are_in_stat_du_and_the_snapshots(repo: Repository,
         snapshot(m)
         assert exported(repo.path, tmp_path, "f") == first + second
         assert served(port, "write") == 0 and served(port, "read") == 0, m.log()
+        assert value(scrape(port), "casfs_passthrough_opens_total", backing="upper") == 2
     with mounted(repo.path, tmp_path / "mnt", volume="v") as m:
         assert (m.path / "f").read_bytes() == first + second
 
