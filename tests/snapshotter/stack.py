@@ -248,7 +248,10 @@ class Stack:
         after the RPC that released them has answered)."""
         deadline = time.monotonic() + timeout
         while not ok():
-            assert time.monotonic() < deadline, f"{what}: not within {timeout} s\n{self.log()[-3000:]}"
+            assert time.monotonic() < deadline, (
+                f"{what}: not within {timeout} s\nsnapshotter:\n{self.log()[-3000:]}\n"
+                f"containerd:\n{self.log('containerd.log')[-3000:]}"
+            )
             time.sleep(0.1)
 
     def stub(self) -> snapshots_pb2_grpc.SnapshotsStub:
