@@ -96,6 +96,7 @@ def _mount(store: Path, rootfs: Path, volume: str, read_only: bool) -> int:
         volume=volume,
         ro=read_only,
         allow_other=True,
+        suid=True,  # (a container's rootfs: its setuid programs and file capabilities work)
         foreground=False,
     )
     return mount_main(ns, _no_foreground)

@@ -509,6 +509,11 @@ GRAMMAR = (
             Arg("--volume", metavar="NAME", help="mount this volume alone"),
             Arg("--ro", action="store_true", help="mount read-only"),
             Arg("--allow-other", action="store_true", help="let other users access the mount"),
+            Arg(
+                "--suid",
+                action="store_true",
+                help="setuid bits and file capabilities take effect at exec (FUSE mounts are nosuid)",
+            ),
             Arg("--foreground", action="store_true", help="stay in the foreground"),
             Arg(
                 "--no-passthrough",

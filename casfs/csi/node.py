@@ -73,7 +73,10 @@ class Node:
         reg = None if read_only else self.plugin.registry
         if reg is not None:  # (a replicated volume: `active` here first, caught up)
             active.take(reg, info.name, self.plugin.node_id, lambda: active.opened(self.plugin.repo))
-        cfg = Config(self.plugin.store, where, volume=info.name, read_only=read_only, allow_other=True)
+        # (suid: the publish's bind decides, with the pod's mount flags, as on a disk)
+        cfg = Config(
+            self.plugin.store, where, volume=info.name, read_only=read_only, allow_other=True, suid=True
+        )
         try:
             for warning in start_daemon(cfg):
                 log.warning("volume %s: %s", info.name, warning)

@@ -176,6 +176,8 @@ def _fuse_options(cfg: Config) -> set[str]:
     opts = {f"fsname={fsname}", "subtype=casfs", "default_permissions"}
     if cfg.allow_other:
         opts.add("allow_other")
+    if cfg.suid:
+        opts.add("suid")  # (libfuse mounts MS_NOSUID unless told)
     if cfg.read_only:
         opts.add("ro")
     return opts

@@ -21,8 +21,9 @@ daemon. What the kernel (6.18, fs/fuse/dir.c and file.c) then sends, and what ca
 Known differences from ext4: setgid without group exec stays when the writer is not
 in the file's group (as FUSE did before, fuse_setattr's rule); a setuid file that also
 holds file capabilities loses its setuid bit to a privileged writer (the empty SETATTR
-does not say which was asked). casfs answers `security.capability` ENODATA, so the
-kernel never removes one itself; a clearing here drops a stored one.
+does not say which was asked). A stored `security.capability` is answered as stored (in
+effect at exec, as on ext4); a write makes the kernel remove it (REMOVEXATTR), and a
+clearing here drops it too.
 """
 
 from __future__ import annotations

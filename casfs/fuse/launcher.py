@@ -49,6 +49,9 @@ class Config:
     volume: str | None = None
     read_only: bool = False
     allow_other: bool = False
+    # setuid bits and file capabilities in effect at exec (a FUSE mount is nosuid
+    # unless asked): a container's rootfs needs them, as overlayfs has them.
+    suid: bool = False
     zero_timeouts: bool = False
     ready_fd: int | None = None
     cache_bytes: int | None = None  # None: the chunk cache's default
@@ -74,6 +77,7 @@ def config(args: argparse.Namespace) -> Config:
         volume=getattr(args, "volume", None),
         read_only=bool(getattr(args, "ro", False)),
         allow_other=bool(getattr(args, "allow_other", False)),
+        suid=bool(getattr(args, "suid", False)),
         zero_timeouts=bool(getattr(args, "zero_timeouts", False)) or os.environ.get(ENV_TEST_TIMEOUTS) == "0",
         ready_fd=getattr(args, "ready_fd", None),
         cache_bytes=int(cache_mb) << 20 if cache_mb else None,
@@ -116,6 +120,7 @@ def daemon_command(cfg: Config, ready_fd: int) -> list[str]:
     cmd += ["--volume", cfg.volume] if cfg.volume else []
     cmd += ["--ro"] if cfg.read_only else []
     cmd += ["--allow-other"] if cfg.allow_other else []
+    cmd += ["--suid"] if cfg.suid else []
     cmd += ["--zero-timeouts"] if cfg.zero_timeouts else []
     cmd += [] if cfg.passthrough else ["--no-passthrough"]
     cmd += ["--metrics", cfg.metrics] if cfg.metrics else []
@@ -128,6 +133,7 @@ def daemon_parser() -> argparse.ArgumentParser:
     p.add_argument("--volume", default=None)
     p.add_argument("--ro", action="store_true")
     p.add_argument("--allow-other", action="store_true")
+    p.add_argument("--suid", action="store_true")
     p.add_argument("--zero-timeouts", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--no-passthrough", action="store_true")
     p.add_argument("--metrics", metavar="ADDR:PORT", default=None)

@@ -52,7 +52,7 @@ class Mounts:
         if find_mount(self.mountpoint) is not None:
             subprocess.run(["fusermount3", "-u", "-z", self.mountpoint], capture_output=True, check=False)
         os.makedirs(self.mountpoint, exist_ok=True)
-        cfg = Config(self.repo.path, self.mountpoint, allow_other=True)
+        cfg = Config(self.repo.path, self.mountpoint, allow_other=True, suid=True)  # (rootfs: as overlayfs)
         for warning in start_daemon(cfg):
             log.warning("store mount: %s", warning)
         log.info("store mount started at %s", self.mountpoint)

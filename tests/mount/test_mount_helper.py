@@ -166,6 +166,8 @@ def test_translation() -> None:
         == "-s /s mount /m --volume vm1 --ro --allow-other"
     )
     assert translate("casfs:/var/lib/casfs", "/m", "-o", "defaults") == "-s /var/lib/casfs mount /m"
+    assert translate("/s", "/m", "-o", "nosuid,nodev") == "-s /s mount /m"  # (a FUSE mount's own)
+    assert translate("/s", "/m", "-o", "suid") == "-s /s mount /m --suid"
     assert (
         translate("/odd:dir/store:v", "/m", "-n", "-o", "ro") == "-s /odd:dir/store mount /m --volume v --ro"
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from casfs.fuse.mountinfo import find_mount
 from tests.helpers.fsck import query
 from tests.oci.build import umoci_unpack
 from tests.oci.compare import differences, manifest
@@ -77,6 +78,16 @@ def test_import_then_run_reads_and_writes_its_rootfs(imported: Stack) -> None:
     usage = s.ctr("snapshots", "--snapshotter", "casfs", "usage", "-b", top).splitlines()[1].split()
     assert int(usage[1]) >= 1 << 20  # (layer 2's 1 MiB file is its own) and inodes counted
     assert int(usage[2]) > 3
+
+
+def test_the_store_mount_is_suid_as_overlayfs_is(imported: Stack) -> None:
+    """A container's setuid programs and file capabilities work (FUSE mounts are nosuid
+    unless asked; tests/mount/test_file_caps.py checks what --suid does at exec)."""
+    assert run(imported, "suid") == HELLO
+    store = find_mount(str(imported.store_mount))
+    assert store is not None and store.is_casfs
+    assert "nosuid" not in store.options.split(","), store.options
+    wait_released(imported)
 
 
 def test_a_second_container_is_a_clone_sharing_every_blob(imported: Stack) -> None:
