@@ -148,6 +148,10 @@ def test_mount_flags_are_honoured_and_unknown_ones_refused_by_name(plugin: Plugi
     publish(plugin, vol.volume_id, staging, target, mount_cap(flags=("noexec", "nosuid")))
     options = next(m.options for m in mounts() if m.mountpoint == str(target)).split(",")
     assert "noexec" in options and "nosuid" in options
+    plain = kubelet / "pods" / "c" / "v"  # (no flags: suid, as a disk's volume is)
+    publish(plugin, vol.volume_id, staging, plain, mount_cap())
+    assert "nosuid" not in next(m.options for m in mounts() if m.mountpoint == str(plain)).split(",")
+    unpublish(plugin, vol.volume_id, plain)
     with pytest.raises(grpc.RpcError) as refused:
         publish(
             plugin, vol.volume_id, staging, kubelet / "pods" / "b" / "v", mount_cap(flags=("data=journal",))
