@@ -71,6 +71,7 @@ PACK_TARGET = 16 << 20
 OPEN_PACKS = 64  # fds kept open (store.fdcache)
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 8)  # Linux 4.14; Python exposes it on Linux only
 _SCRATCH_MIN = 1 << 17
+_COLD = 64  # cold locations kept for the get() after (about the misses in flight at once)
 
 
 class PackBlobStore(DamagedMarks, BlobStore):
@@ -87,9 +88,10 @@ class PackBlobStore(DamagedMarks, BlobStore):
         self.fds = FdCache(OPEN_PACKS)
         self.around = ReadAround(self.fds)
         self._buffers = SpanBuffers()
-        # Where the last blob get_if_cached found cold is: the blocking get() that follows
-        # it (casfs.vfs.readpolicy) reads there without asking the index again.
-        self._cold: tuple[BlobId, Location] | None = None
+        # Where blobs get_if_cached found cold are: the blocking get() that follows each
+        # (casfs.vfs.readpolicy: here, or in a worker while the trio thread takes the
+        # next request) reads there without asking the index again. At most _COLD.
+        self._cold: dict[BlobId, Location] = {}
         # A store made before packs: its blob files, read (and deleted) where they are.
         self.legacy = FileBlobStore(root) if (root / "blobs").is_dir() else None
 
@@ -116,9 +118,9 @@ class PackBlobStore(DamagedMarks, BlobStore):
 
     def get(self, bid: BlobId, domain: Domain | None = None) -> bytes:
         stale = False
-        cold, self._cold = self._cold, None
+        cold = self._cold.pop(bid, None)  # (atomic under the GIL: workers share it)
         for _ in range(3):
-            where = cold[1] if cold is not None and cold[0] == bid else self.index.locate(bid)
+            where = cold if cold is not None else self.index.locate(bid)
             cold = None
             if where is None:
                 break
@@ -222,7 +224,9 @@ class PackBlobStore(DamagedMarks, BlobStore):
             self.fds.release(f)
         if got != length:  # (none or part of it in the page cache)
             self.around.note_cold(path, offset)
-            self._cold = (bid, where)
+            if len(self._cold) >= _COLD:  # (misses never read after: none is wrong, only stale)
+                self._cold.clear()
+            self._cold[bid] = where
             return None
         return self._checked(bid, buf, domain)
 

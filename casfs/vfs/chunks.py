@@ -214,9 +214,9 @@ class ChunkCache:
         out: dict[BlobId, bytes] = {}
         policy = self.policy
         if policy.small(len(todo)):
-            if policy.try_nowait():
+            if tried := policy.try_nowait():  # (what it leaves is out of the page cache)
                 todo = [bid for bid in todo if not self._fetch_inline(bid, out)]
-            if todo and policy.may_block(self._waiting):
+            if todo and policy.may_block(self._waiting) and not (tried and policy.hand_off(self._waiting)):
                 self._read_here(todo, out)
                 todo = []
         if todo:

@@ -13,14 +13,19 @@ trio thread:
               After _INLINE_GIVE_UP cold tries in a row from a remote store (each try
               wasted), the next _INLINE_BACKOFF requests do not try.
   2. here     what that did not read, by a plain blocking read, as long as such reads
-              stay fast: from a local store always, even with other requests waiting
-              (their wait for the disk costs them less than the hand-off: a clone read
-              at random after a drop of caches went from 1,866-1,909 IOPS at queue
-              depth 16 to 2,605-2,747 at half the CPU per request in a quiet hour, and
-              kept its IOPS at 20% less CPU at load 3; 2026-11-27); from a remote one
-              (a network round trip per miss) only when no other request waits (idle).
-              _BLOCKING_SLOW_RUN slow reads in a row pause them for _BLOCKING_PAUSE_S.
-  3. workers  the rest: the cache's own worker threads, PREFETCH_RUN chunks each.
+              stay fast: from a local store when no other request waits (idle) and no
+              miss is in the workers, or when nowait was not tried or read it (a blob
+              in the page cache costs less read here than the hand-off: warm reads
+              stay here); from a remote one (a network round trip per miss) only when
+              no other request waits. _BLOCKING_SLOW_RUN slow reads in a row pause
+              them for _BLOCKING_PAUSE_S.
+  3. workers  the rest: the cache's own worker threads, PREFETCH_RUN chunks each. From
+              a local store that includes a small miss nowait found out of the page
+              cache while other requests wait (hand_off): several disk reads are then
+              in flight at once and the other core decodes and hashes, where a blocking
+              read here made every queued request wait for each disk read in turn
+              (docs/measurements/2026-12-02-cold-misses.md; the hand-off of every miss,
+              warm ones too, cost more than it freed: 2026-11-27-read-path.md).
 
 Read-ahead: once a stream (a file of a view) reads sequentially (_SEQUENTIAL_AFTER
 reads in a row, each within _SEQ_SLACK of where the last ended: the kernel's own
@@ -100,6 +105,15 @@ class ReadPolicy:
         if self.idle is None or time.monotonic() < self._block_after:
             return False
         return self.local or (waiting == 0 and self.idle())
+
+    def hand_off(self, waiting: int) -> bool:
+        """Whether a small miss from a local store that nowait found out of the page
+        cache goes to the workers instead of a blocking read here: when other requests
+        wait (queued in the kernel, or `waiting` fetches in workers), so that their disk
+        reads overlap. (A remote store's may_block already asks for idle.)"""
+        if not self.local or self.idle is None:
+            return False
+        return waiting > 0 or not self.idle()
 
     def blocked(self, seconds: float) -> None:
         """A blocking read here took `seconds`."""

@@ -139,14 +139,13 @@ async def test_a_miss_is_read_here_when_nothing_waits() -> None:
         cache.close()
 
 
-async def test_a_small_miss_from_a_local_store_is_read_here_even_when_others_wait() -> None:
+async def test_a_small_miss_from_a_local_store_is_read_here_when_nothing_waits() -> None:
     """From a local store, a small miss is first read without waiting (get_nowait: the
-    page cache), then, if that would wait for the disk, by a blocking read here, even
-    with requests queued (a disk wait costs them less than a hand-off); a bigger miss
-    still goes to workers (read in parallel)."""
+    page cache), then, if that would wait for the disk and no other request waits, by
+    a blocking read here; a bigger miss still goes to workers (read in parallel)."""
     blobs = Blobs(8)
     ids = list(blobs.by_id)
-    cache = ChunkCache(blobs.get, workers=0, get_nowait=blobs.get_nowait, idle=lambda: False, local=True)
+    cache = ChunkCache(blobs.get, workers=0, get_nowait=blobs.get_nowait, idle=lambda: True, local=True)
     here = threading.current_thread().name
     try:
         blobs.warm.add(ids[0])
@@ -165,6 +164,45 @@ async def test_a_small_miss_from_a_local_store_is_read_here_even_when_others_wai
         assert blobs.nowait_calls == n + 2 * readpolicy._INLINE_GIVE_UP
     finally:
         cache.close()
+
+
+async def test_a_cold_miss_goes_to_a_worker_when_others_wait() -> None:
+    """From a local store, with other requests queued, a small miss that nowait found
+    out of the page cache is read in a worker (the disk reads of queued requests
+    overlap), while a blob nowait reads (warm) is still served here, without a hand-off."""
+    blobs = Blobs(4)
+    ids = list(blobs.by_id)
+    queued = True
+    cache = ChunkCache(blobs.get, workers=0, get_nowait=blobs.get_nowait, idle=lambda: not queued, local=True)
+    here = threading.current_thread().name
+    try:
+        blobs.warm.add(ids[0])
+        assert await cache.fetch_async([ids[0]]) == {ids[0]: blobs.by_id[ids[0]]}
+        assert blobs.threads == [] and cache.inline == 1
+        assert await cache.fetch_async([ids[1]]) == {ids[1]: blobs.by_id[ids[1]]}
+        assert len(blobs.threads) == 1 and blobs.threads[0] != here and cache.blocking == 0
+        queued = False  # nothing waits: the next cold miss is read here
+        assert await cache.fetch_async([ids[2]]) == {ids[2]: blobs.by_id[ids[2]]}
+        assert blobs.threads[-1] == here and cache.blocking == 1
+    finally:
+        cache.close()
+
+
+def test_the_policy_hands_off_cold_misses_only_when_others_wait() -> None:
+    """ReadPolicy.hand_off, without a cache: a local store's cold miss goes to a worker
+    when a request is queued in the kernel or a miss is already in a worker; never
+    without an idle check (no FUSE session) or for a remote store (may_block decides)."""
+    queued = False
+    policy = readpolicy.ReadPolicy(local=True, nowait=True)
+    assert not policy.hand_off(0) and not policy.hand_off(3)  # (no session: never)
+    policy.idle = lambda: not queued
+    assert not policy.hand_off(0)  # qd1: the blocking read here is the cheaper
+    assert policy.hand_off(1)  # a miss already in a worker: do not wait behind this one
+    queued = True
+    assert policy.hand_off(0)
+    remote = readpolicy.ReadPolicy(local=False, nowait=True)
+    remote.idle = lambda: False
+    assert not remote.hand_off(0)
 
 
 @pytest.mark.no_fsck("a blob is corrupted to check the page-cache path verifies")
