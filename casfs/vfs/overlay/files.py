@@ -185,6 +185,15 @@ class FileUppers:
             except FileNotFoundError:
                 pass  # (read as a hole, as any missing tail; fsck names the row)
 
+    def folded(self, keys: Iterable[Key]) -> None:
+        """These generations are in blobs now and their files are deleted: nothing of
+        them is left to sync (a writer's open marked one written with no change since the
+        flush before: the flush after the fold found the file gone and saved nothing)."""
+        keys = list(keys)
+        self.forget(keys)
+        self.dirty.difference_update(keys)
+        self.fresh.difference_update(keys)
+
     def forget(self, keys: Iterable[Key]) -> None:
         """Stop keeping these generations open (they are about to be deleted)."""
         for key in keys:

@@ -298,12 +298,14 @@ class DirKind:
         return self.files.path(key)
 
     def kernel_release(self, ino: InodeNo, writer: bool) -> None:
-        """One passthrough handle of `ino` closed: a writer's last changes are taken."""
+        """One passthrough handle of `ino` closed: a writer's last changes are taken. A
+        reader's release changes nothing (it runs outside the view lock): what a writer
+        still open has changed is taken at its own release or at the next settle."""
         node = self.vol.nodes.get(ino)
         if writer and node is not None:
             self._look(node)
         held = self.kernel.remove(ino, writer)
-        if held.changed and node is not None:
+        if writer and held.changed and node is not None:
             held.changed = False
             self.files.written(held.key)
             self.vol.touch(ino)

@@ -69,7 +69,7 @@ class DirFold:
             node = self.fold.vol.nodes.get(ino)
             if node is not None and node.upper == gen:
                 node.upper = None
-        self.files.forget(self.folded_files)
+        self.files.folded(self.folded_files)
         self.fold.applied()
         vol = self.fold.vol
         for key in self.kept:
