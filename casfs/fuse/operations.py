@@ -641,10 +641,6 @@ class Operations(pyfuse3.Operations):
         if name.startswith(b"trusted.") and ctx.uid != 0:
             raise FUSEError(errno.ENODATA)
         view, ino = self.table.get(inode)
-        # Asked at exec (file capabilities) and, where the kernel did not grant
-        # KILLPRIV_V2, before every write (to clear it): straight to the view, as stored.
-        if name == b"security.capability":
-            return view.getxattr(ino, name)
         if ctl.is_control(name):
             return await self.controls.get(name, self._target(inode, view, ino), ctx.uid)
         return view.getxattr(ino, name)

@@ -197,8 +197,9 @@ def test_a_file_opened_for_writing_and_left_unchanged_before_a_snapshot_is_saved
 ) -> None:
     """An open for writing marks the upper file to be synced at the next flush; a
     snapshot then folds it into blobs and deletes it. The mark went with it: the flush
-    after the fold found the file gone and saved nothing (the model test's seed
-    2117192615, shrunk to these steps)."""
+    after the fold found the file gone and saved nothing, and the daemon exited 1 at
+    the unmount, which `mounted` fails on (the model test's seed 2117192615, shrunk to
+    these steps)."""
     volumes.create_volume(repo, "v", volumes.Source(blank_dir=True))
     with mounted(repo.path, tmp_path / "mnt", volume="v", passthrough=True) as m:
         (m.path / "a").write_bytes(b"A" * 3129)
@@ -212,6 +213,5 @@ def test_a_file_opened_for_writing_and_left_unchanged_before_a_snapshot_is_saved
                 os.close(fd)
             os.close(os.open(m.path / "a", os.O_WRONLY | os.O_CREAT))  # (marked, unchanged)
             snapshot(m)
-        assert "NOT saved" not in m.log(), m.log()
     with mounted(repo.path, tmp_path / "mnt", volume="v") as m:
         assert [(m.path / n).read_bytes() for n in "abc"] == [b"A" * 3129, b"B" * 2891, b"C"]

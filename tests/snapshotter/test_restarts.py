@@ -9,7 +9,6 @@ import functools
 import os
 import signal
 import subprocess
-import time
 
 from tests.helpers.procs import stopped
 from tests.snapshotter.build import HELLO
@@ -35,7 +34,7 @@ def import_into(s: Stack, image: Image, namespace: str) -> str:
         out = s.ctr(*IMPORT, str(image.tar), namespace=namespace, check=False)
         if not stale_connection(out, s):
             break
-        time.sleep(0.5)
+        s.wait_reconnected()
     return out
 
 
